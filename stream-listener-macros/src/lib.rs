@@ -1,0 +1,1 @@
+//! The `#[stream_listener]` attribute (filled in by the developer-surface work).

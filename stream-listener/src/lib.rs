@@ -1,0 +1,4 @@
+//! stream-listener: Kafka-style consumer groups for sharded Redis Streams.
+
+pub mod coordinator;
+pub mod member;

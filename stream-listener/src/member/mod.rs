@@ -1,0 +1,3 @@
+//! The member side: what one logical member believes it owns, and the contract with the consumption layer.
+
+pub mod lifecycle;
