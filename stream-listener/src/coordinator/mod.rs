@@ -1,1 +1,948 @@
+//! The coordinator core: a pure, deterministic state machine that decides who owns every shard.
+//!
+//! No IO, no clock, no tokio: every input carries `now` (milliseconds of the store's clock) and returns an
+//! [`Outcome`] (the response, how much of the metadata changed, and the audit events it implies). The Redis
+//! store persists the result; a test or the seeded simulation drives it directly. Same inputs, same outputs.
+//!
+//! Inputs: [`Coordinator::heartbeat`], [`Coordinator::tick`] (expiry, rebalance timeouts, fenced holds) and
+//! [`Coordinator::command`] (shard count changes, rollback, fencing by an operator). Outputs to act on:
+//! [`Coordinator::next_deadline`] says when a tick is next needed.
+
+pub mod assignor;
+pub mod events;
+pub mod metadata;
+pub mod projection;
 pub mod wire;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use assignor::MemberSpec;
+use events::AuditEvent;
+use metadata::{
+    FencedHold, GroupConfig, GroupMetadata, MemberRecord, MemberState, MetadataError,
+    MigrationState, Resharding, Revocation, Tombstone, SCHEMA_VERSION, TOMBSTONE_LIMIT,
+};
+use wire::{
+    Assignment, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardId,
+    JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
+};
+
+/// Rejoins of one memberId within this many session timeouts that mark it as probably duplicated.
+const FLAP_REJOINS: usize = 3;
+const FLAP_WINDOW_SESSIONS: i64 = 3;
+/// Longest memberId accepted.
+const MAX_MEMBER_ID_LEN: usize = 256;
+
+/// How much of the metadata an input changed; the store writes accordingly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// Nothing to write.
+    None,
+    /// Only the sender's lease was renewed: the store renews it without rewriting the snapshot.
+    Lease,
+    /// The metadata changed: the store commits the whole snapshot under the store revision.
+    Metadata,
+}
+
+/// The result of one input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome<R> {
+    /// What to answer.
+    pub response: R,
+    /// What to persist.
+    pub change: Change,
+    /// What happened, for the audit stream. Empty unless `change` is [`Change::Metadata`].
+    pub events: Vec<AuditEvent>,
+}
+
+/// Operator commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminCommand {
+    /// Change the number of shards. Shards outside the new count are revoked and never granted again.
+    SetShardCount(u32),
+    /// Undo the last shard count change.
+    RollbackResharding,
+    /// Fence a member (for example a process known to be stuck).
+    FenceMember(String),
+}
+
+/// Why an admin command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// A group needs at least one shard.
+    #[error("shard count must be at least 1")]
+    ZeroShards,
+    /// Nothing to roll back.
+    #[error("no shard count change to roll back")]
+    NothingToRollBack,
+    /// No such live member.
+    #[error("no live member {0:?}")]
+    UnknownMember(String),
+}
+
+/// The group coordinator. See the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Coordinator {
+    meta: GroupMetadata,
+}
+
+/// Bookkeeping of one input.
+#[derive(Default)]
+struct Cx {
+    changed: bool,
+    lease: bool,
+    rebalance: bool,
+    events: Vec<AuditEvent>,
+}
+
+impl Cx {
+    fn event(&mut self, event: AuditEvent) {
+        self.changed = true;
+        self.events.push(event);
+    }
+}
+
+/// What the heartbeat handling decided, before the response is built.
+enum Verdict {
+    /// `stale`: the member had not seen the latest committed metadata (rule 5: reconcile).
+    Accepted {
+        stale: bool,
+    },
+    Left,
+    Rejected(HeartbeatStatus),
+}
+
+/// Why a report fences its sender (the spec's ownership validation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Violation {
+    NotAssigned(u32),
+    OwnedByOther(u32, String),
+    RevokingNotRemoved(u32),
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAssigned(s) => write!(
+                f,
+                "claimed shard {s}, which is not assigned or pending for it"
+            ),
+            Self::OwnedByOther(s, other) => {
+                write!(f, "claimed shard {s}, which is held by {other}")
+            }
+            Self::RevokingNotRemoved(s) => {
+                write!(
+                    f,
+                    "reported shard {s} as revoking, which was never removed from its assignment"
+                )
+            }
+        }
+    }
+}
+
+impl Coordinator {
+    /// A new, empty group.
+    pub fn new(group: impl Into<String>, shard_count: u32, config: GroupConfig) -> Self {
+        Self {
+            meta: GroupMetadata::new(group, shard_count.max(1), config),
+        }
+    }
+
+    /// Resumes from stored metadata.
+    pub fn from_metadata(meta: GroupMetadata) -> Result<Self, MetadataError> {
+        if meta.schema_version != SCHEMA_VERSION {
+            return Err(MetadataError::UnknownSchemaVersion(meta.schema_version));
+        }
+        Ok(Self { meta })
+    }
+
+    /// The metadata, to persist or inspect.
+    pub fn metadata(&self) -> &GroupMetadata {
+        &self.meta
+    }
+
+    /// The metadata, consuming the coordinator.
+    pub fn into_metadata(self) -> GroupMetadata {
+        self.meta
+    }
+
+    /// Overrides a member's lease deadline. The store keeps leases beside the snapshot and lays them over it
+    /// when it loads.
+    pub fn set_lease(&mut self, member_id: &str, deadline_ms: i64) {
+        if let Some(m) = self.meta.members.get_mut(member_id) {
+            m.lease_deadline_ms = deadline_ms;
+        }
+    }
+
+    /// The earliest time at which a [`tick`](Self::tick) would change something (a lease, a rebalance
+    /// timeout, or a fenced hold running out), if any.
+    pub fn next_deadline(&self) -> Option<i64> {
+        let leases = self.meta.members.values().map(|m| m.lease_deadline_ms);
+        leases.chain(self.next_timer()).min()
+    }
+
+    /// Like [`next_deadline`](Self::next_deadline) but without leases, which the store tracks on its own.
+    pub fn next_timer(&self) -> Option<i64> {
+        let revocations = self
+            .meta
+            .members
+            .values()
+            .flat_map(|m| m.revoking.values().map(|r| r.deadline_ms));
+        let holds = self.meta.holds.values().map(|h| h.until_ms);
+        revocations.chain(holds).min()
+    }
+
+    /// Applies expiry, rebalance timeouts and fenced holds that are due at `now`.
+    pub fn tick(&mut self, now: i64) -> Outcome<()> {
+        let mut cx = Cx::default();
+        self.run_timers(now, &mut cx);
+        self.reconcile(now, &mut cx, None);
+        self.finish((), cx)
+    }
+
+    /// Applies an operator command.
+    pub fn command(
+        &mut self,
+        command: AdminCommand,
+        now: i64,
+    ) -> Outcome<Result<(), CommandError>> {
+        let mut cx = Cx::default();
+        self.run_timers(now, &mut cx);
+        let result = self.apply_command(command, now, &mut cx);
+        self.reconcile(now, &mut cx, None);
+        self.finish(result, cx)
+    }
+
+    /// Applies one heartbeat.
+    pub fn heartbeat(&mut self, req: &HeartbeatRequest, now: i64) -> Outcome<HeartbeatResponse> {
+        let mut cx = Cx::default();
+        self.run_timers(now, &mut cx);
+        let verdict = self.handle(req, now, &mut cx);
+        let sender = matches!(verdict, Verdict::Accepted { .. }).then_some(req.member_id.as_str());
+        self.reconcile(now, &mut cx, sender);
+        let mut response = self.response(req, verdict);
+        if cx.changed {
+            // The response describes the metadata as committed.
+            response.metadata_version += 1;
+            response.assignment.metadata_version += 1;
+        }
+        self.finish(response, cx)
+    }
+
+    fn finish<R>(&mut self, response: R, cx: Cx) -> Outcome<R> {
+        let change = if cx.changed {
+            self.meta.metadata_version += 1;
+            Change::Metadata
+        } else if cx.lease {
+            Change::Lease
+        } else {
+            Change::None
+        };
+        Outcome {
+            response,
+            change,
+            events: cx.events,
+        }
+    }
+
+    // ---- heartbeat handling ----
+
+    fn handle(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+        if req.protocol_version != PROTOCOL_VERSION {
+            return Verdict::Rejected(HeartbeatStatus::UnsupportedProtocol);
+        }
+        if !is_well_formed(req) {
+            return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
+        }
+        match req.member_epoch {
+            LEAVE_EPOCH => self.leave(req, now, cx),
+            JOIN_EPOCH => self.join(req, now, cx),
+            epoch => {
+                let Some(member) = self.meta.members.get(&req.member_id) else {
+                    let tombstoned = self
+                        .meta
+                        .tombstones
+                        .iter()
+                        .any(|t| t.member_id == req.member_id);
+                    return Verdict::Rejected(if tombstoned {
+                        HeartbeatStatus::FencedMemberEpoch
+                    } else {
+                        HeartbeatStatus::UnknownMemberId
+                    });
+                };
+                let current = epoch == member.member_epoch;
+                // The lost-response case: the member acts on the last epoch it acknowledged.
+                let lagging = epoch == member.confirmed_epoch && epoch >= member.join_epoch;
+                if !current && !lagging {
+                    // Older: an earlier incarnation or state we cannot vouch for. Newer: never issued to
+                    // this incarnation (forged or from a future we do not know). Neither may touch the
+                    // live member.
+                    return Verdict::Rejected(HeartbeatStatus::FencedMemberEpoch);
+                }
+                if let Err(violation) = self.validate(req, false) {
+                    self.fence(&req.member_id, now, &violation.to_string(), cx);
+                    return Verdict::Rejected(HeartbeatStatus::FencedMemberEpoch);
+                }
+                let member = self
+                    .meta
+                    .members
+                    .get_mut(&req.member_id)
+                    .expect("checked above");
+                if current && member.confirmed_epoch != epoch {
+                    member.confirmed_epoch = epoch;
+                    cx.changed = true;
+                }
+                self.apply_report(req, now, cx);
+                Verdict::Accepted {
+                    stale: req.metadata_version < self.meta.metadata_version,
+                }
+            }
+        }
+    }
+
+    fn join(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+        let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
+        if owns_something || !req.revoking_shards.is_empty() {
+            // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
+            return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
+        }
+        let session = self.meta.config.session_timeout_ms;
+        let mut rejoins = Vec::new();
+        let mut duplicate_suspected = false;
+        let mut previous_epoch = None;
+        if let Some(existing) = self.meta.members.get_mut(&req.member_id) {
+            if existing.join_request_id == req.request_id {
+                // A replayed join whose response was lost: same epoch, same assignment, no bumps.
+                existing.lease_deadline_ms = now + session;
+                cx.lease = true;
+                return Verdict::Accepted { stale: false };
+            }
+            // The spec's rejoin: a new incarnation of a known memberId. The old one is fenced first.
+            rejoins = std::mem::take(&mut existing.rejoins);
+            duplicate_suspected = existing.duplicate_suspected;
+            previous_epoch = Some(existing.member_epoch);
+            self.fence(
+                &req.member_id,
+                now,
+                "replaced by a rejoin of the same memberId",
+                cx,
+            );
+        }
+        if let Some(pos) = self
+            .meta
+            .tombstones
+            .iter()
+            .position(|t| t.member_id == req.member_id)
+        {
+            let tomb = self.meta.tombstones.remove(pos);
+            if previous_epoch.is_none() {
+                rejoins = tomb.rejoins;
+                duplicate_suspected = tomb.duplicate_suspected;
+                previous_epoch = Some(tomb.member_epoch);
+            }
+        }
+        let epoch = self.next_member_epoch();
+        if let Some(previous_epoch) = previous_epoch {
+            let window = FLAP_WINDOW_SESSIONS * session;
+            rejoins.retain(|&t| now - t < window);
+            rejoins.push(now);
+            if rejoins.len() >= FLAP_REJOINS && !duplicate_suspected {
+                duplicate_suspected = true;
+                cx.event(AuditEvent::DuplicateMemberIdSuspected {
+                    member_id: req.member_id.clone(),
+                    rejoins: rejoins.len() as u32,
+                    window_ms: window,
+                });
+            } else if rejoins.len() < FLAP_REJOINS {
+                duplicate_suspected = false;
+            }
+            cx.event(AuditEvent::MemberRejoined {
+                member_id: req.member_id.clone(),
+                member_epoch: epoch,
+                previous_epoch,
+            });
+        } else {
+            cx.event(AuditEvent::MemberJoined {
+                member_id: req.member_id.clone(),
+                member_epoch: epoch,
+            });
+        }
+        self.meta.members.insert(
+            req.member_id.clone(),
+            MemberRecord {
+                member_name: req.member_name.clone(),
+                state: MemberState::Joining,
+                member_epoch: epoch,
+                confirmed_epoch: 0,
+                join_epoch: epoch,
+                join_request_id: req.request_id.clone(),
+                lease_deadline_ms: now + session,
+                weight: req.weight.unwrap_or(1),
+                capacity: req.runtime_consumer_capacity,
+                target: BTreeSet::new(),
+                assigned: BTreeSet::new(),
+                revoking: BTreeMap::new(),
+                owned: BTreeSet::new(),
+                rejoins,
+                duplicate_suspected,
+            },
+        );
+        self.meta.group_epoch += 1;
+        cx.rebalance = true;
+        Verdict::Accepted { stale: false }
+    }
+
+    fn leave(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+        let Some(member) = self.meta.members.get_mut(&req.member_id) else {
+            // Leaving twice, or after expiry: nothing to do.
+            return Verdict::Left;
+        };
+        if member.state != MemberState::Leaving {
+            member.state = MemberState::Leaving;
+            member.target.clear();
+            self.meta.group_epoch += 1;
+            cx.rebalance = true;
+            cx.event(AuditEvent::MemberLeaving {
+                member_id: req.member_id.clone(),
+            });
+            // Everything it holds is now being revoked, so REVOKED reports in this request are valid.
+            self.revoke_untargeted(&req.member_id, now, cx);
+        }
+        if let Err(violation) = self.validate(req, true) {
+            self.fence(&req.member_id, now, &violation.to_string(), cx);
+            return Verdict::Left;
+        }
+        self.apply_report(req, now, cx);
+        Verdict::Accepted { stale: false }
+    }
+
+    /// The spec's ownership validation, rules 1 to 3 (rule 4, stale epochs, is checked before; rule 5,
+    /// stale metadata, leads to `SYNC_METADATA`; rule 6, duplicate REVOKED, is ignored in
+    /// [`apply_report`](Self::apply_report)).
+    fn validate(&self, req: &HeartbeatRequest, leaving: bool) -> Result<(), Violation> {
+        let member = &self.meta.members[&req.member_id];
+        for shard in req.owned_shards.iter().flatten().map(|s| s.shard_index) {
+            if member.assigned.contains(&shard) || member.revoking.contains_key(&shard) {
+                continue;
+            }
+            // Rule 3: a live member cannot claim a shard another live member (or a fenced hold) has.
+            if let Some(other) = self.meta.holder(shard) {
+                return Err(Violation::OwnedByOther(shard, other.to_string()));
+            }
+            if let Some(hold) = self.meta.holds.get(&shard) {
+                return Err(Violation::OwnedByOther(shard, hold.member_id.clone()));
+            }
+            // Rule 1: owned shards must be assigned (or pending, which is granted as soon as it is free).
+            return Err(Violation::NotAssigned(shard));
+        }
+        for report in &req.revoking_shards {
+            let shard = report.shard.shard_index;
+            if member.revoking.contains_key(&shard) {
+                continue;
+            }
+            if member.assigned.contains(&shard) && !leaving {
+                // Rule 2: revoking shards must match shards removed from its assignment.
+                return Err(Violation::RevokingNotRemoved(shard));
+            }
+            if report.state != RevokeState::Revoked {
+                // Still draining a shard the coordinator no longer counts as held by it.
+                return Err(Violation::RevokingNotRemoved(shard));
+            }
+            // Rule 6: a terminal REVOKED already accepted is a duplicate, ignored.
+        }
+        Ok(())
+    }
+
+    /// Takes a validated report: lease, capacity, ownership, revocation progress.
+    fn apply_report(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) {
+        let session = self.meta.config.session_timeout_ms;
+        let member = self
+            .meta
+            .members
+            .get_mut(&req.member_id)
+            .expect("validated member");
+        member.lease_deadline_ms = now + session;
+        cx.lease = true;
+        member.capacity = req.runtime_consumer_capacity;
+        if let Some(owned) = &req.owned_shards {
+            let owned: BTreeSet<u32> = owned.iter().map(|s| s.shard_index).collect();
+            if owned != member.owned {
+                member.owned = owned;
+                cx.changed = true;
+            }
+        }
+        let mut revoked = Vec::new();
+        for report in &req.revoking_shards {
+            let shard = report.shard.shard_index;
+            if let Some(revocation) = member.revoking.get_mut(&shard) {
+                if report.state == RevokeState::Revoked {
+                    member.revoking.remove(&shard);
+                    member.owned.remove(&shard);
+                    revoked.push(shard);
+                } else {
+                    revocation.in_flight = report.in_flight;
+                }
+            }
+        }
+        if !revoked.is_empty() {
+            cx.event(AuditEvent::ShardsRevoked {
+                member_id: req.member_id.clone(),
+                shards: revoked,
+            });
+        }
+    }
+
+    fn response(&self, req: &HeartbeatRequest, verdict: Verdict) -> HeartbeatResponse {
+        let config = &self.meta.config;
+        let (status, member_epoch, assignment) =
+            match (verdict, self.meta.members.get(&req.member_id)) {
+                (Verdict::Accepted { stale }, Some(m)) => {
+                    let status = if !m.revoking.is_empty() {
+                        HeartbeatStatus::RevokePending
+                    } else if stale {
+                        HeartbeatStatus::SyncMetadata
+                    } else {
+                        HeartbeatStatus::Ok
+                    };
+                    let assignment = Assignment {
+                        assigned_shards: m.assigned.iter().copied().map(ShardId::new).collect(),
+                        pending_shards: m.pending().map(ShardId::new).collect(),
+                        metadata_version: self.meta.metadata_version,
+                    };
+                    (status, m.member_epoch, assignment)
+                }
+                // A leave that completed, or a leaving member that is gone.
+                (Verdict::Accepted { .. } | Verdict::Left, None) => {
+                    (HeartbeatStatus::Ok, LEAVE_EPOCH, Assignment::default())
+                }
+                (Verdict::Left, Some(m)) => {
+                    (HeartbeatStatus::Ok, m.member_epoch, Assignment::default())
+                }
+                (Verdict::Rejected(status), _) => (status, 0, Assignment::default()),
+            };
+        HeartbeatResponse {
+            response_to: req.request_id.clone(),
+            status,
+            member_id: req.member_id.clone(),
+            member_epoch,
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            rebalance_timeout_ms: config.rebalance_timeout_ms,
+            session_timeout_ms: config.session_timeout_ms,
+            group_epoch: self.meta.group_epoch,
+            assignment_epoch: self.meta.assignment_epoch,
+            metadata_version: self.meta.metadata_version,
+            shard_count: self.meta.shard_count,
+            assignment: Assignment {
+                metadata_version: self.meta.metadata_version,
+                ..assignment
+            },
+        }
+    }
+
+    // ---- timers ----
+
+    fn run_timers(&mut self, now: i64, cx: &mut Cx) {
+        let expired: Vec<String> = self
+            .meta
+            .members
+            .iter()
+            .filter(|(_, m)| m.lease_deadline_ms <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for member_id in expired {
+            let member = self.meta.members.remove(&member_id).expect("listed above");
+            cx.event(AuditEvent::MemberExpired {
+                member_id: member_id.clone(),
+                member_epoch: member.member_epoch,
+            });
+            // Its lease has passed, so it has stopped reading: its shards are free at once.
+            self.bury(
+                member_id,
+                member,
+                MemberState::Expired,
+                now,
+                "lease expired".into(),
+            );
+            self.meta.group_epoch += 1;
+            cx.rebalance = true;
+        }
+        let timed_out: Vec<String> = self
+            .meta
+            .members
+            .iter()
+            .filter(|(_, m)| m.revoking.values().any(|r| r.deadline_ms <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for member_id in timed_out {
+            self.fence(
+                &member_id,
+                now,
+                "did not report REVOKED within the rebalance timeout",
+                cx,
+            );
+        }
+        let mut released: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        self.meta.holds.retain(|&shard, hold| {
+            let keep = hold.until_ms > now;
+            if !keep {
+                released
+                    .entry(hold.member_id.clone())
+                    .or_default()
+                    .push(shard);
+            }
+            keep
+        });
+        for (member_id, shards) in released {
+            cx.event(AuditEvent::HoldsReleased { member_id, shards });
+        }
+    }
+
+    /// Removes a live member and keeps its shards from anyone else until its lease has passed.
+    fn fence(&mut self, member_id: &str, now: i64, reason: &str, cx: &mut Cx) {
+        let Some(member) = self.meta.members.remove(member_id) else {
+            return;
+        };
+        if member.lease_deadline_ms > now {
+            for shard in member.held() {
+                self.meta.holds.insert(
+                    shard,
+                    FencedHold {
+                        member_id: member_id.to_string(),
+                        member_epoch: member.member_epoch,
+                        until_ms: member.lease_deadline_ms,
+                    },
+                );
+            }
+        }
+        cx.event(AuditEvent::MemberFenced {
+            member_id: member_id.to_string(),
+            member_epoch: member.member_epoch,
+            reason: reason.to_string(),
+        });
+        self.bury(
+            member_id.to_string(),
+            member,
+            MemberState::Fenced,
+            now,
+            reason.to_string(),
+        );
+        self.meta.group_epoch += 1;
+        cx.rebalance = true;
+    }
+
+    fn bury(
+        &mut self,
+        member_id: String,
+        member: MemberRecord,
+        state: MemberState,
+        now: i64,
+        reason: String,
+    ) {
+        self.meta.tombstones.retain(|t| t.member_id != member_id);
+        self.meta.tombstones.push(Tombstone {
+            member_id,
+            member_epoch: member.member_epoch,
+            state,
+            at_ms: now,
+            reason,
+            rejoins: member.rejoins,
+            duplicate_suspected: member.duplicate_suspected,
+        });
+        if self.meta.tombstones.len() > TOMBSTONE_LIMIT {
+            let excess = self.meta.tombstones.len() - TOMBSTONE_LIMIT;
+            self.meta.tombstones.drain(..excess);
+        }
+    }
+
+    // ---- commands ----
+
+    fn apply_command(
+        &mut self,
+        command: AdminCommand,
+        now: i64,
+        cx: &mut Cx,
+    ) -> Result<(), CommandError> {
+        match command {
+            AdminCommand::SetShardCount(0) => Err(CommandError::ZeroShards),
+            AdminCommand::SetShardCount(n) if n == self.meta.shard_count => Ok(()),
+            AdminCommand::SetShardCount(n) => {
+                let from = self.meta.shard_count;
+                self.meta.shard_count = n;
+                self.meta.group_epoch += 1;
+                self.meta.resharding = Some(Resharding {
+                    previous_shard_count: from,
+                    shard_count: n,
+                    state: MigrationState::Draining,
+                    group_epoch: self.meta.group_epoch,
+                    started_at_ms: now,
+                });
+                cx.rebalance = true;
+                cx.event(AuditEvent::ShardCountChanged { from, to: n });
+                Ok(())
+            }
+            AdminCommand::RollbackResharding => {
+                let Some(r) = self.meta.resharding.as_mut() else {
+                    return Err(CommandError::NothingToRollBack);
+                };
+                if !matches!(r.state, MigrationState::Draining | MigrationState::Active) {
+                    return Err(CommandError::NothingToRollBack);
+                }
+                let (from, to) = (r.shard_count, r.previous_shard_count);
+                self.meta.shard_count = to;
+                self.meta.group_epoch += 1;
+                r.state = MigrationState::RollingBack;
+                r.group_epoch = self.meta.group_epoch;
+                cx.rebalance = true;
+                cx.event(AuditEvent::ReshardingRolledBack { from, to });
+                Ok(())
+            }
+            AdminCommand::FenceMember(member_id) => {
+                if !self.meta.members.contains_key(&member_id) {
+                    return Err(CommandError::UnknownMember(member_id));
+                }
+                self.fence(&member_id, now, "fenced by an operator", cx);
+                Ok(())
+            }
+        }
+    }
+
+    // ---- assignment ----
+
+    /// Recomputes the target if membership changed, revokes what left a member's target, grants what is
+    /// free (revoke-before-assign), and moves members and resharding forward.
+    fn reconcile(&mut self, now: i64, cx: &mut Cx, sender: Option<&str>) {
+        if cx.rebalance {
+            self.recompute_target(cx);
+        }
+        let ids: Vec<String> = self.meta.members.keys().cloned().collect();
+        for id in &ids {
+            self.revoke_untargeted(id, now, cx);
+        }
+        // Leaving members that gave everything back are done.
+        for id in &ids {
+            let m = &self.meta.members[id];
+            if m.state == MemberState::Leaving && m.assigned.is_empty() && m.revoking.is_empty() {
+                self.meta.members.remove(id);
+                cx.event(AuditEvent::MemberLeft {
+                    member_id: id.clone(),
+                });
+            }
+        }
+        self.grant(cx, sender);
+        for (id, m) in self.meta.members.iter_mut() {
+            if m.state == MemberState::Joining && m.is_reconciled() {
+                m.state = MemberState::Stable;
+                cx.event(AuditEvent::MemberStable {
+                    member_id: id.clone(),
+                    member_epoch: m.member_epoch,
+                });
+            }
+        }
+        self.advance_resharding(cx);
+    }
+
+    fn recompute_target(&mut self, cx: &mut Cx) {
+        let live: Vec<&String> = self
+            .meta
+            .members
+            .iter()
+            .filter(|(_, m)| m.state.is_assignable())
+            .map(|(id, _)| id)
+            .collect();
+        let specs: Vec<MemberSpec> = live
+            .iter()
+            .map(|id| {
+                let m = &self.meta.members[*id];
+                MemberSpec {
+                    weight: m.weight,
+                    current: m.target.iter().copied().collect(),
+                }
+            })
+            .collect();
+        let result = assignor::assign(self.meta.shard_count, &specs);
+        let live: Vec<String> = live.into_iter().cloned().collect();
+        let mut moved = 0u32;
+        let mut differs = false;
+        for (id, shards) in live.iter().zip(result) {
+            let m = self.meta.members.get_mut(id).expect("live member");
+            let new: BTreeSet<u32> = shards.into_iter().collect();
+            if new != m.target {
+                differs = true;
+                moved += m
+                    .target
+                    .difference(&new)
+                    .filter(|&&s| s < self.meta.shard_count)
+                    .count() as u32;
+                m.target = new;
+            }
+        }
+        if differs {
+            self.meta.assignment_epoch += 1;
+            cx.event(AuditEvent::TargetAssignmentChanged {
+                assignment_epoch: self.meta.assignment_epoch,
+                moved_shards: moved,
+            });
+        }
+    }
+
+    /// Revoke-before-assign steps 1 and 2: a granted shard that left the member's target is removed from
+    /// its assignment and awaits its REVOKED report.
+    fn revoke_untargeted(&mut self, member_id: &str, now: i64, cx: &mut Cx) {
+        let timeout = self.meta.config.rebalance_timeout_ms;
+        let m = self.meta.members.get_mut(member_id).expect("live member");
+        let gone: Vec<u32> = m
+            .assigned
+            .iter()
+            .copied()
+            .filter(|s| !m.target.contains(s))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for &shard in &gone {
+            m.assigned.remove(&shard);
+            m.revoking.insert(
+                shard,
+                Revocation {
+                    since_ms: now,
+                    deadline_ms: now + timeout,
+                    in_flight: 0,
+                },
+            );
+        }
+        cx.event(AuditEvent::ShardsRevokeRequested {
+            member_id: member_id.to_string(),
+            shards: gone,
+        });
+    }
+
+    /// Revoke-before-assign step 6: a targeted shard that nobody holds is granted. A member still revoking
+    /// shards gets nothing new until it has finished (as Kafka's reconciliation does), so it is never more
+    /// than one member epoch behind what it acted on. Each grant gives the member a fresh epoch, so fencing
+    /// tokens of successive owners of a shard only grow.
+    fn grant(&mut self, cx: &mut Cx, sender: Option<&str>) {
+        let mut held: BTreeSet<u32> = self.meta.holds.keys().copied().collect();
+        for m in self.meta.members.values() {
+            held.extend(m.held());
+        }
+        let mut grants: Vec<(String, Vec<u32>)> = Vec::new();
+        for (id, m) in &self.meta.members {
+            if !m.state.is_assignable() || !m.revoking.is_empty() {
+                continue;
+            }
+            // A member that has not acknowledged its epoch yet gets more only in answer to its own request.
+            if m.confirmed_epoch != m.member_epoch && sender != Some(id.as_str()) {
+                continue;
+            }
+            let free: Vec<u32> = m.pending().filter(|s| !held.contains(s)).collect();
+            if !free.is_empty() {
+                grants.push((id.clone(), free));
+            }
+        }
+        for (id, shards) in grants {
+            let epoch = self.next_member_epoch();
+            let m = self.meta.members.get_mut(&id).expect("live member");
+            m.assigned.extend(shards.iter().copied());
+            m.member_epoch = epoch;
+            cx.event(AuditEvent::ShardsAssigned {
+                member_id: id,
+                member_epoch: epoch,
+                shards,
+            });
+        }
+    }
+
+    fn advance_resharding(&mut self, cx: &mut Cx) {
+        let Some(r) = &self.meta.resharding else {
+            return;
+        };
+        if !matches!(
+            r.state,
+            MigrationState::Draining | MigrationState::RollingBack
+        ) {
+            return;
+        }
+        let n = self.meta.shard_count;
+        let outside_held = self.meta.members.values().any(|m| m.held().any(|s| s >= n))
+            || self.meta.holds.keys().any(|&s| s >= n);
+        if !outside_held {
+            let r = self.meta.resharding.as_mut().expect("checked above");
+            r.state = if r.state == MigrationState::Draining {
+                MigrationState::Active
+            } else {
+                MigrationState::RolledBack
+            };
+            cx.changed = true;
+        }
+    }
+
+    fn next_member_epoch(&mut self) -> i64 {
+        self.meta.last_member_epoch += 1;
+        self.meta.last_member_epoch
+    }
+
+    // ---- monitoring ----
+
+    /// The spec's invariants, checked on the metadata; empty when all hold.
+    pub fn invariant_violations(&self) -> Vec<String> {
+        let mut violations = Vec::new();
+        let mut holders: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        for (id, m) in &self.meta.members {
+            for s in m.held() {
+                holders.entry(s).or_default().push(id);
+            }
+            if let Some(s) = m
+                .owned
+                .iter()
+                .find(|s| !m.assigned.contains(s) && !m.revoking.contains_key(s))
+            {
+                violations.push(format!("{id} owns shard {s}, which it does not hold"));
+            }
+            if let Some(s) = m.target.iter().find(|&&s| s >= self.meta.shard_count) {
+                violations.push(format!(
+                    "{id} is targeted shard {s}, outside the shard count"
+                ));
+            }
+            if !m.state.is_assignable() && !m.target.is_empty() {
+                violations.push(format!("{id} is {:?} but has a target", m.state));
+            }
+        }
+        for (s, hold) in &self.meta.holds {
+            holders.entry(*s).or_default().push(&hold.member_id);
+        }
+        for (s, who) in holders {
+            if who.len() > 1 {
+                violations.push(format!("shard {s} is held by {}", who.join(", ")));
+            }
+        }
+        violations
+    }
+}
+
+/// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids.
+fn is_well_formed(req: &HeartbeatRequest) -> bool {
+    if req.member_id.is_empty()
+        || req.member_id.len() > MAX_MEMBER_ID_LEN
+        || req.member_epoch < LEAVE_EPOCH
+    {
+        return false;
+    }
+    if req.request_id.is_empty() || req.weight == Some(0) {
+        return false;
+    }
+    let mut seen = BTreeSet::new();
+    let owned_unique = req
+        .owned_shards
+        .iter()
+        .flatten()
+        .all(|s| seen.insert(s.shard_index));
+    let mut revoking = BTreeSet::new();
+    let revoking_ok = req
+        .revoking_shards
+        .iter()
+        .all(|r| revoking.insert(r.shard.shard_index) && !seen.contains(&r.shard.shard_index));
+    owned_unique && revoking_ok
+}
+
+#[cfg(test)]
+mod tests;

@@ -80,7 +80,10 @@ pub struct RuntimeConsumerCapacity {
 
 impl Default for RuntimeConsumerCapacity {
     fn default() -> Self {
-        Self { runtime_max_concurrency: 1, available_concurrency: 1 }
+        Self {
+            runtime_max_concurrency: 1,
+            available_concurrency: 1,
+        }
     }
 }
 

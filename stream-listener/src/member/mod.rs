@@ -1,3 +1,4 @@
 //! The member side: what one logical member believes it owns, and the contract with the consumption layer.
 
 pub mod lifecycle;
+pub mod session;

@@ -1,0 +1,713 @@
+//! One test per rule of the spec, named after the rule.
+
+use super::*;
+use wire::{RevokingShard, RuntimeConsumerCapacity};
+
+const HB: i64 = 1_000;
+const SESSION: i64 = 10_000;
+const REBALANCE: i64 = 30_000;
+
+fn group(shards: u32) -> Coordinator {
+    Coordinator::new(
+        "g",
+        shards,
+        GroupConfig {
+            heartbeat_interval_ms: HB,
+            session_timeout_ms: SESSION,
+            rebalance_timeout_ms: REBALANCE,
+        },
+    )
+}
+
+fn req(member: &str, epoch: i64, request_id: &str) -> HeartbeatRequest {
+    HeartbeatRequest {
+        protocol_version: 1,
+        request_id: request_id.into(),
+        member_id: member.into(),
+        member_name: None,
+        member_epoch: epoch,
+        metadata_version: 0,
+        runtime_consumer_capacity: RuntimeConsumerCapacity::default(),
+        owned_shards: None,
+        revoking_shards: vec![],
+        shard_progress: vec![],
+        weight: None,
+    }
+}
+
+fn owned(mut r: HeartbeatRequest, shards: &[u32]) -> HeartbeatRequest {
+    r.owned_shards = Some(shards.iter().copied().map(ShardId::new).collect());
+    r
+}
+
+fn revoked(mut r: HeartbeatRequest, shards: &[u32], state: RevokeState) -> HeartbeatRequest {
+    r.revoking_shards = shards
+        .iter()
+        .map(|&s| RevokingShard {
+            shard: ShardId::new(s),
+            state,
+            in_flight: 0,
+            acked_at: None,
+        })
+        .collect();
+    r
+}
+
+fn shards(list: &[ShardId]) -> Vec<u32> {
+    list.iter().map(|s| s.shard_index).collect()
+}
+
+/// Joins `member` and confirms its first assignment; returns its epoch.
+fn join_and_settle(c: &mut Coordinator, member: &str, now: i64) -> i64 {
+    let r = c
+        .heartbeat(&req(member, 0, &format!("{member}-join")), now)
+        .response;
+    assert_eq!(r.status, HeartbeatStatus::Ok);
+    let assigned = shards(&r.assignment.assigned_shards);
+    let r2 = c.heartbeat(
+        &owned(
+            req(member, r.member_epoch, &format!("{member}-c")),
+            &assigned,
+        ),
+        now,
+    );
+    assert!(r2.response.status.is_accepted(), "{:?}", r2.response.status);
+    r2.response.member_epoch
+}
+
+fn member<'a>(c: &'a Coordinator, id: &str) -> &'a MemberRecord {
+    &c.metadata().members[id]
+}
+
+#[test]
+fn join_bumps_group_epoch_and_assigns_all_shards_to_the_first_member() {
+    let mut c = group(4);
+    let out = c.heartbeat(&req("a", 0, "j1"), 0);
+    assert_eq!(out.response.status, HeartbeatStatus::Ok);
+    assert!(out.response.member_epoch > 0);
+    assert_eq!(out.response.group_epoch, 1);
+    assert_eq!(out.response.assignment_epoch, 1);
+    assert_eq!(
+        shards(&out.response.assignment.assigned_shards),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(out.change, Change::Metadata);
+    assert!(matches!(out.events[0], AuditEvent::MemberJoined { .. }));
+}
+
+#[test]
+fn replayed_join_does_not_bump_epochs_twice() {
+    let mut c = group(4);
+    let first = c.heartbeat(&req("a", 0, "j1"), 0).response;
+    let replay = c.heartbeat(&req("a", 0, "j1"), 100);
+    assert_eq!(replay.response.member_epoch, first.member_epoch);
+    assert_eq!(replay.response.group_epoch, first.group_epoch);
+    assert_eq!(replay.response.assignment, first.assignment);
+    assert_eq!(replay.change, Change::Lease);
+}
+
+#[test]
+fn rejoin_of_known_member_drops_old_ownership_and_issues_fresh_epoch() {
+    let mut c = group(2);
+    let e1 = join_and_settle(&mut c, "a", 0);
+    let group_epoch = c.metadata().group_epoch;
+    // The process restarted (same memberId, new request): a new incarnation.
+    let out = c.heartbeat(&req("a", 0, "restart-join"), 1_000);
+    assert!(out.response.member_epoch > e1);
+    assert_eq!(
+        c.metadata().group_epoch,
+        group_epoch + 2,
+        "fence of the old incarnation + join"
+    );
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberRejoined { .. })));
+    // The old incarnation may still read until its lease passes: its shards are held, only pending.
+    assert!(out.response.assignment.assigned_shards.is_empty());
+    assert_eq!(shards(&out.response.assignment.pending_shards), [0, 1]);
+    // Its old epoch is fenced.
+    let stale = c
+        .heartbeat(&owned(req("a", e1, "old"), &[0, 1]), 1_500)
+        .response;
+    assert_eq!(stale.status, HeartbeatStatus::FencedMemberEpoch);
+    // Once the old lease has passed, the new incarnation gets the shards.
+    c.tick(SESSION + 1);
+    let now = c
+        .heartbeat(&req("a", out.response.member_epoch, "n1"), SESSION + 1)
+        .response;
+    assert_eq!(shards(&now.assignment.assigned_shards), [0, 1]);
+}
+
+#[test]
+fn stale_member_epoch_is_fenced_without_touching_the_live_member() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    let before = c.clone();
+    let out = c.heartbeat(&req("a", e - 1, "x"), 10);
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    assert_eq!(out.change, Change::None);
+    assert_eq!(c, before);
+}
+
+#[test]
+fn future_member_epoch_is_rejected() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    let before = c.clone();
+    let out = c.heartbeat(&owned(req("a", e + 1, "x"), &[0, 1]), 10);
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    assert_eq!(c, before);
+}
+
+#[test]
+fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
+    let mut c = group(4);
+    let ea = join_and_settle(&mut c, "a", 0);
+    // b joins: a must revoke 2 shards; b gets them after a's REVOKED, which bumps b's epoch.
+    let eb = join_and_settle(&mut c, "b", 0);
+    let a_resp = c.heartbeat(&req("a", ea, "a1"), 10).response;
+    let a_keeps = shards(&a_resp.assignment.assigned_shards);
+    let gone: Vec<u32> = (0..4).filter(|s| !a_keeps.contains(s)).collect();
+    c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a2"), &a_keeps),
+            &gone,
+            RevokeState::Revoked,
+        ),
+        20,
+    );
+    // b's grant response is lost: b still sends its previous epoch, owning nothing new.
+    let grant = member(&c, "b").member_epoch;
+    assert!(grant > eb);
+    let out = c
+        .heartbeat(&owned(req("b", eb, "b-lagging"), &[]), 30)
+        .response;
+    assert!(out.status.is_accepted(), "{:?}", out.status);
+    assert_eq!(out.member_epoch, grant);
+    assert_eq!(shards(&out.assignment.assigned_shards), gone);
+}
+
+#[test]
+fn lost_response_previous_epoch_claiming_foreign_shard_is_fenced() {
+    let mut c = group(4);
+    let ea = join_and_settle(&mut c, "a", 0);
+    let eb = join_and_settle(&mut c, "b", 0);
+    let a_resp = c.heartbeat(&req("a", ea, "a1"), 10).response;
+    let a_keeps = shards(&a_resp.assignment.assigned_shards);
+    let gone: Vec<u32> = (0..4).filter(|s| !a_keeps.contains(s)).collect();
+    c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a2"), &a_keeps),
+            &gone,
+            RevokeState::Revoked,
+        ),
+        20,
+    );
+    let out = c
+        .heartbeat(&owned(req("b", eb, "b-lagging"), &[a_keeps[0]]), 30)
+        .response;
+    assert_eq!(out.status, HeartbeatStatus::FencedMemberEpoch);
+}
+
+#[test]
+fn unknown_member_with_positive_epoch_gets_unknown_member_id() {
+    let mut c = group(2);
+    let out = c.heartbeat(&req("ghost", 5, "x"), 0);
+    assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
+    assert_eq!(out.change, Change::None);
+}
+
+#[test]
+fn unsupported_protocol_and_malformed_requests_change_nothing() {
+    let mut c = group(2);
+    let mut r = req("a", 0, "j");
+    r.protocol_version = 2;
+    assert_eq!(
+        c.heartbeat(&r, 0).response.status,
+        HeartbeatStatus::UnsupportedProtocol
+    );
+    let dup = owned(req("a", 3, "j"), &[1, 1]);
+    assert_eq!(
+        c.heartbeat(&dup, 0).response.status,
+        HeartbeatStatus::InvalidRequest
+    );
+    let joining_with_shards = owned(req("a", 0, "j"), &[0]);
+    assert_eq!(
+        c.heartbeat(&joining_with_shards, 0).response.status,
+        HeartbeatStatus::InvalidRequest
+    );
+    assert_eq!(
+        c.heartbeat(&req("", 0, "j"), 0).response.status,
+        HeartbeatStatus::InvalidRequest
+    );
+    assert_eq!(
+        c.heartbeat(&req("a", -2, "j"), 0).response.status,
+        HeartbeatStatus::InvalidRequest
+    );
+    assert!(c.metadata().members.is_empty());
+}
+
+#[test]
+fn leave_revokes_then_removes_after_revoked() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    let a_owned: Vec<u32> = member(&c, "a").held().collect();
+    let group_epoch = c.metadata().group_epoch;
+    // Leave while still owning: LEAVING, shards revoking, b gets them as pending only.
+    let out = c.heartbeat(&req("a", LEAVE_EPOCH, "l1"), 100);
+    assert_eq!(out.response.member_epoch, e);
+    assert_eq!(member(&c, "a").state, MemberState::Leaving);
+    assert_eq!(c.metadata().group_epoch, group_epoch + 1);
+    assert_eq!(member(&c, "b").pending().collect::<Vec<_>>(), a_owned);
+    // REVOKED: a is removed, b gets the shards.
+    let out = c.heartbeat(
+        &revoked(
+            owned(req("a", LEAVE_EPOCH, "l2"), &[]),
+            &a_owned,
+            RevokeState::Revoked,
+        ),
+        200,
+    );
+    assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
+    assert!(!c.metadata().members.contains_key("a"));
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberLeft { .. })));
+    assert_eq!(member(&c, "b").assigned.len(), 2);
+}
+
+#[test]
+fn leave_of_drained_member_removes_it_at_once() {
+    let mut c = group(2);
+    join_and_settle(&mut c, "a", 0);
+    let out = c.heartbeat(
+        &revoked(
+            owned(req("a", LEAVE_EPOCH, "l"), &[]),
+            &[0, 1],
+            RevokeState::Revoked,
+        ),
+        10,
+    );
+    assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
+    assert!(c.metadata().members.is_empty());
+    assert_eq!(c.projection(10).state, projection::GroupState::Empty);
+}
+
+#[test]
+fn expiry_fences_member_and_frees_its_shards() {
+    let mut c = group(4);
+    let ea = join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    // Only b keeps heartbeating.
+    let eb = member(&c, "b").member_epoch;
+    c.heartbeat(&req("b", eb, "b0"), SESSION - 1);
+    let group_epoch = c.metadata().group_epoch;
+    let out = c.tick(SESSION);
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberExpired { .. })));
+    assert!(c.metadata().group_epoch > group_epoch);
+    assert!(
+        c.metadata().holds.is_empty(),
+        "an expired lease leaves nothing to hold"
+    );
+    let b = c.heartbeat(&req("b", eb, "b"), SESSION).response;
+    assert_eq!(
+        b.assignment.assigned_shards.len() + b.assignment.pending_shards.len(),
+        4
+    );
+    // a comes back: fenced, must rejoin.
+    assert_eq!(
+        c.heartbeat(&req("a", ea, "a"), SESSION + 1).response.status,
+        HeartbeatStatus::FencedMemberEpoch
+    );
+}
+
+#[test]
+fn rebalance_timeout_fences_stuck_member() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    // a keeps heartbeating but never reports REVOKED.
+    let mut t = 0;
+    while t < REBALANCE {
+        t += HB;
+        c.heartbeat(&req("a", ea, &format!("a{t}")), t);
+        let eb = member(&c, "b").member_epoch;
+        c.heartbeat(&req("b", eb, &format!("b{t}")), t);
+    }
+    assert!(
+        !c.metadata().members.contains_key("a"),
+        "fenced at the rebalance timeout"
+    );
+    assert!(c
+        .metadata()
+        .tombstones
+        .iter()
+        .any(|t| t.state == MemberState::Fenced));
+    // Its held shard is released when its lease passes, then b gets it.
+    assert_eq!(
+        c.metadata().holds.len(),
+        2,
+        "its assigned and its revoking shard"
+    );
+    let mut b = None;
+    for t in (t..=t + SESSION).step_by(HB as usize) {
+        let eb = member(&c, "b").member_epoch;
+        b = Some(c.heartbeat(&req("b", eb, &format!("b{t}")), t).response);
+    }
+    assert!(c.metadata().holds.is_empty());
+    assert_eq!(b.unwrap().assignment.assigned_shards.len(), 2);
+}
+
+#[test]
+fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    let out = c.heartbeat(&req("b", 0, "bj"), 10).response;
+    // Step 1-2: shard removed from a, b sees it pending.
+    assert!(out.assignment.assigned_shards.is_empty());
+    assert_eq!(out.assignment.pending_shards.len(), 1);
+    let moving = out.assignment.pending_shards[0].shard_index;
+    let a = c
+        .heartbeat(&owned(req("a", ea, "a1"), &[0, 1]), 20)
+        .response;
+    assert_eq!(a.status, HeartbeatStatus::RevokePending);
+    assert!(!shards(&a.assignment.assigned_shards).contains(&moving));
+    // Still draining: nothing moves.
+    let a_keep: Vec<u32> = shards(&a.assignment.assigned_shards);
+    c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a2"), &a_keep),
+            &[moving],
+            RevokeState::Draining,
+        ),
+        30,
+    );
+    assert!(member(&c, "b").assigned.is_empty());
+    // Step 4-6: REVOKED, b gets it as assigned.
+    c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a3"), &a_keep),
+            &[moving],
+            RevokeState::Revoked,
+        ),
+        40,
+    );
+    let b = c.heartbeat(&req("b", out.member_epoch, "b1"), 50).response;
+    assert_eq!(shards(&b.assignment.assigned_shards), [moving]);
+    assert!(
+        b.member_epoch > out.member_epoch,
+        "a grant is a new member epoch"
+    );
+}
+
+#[test]
+fn revoke_before_assign_expiry_of_old_owner_releases_shard() {
+    let mut c = group(2);
+    join_and_settle(&mut c, "a", 0);
+    let b = c.heartbeat(&req("b", 0, "bj"), 10).response;
+    let eb = b.member_epoch;
+    c.heartbeat(&req("b", eb, "b1"), SESSION - 1);
+    c.tick(SESSION);
+    let out = c
+        .heartbeat(&req("b", member(&c, "b").member_epoch, "b2"), SESSION)
+        .response;
+    assert_eq!(out.assignment.assigned_shards.len(), 2);
+}
+
+#[test]
+fn ownership_rule_1_owned_must_be_assigned_or_pending() {
+    let mut c = group(4);
+    let ea = join_and_settle(&mut c, "a", 0);
+    c.command(AdminCommand::SetShardCount(6), 0);
+    let a = c.heartbeat(&req("a", ea, "a1"), 1).response;
+    let e = a.member_epoch;
+    // Shard 9 does not exist; a claims it.
+    let out = c.heartbeat(&owned(req("a", e, "a2"), &[0, 9]), 2);
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    assert!(out.events.iter().any(
+        |e| matches!(e, AuditEvent::MemberFenced { reason, .. } if reason.contains("shard 9"))
+    ));
+}
+
+#[test]
+fn ownership_rule_2_revoking_must_match_removed_shards() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    let out = c.heartbeat(
+        &revoked(owned(req("a", ea, "a1"), &[1]), &[0], RevokeState::Revoking),
+        1,
+    );
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    // Nothing it claimed is granted: its shards are held until its lease passes.
+    assert_eq!(c.metadata().holds.len(), 2);
+}
+
+#[test]
+fn ownership_rule_3_cannot_claim_shard_of_other_live_member() {
+    let mut c = group(2);
+    join_and_settle(&mut c, "a", 0);
+    let eb = join_and_settle(&mut c, "b", 0);
+    // b claims shard 0 while a still holds it (revoking or assigned).
+    let a_holds: Vec<u32> = member(&c, "a").held().collect();
+    let out = c.heartbeat(&owned(req("b", eb, "b1"), &[a_holds[0]]), 2);
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    assert!(c.metadata().members.contains_key("a"));
+    assert!(!c.metadata().members.contains_key("b"));
+}
+
+#[test]
+fn ownership_rule_4_stale_member_epochs_are_rejected() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    assert_eq!(
+        c.heartbeat(&req("a", e - 1, "x"), 1).response.status,
+        HeartbeatStatus::FencedMemberEpoch
+    );
+}
+
+#[test]
+fn ownership_rule_5_stale_metadata_version_triggers_reconciliation() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    let mut r = owned(req("a", e, "x"), &[0, 1]);
+    r.metadata_version = 0;
+    let out = c.heartbeat(&r, 1).response;
+    assert_eq!(out.status, HeartbeatStatus::SyncMetadata);
+    assert_eq!(shards(&out.assignment.assigned_shards), [0, 1]);
+    let mut r = req("a", e, "y");
+    r.metadata_version = out.metadata_version;
+    assert_eq!(c.heartbeat(&r, 2).response.status, HeartbeatStatus::Ok);
+}
+
+#[test]
+fn ownership_rule_6_duplicate_revoked_reports_are_ignored() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    let moving: Vec<u32> = member(&c, "a").revoking.keys().copied().collect();
+    let keep: Vec<u32> = member(&c, "a").assigned.iter().copied().collect();
+    c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a1"), &keep),
+            &moving,
+            RevokeState::Revoked,
+        ),
+        10,
+    );
+    let ea = member(&c, "a").member_epoch;
+    // The same report again (its response was lost), even after b got the shard.
+    let out = c.heartbeat(
+        &revoked(
+            owned(req("a", ea, "a1"), &keep),
+            &moving,
+            RevokeState::Revoked,
+        ),
+        20,
+    );
+    assert!(out.response.status.is_accepted());
+    assert!(c.invariant_violations().is_empty());
+}
+
+#[test]
+fn invalid_report_fences_reporter_and_grants_nothing() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    let out = c.heartbeat(&owned(req("a", ea, "a1"), &[0, 1, 7]), 5);
+    assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
+    assert!(out.response.assignment.assigned_shards.is_empty());
+    let b = c.heartbeat(&req("b", 0, "bj"), 6).response;
+    assert!(
+        b.assignment.assigned_shards.is_empty(),
+        "held until a's lease passes"
+    );
+}
+
+#[test]
+fn two_members_with_same_member_id_are_detected() {
+    let mut c = group(2);
+    let mut t = 0;
+    let mut events = Vec::new();
+    // Two processes alternately rejoin under one memberId, each fenced by the other's join.
+    for i in 0..4 {
+        t += HB;
+        events.extend(
+            c.heartbeat(&req("twin", 0, &format!("p{}-join-{i}", i % 2)), t)
+                .events,
+        );
+    }
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::DuplicateMemberIdSuspected { .. })));
+    let view = c.projection(t);
+    assert!(view
+        .members
+        .iter()
+        .any(|m| m.member_id == "twin" && m.duplicate_suspected));
+}
+
+#[test]
+fn sticky_assignment_balanced_group_moves_nothing_on_heartbeats() {
+    let mut c = group(7);
+    for m in ["a", "b", "c"] {
+        join_and_settle(&mut c, m, 0);
+    }
+    let assignment_epoch = c.metadata().assignment_epoch;
+    for m in ["a", "b", "c"] {
+        let e = member(&c, m).member_epoch;
+        c.heartbeat(&req(m, e, "x"), 1);
+    }
+    assert_eq!(c.metadata().assignment_epoch, assignment_epoch);
+}
+
+#[test]
+fn assignment_epoch_stays_when_group_epoch_changes_without_new_target() {
+    let mut c = group(2);
+    join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    // A third member joins a 2-shard group: group epoch moves, target does not.
+    let before = c.metadata().assignment_epoch;
+    c.heartbeat(&req("c", 0, "cj"), 1);
+    assert_eq!(c.metadata().assignment_epoch, before);
+}
+
+#[test]
+fn weights_are_static_configuration_not_reported_concurrency() {
+    let mut c = group(8);
+    let mut heavy = req("a", 0, "aj");
+    heavy.weight = Some(3);
+    c.heartbeat(&heavy, 0);
+    let mut busy = req("b", 0, "bj");
+    busy.runtime_consumer_capacity = RuntimeConsumerCapacity {
+        runtime_max_concurrency: 64,
+        available_concurrency: 64,
+    };
+    c.heartbeat(&busy, 0);
+    assert_eq!(member(&c, "a").target.len(), 6);
+    assert_eq!(member(&c, "b").target.len(), 2);
+}
+
+#[test]
+fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
+    let mut c = group(4);
+    let e = join_and_settle(&mut c, "a", 0);
+    let ge = c.metadata().group_epoch;
+    assert_eq!(
+        c.command(AdminCommand::SetShardCount(2), 1).response,
+        Ok(())
+    );
+    assert_eq!(c.metadata().group_epoch, ge + 1);
+    assert_eq!(
+        c.metadata().resharding.as_ref().unwrap().state,
+        MigrationState::Draining
+    );
+    let out = c
+        .heartbeat(&owned(req("a", e, "a1"), &[0, 1, 2, 3]), 2)
+        .response;
+    assert_eq!(shards(&out.assignment.assigned_shards), [0, 1]);
+    c.heartbeat(
+        &revoked(
+            owned(req("a", e, "a2"), &[0, 1]),
+            &[2, 3],
+            RevokeState::Revoked,
+        ),
+        3,
+    );
+    assert_eq!(
+        c.metadata().resharding.as_ref().unwrap().state,
+        MigrationState::Active
+    );
+    c.command(AdminCommand::SetShardCount(3), 4);
+    let e = member(&c, "a").member_epoch;
+    assert_eq!(
+        shards(
+            &c.heartbeat(&req("a", e, "a3"), 5)
+                .response
+                .assignment
+                .assigned_shards
+        ),
+        [0, 1, 2]
+    );
+    assert_eq!(
+        c.command(AdminCommand::SetShardCount(0), 6).response,
+        Err(CommandError::ZeroShards)
+    );
+}
+
+#[test]
+fn resharding_rollback_restores_shard_count_and_bumps_group_epoch() {
+    let mut c = group(4);
+    join_and_settle(&mut c, "a", 0);
+    assert_eq!(
+        c.command(AdminCommand::RollbackResharding, 0).response,
+        Err(CommandError::NothingToRollBack)
+    );
+    c.command(AdminCommand::SetShardCount(8), 1);
+    let ge = c.metadata().group_epoch;
+    let out = c.command(AdminCommand::RollbackResharding, 2);
+    assert_eq!(out.response, Ok(()));
+    assert_eq!(c.metadata().shard_count, 4);
+    assert_eq!(c.metadata().group_epoch, ge + 1);
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::ReshardingRolledBack { from: 8, to: 4 })));
+}
+
+#[test]
+fn steady_state_heartbeat_only_renews_the_lease() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    let v = c.metadata().metadata_version;
+    let mut r = req("a", e, "s");
+    r.metadata_version = v;
+    let out = c.heartbeat(&r, 500);
+    assert_eq!(out.change, Change::Lease);
+    assert_eq!(out.response.status, HeartbeatStatus::Ok);
+    assert!(out.events.is_empty());
+    assert_eq!(c.metadata().metadata_version, v);
+}
+
+#[test]
+fn next_deadline_reports_leases_timeouts_and_holds() {
+    let mut c = group(2);
+    assert_eq!(c.next_deadline(), None);
+    join_and_settle(&mut c, "a", 0);
+    assert_eq!(c.next_deadline(), Some(SESSION));
+    join_and_settle(&mut c, "b", 0);
+    assert_eq!(c.next_timer(), Some(REBALANCE), "a's revocation");
+}
+
+#[test]
+fn member_states_and_group_states_follow_the_lifecycle() {
+    let mut c = group(2);
+    let r = c.heartbeat(&req("a", 0, "j"), 0).response;
+    assert_eq!(member(&c, "a").state, MemberState::Joining);
+    assert_eq!(c.projection(0).state, projection::GroupState::Reconciling);
+    c.heartbeat(&owned(req("a", r.member_epoch, "c"), &[0, 1]), 1);
+    assert_eq!(member(&c, "a").state, MemberState::Stable);
+    assert_eq!(c.projection(1).state, projection::GroupState::Stable);
+    c.heartbeat(&req("b", 0, "bj"), 2);
+    assert_eq!(c.projection(2).state, projection::GroupState::Assigning);
+    let json = serde_json::to_value(c.projection(2)).unwrap();
+    assert_eq!(json["state"], "ASSIGNING");
+    assert_eq!(json["members"][0]["state"], "STABLE");
+}
+
+#[test]
+fn same_inputs_same_outputs() {
+    let run = || {
+        let mut c = group(16);
+        let mut outs = Vec::new();
+        for (i, m) in ["a", "b", "c"].iter().enumerate() {
+            outs.push(c.heartbeat(&req(m, 0, "j"), i as i64));
+        }
+        (c, outs)
+    };
+    assert_eq!(run(), run());
+}

@@ -1,0 +1,341 @@
+//! The member's side of the heartbeat protocol, as a pure state machine.
+//!
+//! A [`MemberSession`] knows what one logical member believes it may read, builds each heartbeat, applies
+//! each response, and turns the difference into [`ShardCommand`]s for the consumption layer. Like the
+//! coordinator it takes time as an argument (here the member's own monotonic clock in ms), so the tokio
+//! runtime and the seeded simulation run the very same logic.
+//!
+//! **Self-fencing.** A heartbeat accepted by the coordinator at store time `t` renews the lease to
+//! `t + session_timeout`. The member cannot know `t`, but it knows `t` came after it sent the request, so it
+//! trusts its ownership only until `sent + session_timeout - margin` on its own clock, with
+//! `margin = session_timeout / 5` to absorb clock-rate differences and commands already on the wire. Past
+//! that it stops reading and acknowledging ([`ShardCommand::Fence`]) before the coordinator can have
+//! expired it and handed its shards on, and rejoins with epoch 0.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::coordinator::wire::{
+    HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard, RuntimeConsumerCapacity,
+    ShardId, ShardProgress, JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
+};
+use crate::member::lifecycle::{FencingToken, ShardCommand};
+
+/// Static facts about a member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberIdentity {
+    /// Stable memberId.
+    pub member_id: Arc<str>,
+    /// Human label.
+    pub member_name: Option<String>,
+    /// Static balancing weight.
+    pub weight: u32,
+    /// Local worker capacity (monitoring only).
+    pub runtime_max_concurrency: u32,
+}
+
+/// Where the member is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Must (re)join: the next heartbeat carries epoch 0.
+    Joining,
+    /// Has an epoch.
+    Member,
+    /// Giving everything back before the leave heartbeat.
+    Leaving,
+    /// The coordinator acknowledged the leave.
+    Left,
+}
+
+/// The member's side of the protocol. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct MemberSession {
+    identity: MemberIdentity,
+    phase: Phase,
+    epoch: i64,
+    metadata_version: i64,
+    /// Shards being read.
+    owned: BTreeSet<u32>,
+    /// Shards being given up, with their progress. REVOKED ones stay until a response confirms the report.
+    revoking: BTreeMap<u32, (RevokeState, u32)>,
+    /// The request awaiting its response, and the local time it was sent.
+    in_flight: Option<(String, i64)>,
+    request_seq: u64,
+    /// Whether the next heartbeat must carry `ownedShards` (join, rejoin, ownership changed).
+    full: bool,
+    /// Local time until which ownership may be trusted.
+    valid_until: i64,
+    session_timeout_ms: i64,
+    heartbeat_interval_ms: i64,
+    progress: BTreeMap<u32, ShardProgress>,
+}
+
+impl MemberSession {
+    /// A member that has not joined yet. `session_timeout_ms` is a first guess, replaced by the group's.
+    pub fn new(identity: MemberIdentity, session_timeout_ms: i64) -> Self {
+        Self {
+            identity,
+            phase: Phase::Joining,
+            epoch: JOIN_EPOCH,
+            metadata_version: 0,
+            owned: BTreeSet::new(),
+            revoking: BTreeMap::new(),
+            in_flight: None,
+            request_seq: 0,
+            full: true,
+            valid_until: i64::MIN,
+            session_timeout_ms,
+            heartbeat_interval_ms: 1_000,
+            progress: BTreeMap::new(),
+        }
+    }
+
+    /// The memberId.
+    pub fn member_id(&self) -> &Arc<str> {
+        &self.identity.member_id
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The member epoch in use (0 while joining).
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// The heartbeat interval the coordinator asked for.
+    pub fn heartbeat_interval_ms(&self) -> i64 {
+        self.heartbeat_interval_ms
+    }
+
+    /// Shards being read now.
+    pub fn owned(&self) -> &BTreeSet<u32> {
+        &self.owned
+    }
+
+    /// Shards being given up that the member may still be touching (not yet REVOKED).
+    pub fn draining(&self) -> impl Iterator<Item = u32> + '_ {
+        self.revoking
+            .iter()
+            .filter(|(_, (state, _))| *state != RevokeState::Revoked)
+            .map(|(s, _)| *s)
+    }
+
+    /// Local time until which ownership may be trusted.
+    pub fn valid_until(&self) -> i64 {
+        self.valid_until
+    }
+
+    /// Whether the member may read or acknowledge `shard` at local time `now`.
+    pub fn may_touch(&self, shard: u32, now: i64) -> bool {
+        now < self.valid_until
+            && (self.owned.contains(&shard)
+                || self
+                    .revoking
+                    .get(&shard)
+                    .is_some_and(|(state, _)| *state != RevokeState::Revoked))
+    }
+
+    /// Records progress to report in the next heartbeat.
+    pub fn record_progress(&mut self, progress: ShardProgress) {
+        if self.owned.contains(&progress.shard.shard_index) {
+            self.progress.insert(progress.shard.shard_index, progress);
+        }
+    }
+
+    /// Builds the next heartbeat, sent at local time `now`. A request whose response never came is retried
+    /// with the same `requestId`, so a lost join response is recognised as a replay.
+    pub fn heartbeat(&mut self, now: i64, available_concurrency: u32) -> HeartbeatRequest {
+        let request_id = match &self.in_flight {
+            Some((id, _)) => id.clone(),
+            None => {
+                self.request_seq += 1;
+                format!("{}-{}", self.identity.member_id, self.request_seq)
+            }
+        };
+        self.in_flight = Some((request_id.clone(), now));
+        let epoch = match self.phase {
+            Phase::Joining => JOIN_EPOCH,
+            Phase::Leaving | Phase::Left => LEAVE_EPOCH,
+            Phase::Member => self.epoch,
+        };
+        let joining = self.phase == Phase::Joining;
+        HeartbeatRequest {
+            protocol_version: PROTOCOL_VERSION,
+            request_id,
+            member_id: self.identity.member_id.to_string(),
+            member_name: self.identity.member_name.clone(),
+            member_epoch: epoch,
+            metadata_version: self.metadata_version,
+            runtime_consumer_capacity: RuntimeConsumerCapacity {
+                runtime_max_concurrency: self.identity.runtime_max_concurrency,
+                available_concurrency,
+            },
+            owned_shards: (self.full || joining)
+                .then(|| self.owned.iter().copied().map(ShardId::new).collect()),
+            revoking_shards: if joining {
+                Vec::new()
+            } else {
+                self.revoking
+                    .iter()
+                    .map(|(&s, &(state, in_flight))| RevokingShard {
+                        shard: ShardId::new(s),
+                        state,
+                        in_flight,
+                        acked_at: None,
+                    })
+                    .collect()
+            },
+            shard_progress: self.progress.values().cloned().collect(),
+            weight: Some(self.identity.weight),
+        }
+    }
+
+    /// Applies a response; returns what the consumption layer must do.
+    /// Responses to anything but the request in flight (duplicates, late arrivals) are ignored.
+    pub fn on_response(&mut self, resp: &HeartbeatResponse) -> Vec<ShardCommand> {
+        let Some((request_id, sent_at)) = self.in_flight.clone() else {
+            return Vec::new();
+        };
+        if resp.response_to != request_id {
+            return Vec::new();
+        }
+        self.in_flight = None;
+        self.progress.clear();
+        if resp.status.requires_rejoin() {
+            return self.drop_everything();
+        }
+        if !resp.status.is_accepted() {
+            // RETRY, INVALID_REQUEST, UNSUPPORTED_PROTOCOL: nothing was applied; ownership stays as it was.
+            return Vec::new();
+        }
+        if resp.session_timeout_ms > 0 {
+            self.session_timeout_ms = resp.session_timeout_ms;
+        }
+        self.heartbeat_interval_ms = resp.heartbeat_interval_ms.max(1);
+        self.valid_until = sent_at + self.session_timeout_ms - self.session_timeout_ms / 5;
+        self.metadata_version = resp.metadata_version;
+        self.full = false;
+        // REVOKED reports carried by the request are now accepted.
+        self.revoking
+            .retain(|_, (state, _)| *state != RevokeState::Revoked);
+        if resp.member_epoch == LEAVE_EPOCH {
+            if self.phase == Phase::Leaving || self.phase == Phase::Left {
+                self.phase = Phase::Left;
+            }
+            return self.drop_everything_quietly();
+        }
+        self.epoch = resp.member_epoch;
+        if self.phase == Phase::Joining {
+            self.phase = Phase::Member;
+        }
+        let mut commands = Vec::new();
+        let assigned: BTreeSet<u32> = resp
+            .assignment
+            .assigned_shards
+            .iter()
+            .map(|s| s.shard_index)
+            .collect();
+        let to_revoke: Vec<u32> = self
+            .owned
+            .iter()
+            .copied()
+            .filter(|s| !assigned.contains(s))
+            .collect();
+        for shard in to_revoke {
+            self.owned.remove(&shard);
+            self.revoking.insert(shard, (RevokeState::Revoking, 0));
+            self.full = true;
+            commands.push(ShardCommand::Revoke { shard });
+        }
+        if self.phase == Phase::Member {
+            let token = FencingToken {
+                member_id: self.identity.member_id.clone(),
+                member_epoch: self.epoch,
+            };
+            for &shard in &assigned {
+                if !self.owned.contains(&shard) && !self.revoking.contains_key(&shard) {
+                    self.owned.insert(shard);
+                    self.full = true;
+                    commands.push(ShardCommand::Assign {
+                        shard,
+                        token: token.clone(),
+                    });
+                }
+            }
+        }
+        commands
+    }
+
+    /// The consumption layer stopped new reads of a revoked shard; `in_flight` handlers remain.
+    pub fn on_draining(&mut self, shard: u32, in_flight: u32) {
+        if let Some(entry) = self.revoking.get_mut(&shard) {
+            if entry.0 != RevokeState::Revoked {
+                *entry = (RevokeState::Draining, in_flight);
+            }
+        }
+    }
+
+    /// The consumption layer finished a revoked shard: report REVOKED.
+    pub fn on_revoked(&mut self, shard: u32) {
+        if let Some(entry) = self.revoking.get_mut(&shard) {
+            *entry = (RevokeState::Revoked, 0);
+        }
+    }
+
+    /// Checks the self-fencing deadline at local time `now`.
+    pub fn check_lease(&mut self, now: i64) -> Vec<ShardCommand> {
+        let holds_something = !self.owned.is_empty() || self.draining().next().is_some();
+        let active = matches!(self.phase, Phase::Member | Phase::Leaving);
+        if active && now >= self.valid_until && holds_something {
+            return self.drop_everything();
+        }
+        Vec::new()
+    }
+
+    /// Starts a graceful leave: heartbeats carry epoch -1 from now on, every owned shard is revoked, and the
+    /// coordinator removes the member once all are REVOKED (the response then carries epoch -1).
+    pub fn begin_leave(&mut self) -> Vec<ShardCommand> {
+        if self.phase != Phase::Member {
+            self.phase = Phase::Left;
+            return Vec::new();
+        }
+        self.phase = Phase::Leaving;
+        let owned = std::mem::take(&mut self.owned);
+        self.full = true;
+        owned
+            .into_iter()
+            .map(|shard| {
+                self.revoking.insert(shard, (RevokeState::Revoking, 0));
+                ShardCommand::Revoke { shard }
+            })
+            .collect()
+    }
+
+    /// The spec's UNKNOWN_MEMBER_ID handling: stop reads and ACKs, clear owned and revoking state, and
+    /// send the next full heartbeat with the same memberId and epoch 0.
+    fn drop_everything(&mut self) -> Vec<ShardCommand> {
+        let had_anything = !self.owned.is_empty() || !self.revoking.is_empty();
+        self.drop_everything_quietly();
+        if self.phase != Phase::Left {
+            self.phase = Phase::Joining;
+            self.epoch = JOIN_EPOCH;
+        }
+        if had_anything {
+            vec![ShardCommand::Fence]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn drop_everything_quietly(&mut self) -> Vec<ShardCommand> {
+        self.owned.clear();
+        self.revoking.clear();
+        self.progress.clear();
+        self.full = true;
+        self.valid_until = i64::MIN;
+        Vec::new()
+    }
+}
