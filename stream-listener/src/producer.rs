@@ -1,0 +1,385 @@
+//! Publishing to a sharded stream.
+//!
+//! A [`Producer`] routes each message by its partition key to one shard (see [`crate::routing`]), so all
+//! messages of one key stay in order in one shard stream, and appends it with
+//!
+//! ```text
+//! XADD <prefix>:<shard> NOMKSTREAM [MAXLEN ~ <max_len>] * k <key> p <payload>
+//! ```
+//!
+//! # Entry layout
+//!
+//! Every entry has exactly two fields, the same for the spec's JVM and Python clients:
+//!
+//! | field | value |
+//! | --- | --- |
+//! | `k` | the partition key, as given (UTF-8 for string keys, raw bytes otherwise) |
+//! | `p` | the payload bytes: JSON for [`Producer::send`], anything for [`Producer::send_bytes`] |
+//!
+//! Consumers recompute the shard from `k` to detect a misrouted entry.
+//!
+//! # Topology
+//!
+//! The shard count comes from the stream's topology record ([`Topology`]), which must exist: publishing to a
+//! stream without one is [`TopologyError::Missing`]. The producer caches the topology, re-reads it at most
+//! every [`ProducerConfig::refresh_interval`] to notice a resize (version change), and at once when a write
+//! finds its shard stream missing (`XADD … NOMKSTREAM` answers nil); after a refresh the affected messages
+//! are routed again and resent once.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{RedisError, Value};
+use serde::Serialize;
+
+use crate::topology::{Topology, TopologyError};
+
+/// Entry field holding the partition key.
+pub const KEY_FIELD: &str = "k";
+/// Entry field holding the payload bytes.
+pub const PAYLOAD_FIELD: &str = "p";
+
+/// Errors from publishing.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// The stream's topology is missing, corrupt, or could not be read.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// A shard stream does not exist even after refreshing the topology (it was deleted, or the topology
+    /// was created without [`Topology::ensure`]). Earlier messages of the same batch may have been written.
+    #[error(
+        "shard stream `{stream}` does not exist (topology version {version}); run Topology::ensure or \
+         Topology::ensure_group for this stream"
+    )]
+    MissingShardStream {
+        /// The missing Redis stream key.
+        stream: String,
+        /// The topology version the message was routed with.
+        version: u64,
+    },
+    /// The payload could not be serialized to JSON.
+    #[error("could not serialize payload to JSON: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// A Redis command failed. Some messages of a batch may have been written: resending is at-least-once.
+    #[error("redis error: {0}")]
+    Redis(#[from] RedisError),
+    /// Redis answered XADD with something other than an entry id or nil.
+    #[error("unexpected reply to XADD on `{stream}`: {reply:?}")]
+    UnexpectedReply {
+        /// The stream written to.
+        stream: String,
+        /// The reply received.
+        reply: Value,
+    },
+}
+
+/// Producer settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerConfig {
+    /// Approximate cap on each shard stream's length (`MAXLEN ~ n`); `None` never trims.
+    ///
+    /// Trimming removes the oldest entries whether or not every group has read them, so the cap must be
+    /// large enough for the slowest group's backlog, or messages are lost.
+    pub max_len: Option<u64>,
+    /// How often the cached topology is re-read to notice a resize. A missing shard stream triggers a
+    /// re-read at once regardless.
+    pub refresh_interval: Duration,
+}
+
+/// Default [`ProducerConfig::max_len`]: one million entries per shard stream.
+pub const DEFAULT_MAX_LEN: u64 = 1_000_000;
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            max_len: Some(DEFAULT_MAX_LEN),
+            refresh_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Where a message was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReceipt {
+    /// The shard index.
+    pub shard: u32,
+    /// The shard stream key, `<prefix>:<shard>`.
+    pub stream: String,
+    /// The stream entry id Redis assigned.
+    pub id: String,
+    /// The topology version the message was routed with.
+    pub topology_version: u64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    topology: Topology,
+    checked_at: Instant,
+}
+
+/// Publishes messages to one sharded stream. Cheap to clone; clones share the connection and topology cache.
+///
+/// `C` is any async Redis connection that is cheap to clone, such as [`ConnectionManager`] (the default,
+/// which reconnects) or [`redis::aio::MultiplexedConnection`].
+#[derive(Clone)]
+pub struct Producer<C = ConnectionManager> {
+    conn: C,
+    prefix: Arc<str>,
+    config: ProducerConfig,
+    cache: Arc<Mutex<Cached>>,
+}
+
+impl<C> std::fmt::Debug for Producer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("prefix", &self.prefix)
+            .field("config", &self.config)
+            .field("topology", &self.lock().topology)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One message prepared for XADD.
+struct Outgoing<'a> {
+    key: &'a [u8],
+    payload: std::borrow::Cow<'a, [u8]>,
+}
+
+impl<C> Producer<C> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cached> {
+        // The cache holds plain data, so a panic elsewhere cannot leave it half-updated.
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<C> Producer<C>
+where
+    C: ConnectionLike + Clone + Send + Sync,
+{
+    /// Creates a producer for the stream `prefix` with default settings, loading its topology.
+    ///
+    /// Fails with [`TopologyError::Missing`] if the stream has no topology.
+    pub async fn new(conn: C, prefix: &str) -> Result<Self, ProducerError> {
+        Self::with_config(conn, prefix, ProducerConfig::default()).await
+    }
+
+    /// Creates a producer for the stream `prefix` with `config`, loading its topology.
+    pub async fn with_config(
+        mut conn: C,
+        prefix: &str,
+        config: ProducerConfig,
+    ) -> Result<Self, ProducerError> {
+        let topology = Topology::load(&mut conn, prefix).await?;
+        Ok(Producer {
+            conn,
+            prefix: prefix.into(),
+            config,
+            cache: Arc::new(Mutex::new(Cached {
+                topology,
+                checked_at: Instant::now(),
+            })),
+        })
+    }
+
+    /// The stream prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ProducerConfig {
+        &self.config
+    }
+
+    /// The cached topology.
+    pub fn topology(&self) -> Topology {
+        self.lock().topology.clone()
+    }
+
+    /// Re-reads the topology from Redis now and caches it.
+    pub async fn refresh_topology(&self) -> Result<Topology, ProducerError> {
+        let mut conn = self.conn.clone();
+        let topology = Topology::load(&mut conn, &self.prefix).await?;
+        let mut cached = self.lock();
+        if cached.topology.version() != topology.version() {
+            tracing::info!(
+                stream = %self.prefix,
+                from_version = cached.topology.version(),
+                to_version = topology.version(),
+                shard_count = topology.shard_count(),
+                "producer picked up a new topology"
+            );
+        }
+        cached.topology = topology.clone();
+        cached.checked_at = Instant::now();
+        Ok(topology)
+    }
+
+    /// Publishes `payload` as JSON under the partition key `key`.
+    pub async fn send<K, T>(&self, key: K, payload: &T) -> Result<SendReceipt, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        T: Serialize + ?Sized,
+    {
+        let payload = serde_json::to_vec(payload)?;
+        self.send_bytes(key, payload).await
+    }
+
+    /// Publishes raw payload bytes under the partition key `key`.
+    pub async fn send_bytes<K, P>(&self, key: K, payload: P) -> Result<SendReceipt, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        P: AsRef<[u8]>,
+    {
+        let messages = [Outgoing {
+            key: key.as_ref(),
+            payload: std::borrow::Cow::Borrowed(payload.as_ref()),
+        }];
+        let mut receipts = self.publish(&messages).await?;
+        Ok(receipts.remove(0))
+    }
+
+    /// Publishes `(key, payload)` pairs as JSON in one pipeline; receipts are in input order.
+    pub async fn send_batch<K, T>(
+        &self,
+        messages: &[(K, T)],
+    ) -> Result<Vec<SendReceipt>, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        T: Serialize,
+    {
+        let outgoing = messages
+            .iter()
+            .map(|(key, payload)| {
+                Ok(Outgoing {
+                    key: key.as_ref(),
+                    payload: std::borrow::Cow::Owned(serde_json::to_vec(payload)?),
+                })
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        self.publish(&outgoing).await
+    }
+
+    /// Publishes `(key, payload bytes)` pairs in one pipeline; receipts are in input order.
+    pub async fn send_batch_bytes<K, P>(
+        &self,
+        messages: &[(K, P)],
+    ) -> Result<Vec<SendReceipt>, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        P: AsRef<[u8]>,
+    {
+        let outgoing: Vec<_> = messages
+            .iter()
+            .map(|(key, payload)| Outgoing {
+                key: key.as_ref(),
+                payload: std::borrow::Cow::Borrowed(payload.as_ref()),
+            })
+            .collect();
+        self.publish(&outgoing).await
+    }
+
+    /// The cached topology, re-read first if it is older than the refresh interval.
+    async fn current_topology(&self) -> Result<Topology, ProducerError> {
+        let stale = {
+            let cached = self.lock();
+            (cached.checked_at.elapsed() >= self.config.refresh_interval)
+                .then(|| cached.topology.clone())
+        };
+        match stale {
+            None => Ok(self.topology()),
+            Some(_) => self.refresh_topology().await,
+        }
+    }
+
+    async fn publish(&self, messages: &[Outgoing<'_>]) -> Result<Vec<SendReceipt>, ProducerError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut receipts: Vec<Option<SendReceipt>> = vec![None; messages.len()];
+        let mut pending: Vec<usize> = (0..messages.len()).collect();
+        let mut topology = self.current_topology().await?;
+        let mut refreshed = false;
+        loop {
+            let missing = self
+                .write(&topology, messages, &pending, &mut receipts)
+                .await?;
+            let Some(&first_missing) = missing.first() else {
+                break;
+            };
+            if refreshed {
+                let shard = topology.shard_for_key(messages[first_missing].key);
+                return Err(ProducerError::MissingShardStream {
+                    stream: topology.stream_key(shard),
+                    version: topology.version(),
+                });
+            }
+            // A shard stream is missing: the topology may have changed under us. Re-read it and resend only
+            // the messages that were not written, routed with the new topology.
+            topology = self.refresh_topology().await?;
+            refreshed = true;
+            pending = missing;
+        }
+        Ok(receipts
+            .into_iter()
+            .map(|r| r.expect("every message written"))
+            .collect())
+    }
+
+    /// XADDs `messages[i]` for each `i` in `indices` in one pipeline; returns the indices whose stream was
+    /// missing (nil reply).
+    async fn write(
+        &self,
+        topology: &Topology,
+        messages: &[Outgoing<'_>],
+        indices: &[usize],
+        receipts: &mut [Option<SendReceipt>],
+    ) -> Result<Vec<usize>, ProducerError> {
+        let mut pipe = redis::pipe();
+        let mut targets = Vec::with_capacity(indices.len());
+        for &i in indices {
+            let message = &messages[i];
+            let shard = topology.shard_for_key(message.key);
+            let stream = topology.stream_key(shard);
+            let cmd = pipe.cmd("XADD").arg(&stream).arg("NOMKSTREAM");
+            if let Some(max_len) = self.config.max_len {
+                cmd.arg("MAXLEN").arg("~").arg(max_len);
+            }
+            cmd.arg("*")
+                .arg(KEY_FIELD)
+                .arg(message.key)
+                .arg(PAYLOAD_FIELD)
+                .arg(message.payload.as_ref());
+            targets.push((i, shard, stream));
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let mut missing = Vec::new();
+        for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
+            match reply {
+                Value::Nil => missing.push(i),
+                Value::BulkString(bytes) => {
+                    receipts[i] = Some(SendReceipt {
+                        shard,
+                        stream,
+                        id: String::from_utf8_lossy(&bytes).into_owned(),
+                        topology_version: topology.version(),
+                    });
+                }
+                Value::SimpleString(id) => {
+                    receipts[i] = Some(SendReceipt {
+                        shard,
+                        stream,
+                        id,
+                        topology_version: topology.version(),
+                    });
+                }
+                reply => return Err(ProducerError::UnexpectedReply { stream, reply }),
+            }
+        }
+        Ok(missing)
+    }
+}

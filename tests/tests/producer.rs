@@ -1,0 +1,488 @@
+//! Producer and topology against a real redis-server started by the test.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use serde::{Deserialize, Serialize};
+use stream_listener::producer::{
+    Producer, ProducerConfig, ProducerError, KEY_FIELD, PAYLOAD_FIELD,
+};
+use stream_listener::routing::{shard_for_key, PrefixError};
+use stream_listener::topology::{StartFrom, Topology, TopologyError};
+use stream_listener_test_support::RedisServer;
+
+/// One stream entry as Redis returns it: (id, [(field, value)]).
+type RawEntry = (String, Vec<(String, Vec<u8>)>);
+
+async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
+/// All entries of a stream as (id, field map).
+async fn entries(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+) -> Vec<(String, HashMap<String, Vec<u8>>)> {
+    let reply: Vec<RawEntry> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE");
+    reply
+        .into_iter()
+        .map(|(id, fields)| (id, fields.into_iter().collect()))
+        .collect()
+}
+
+async fn xlen(conn: &mut MultiplexedConnection, stream: &str) -> u64 {
+    redis::cmd("XLEN")
+        .arg(stream)
+        .query_async(conn)
+        .await
+        .expect("XLEN")
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Order {
+    id: String,
+    seq: u32,
+    amount_cents: i64,
+}
+
+#[tokio::test]
+async fn entries_land_in_the_shard_routing_md_names() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    for (prefix, shards, key, expected) in [
+        ("orders10", 10, "order-123", 1),
+        ("orders16", 16, "order-123", 13),
+        ("users12", 12, "user-42", 8),
+    ] {
+        Topology::ensure(&mut conn, prefix, shards).await.unwrap();
+        let producer = Producer::new(conn.clone(), prefix).await.unwrap();
+        let receipt = producer.send_bytes(key, b"payload").await.unwrap();
+        assert_eq!(receipt.shard, expected, "{prefix} {key}");
+        assert_eq!(receipt.stream, format!("{prefix}:{expected}"));
+
+        let written = entries(&mut conn, &receipt.stream).await;
+        assert_eq!(written.len(), 1);
+        let (id, fields) = &written[0];
+        assert_eq!(id, &receipt.id);
+        assert_eq!(
+            fields.len(),
+            2,
+            "entry layout is exactly k and p: {fields:?}"
+        );
+        assert_eq!(fields[KEY_FIELD], key.as_bytes());
+        assert_eq!(fields[PAYLOAD_FIELD], b"payload");
+        for other in (0..shards).filter(|&s| s != expected) {
+            assert_eq!(xlen(&mut conn, &format!("{prefix}:{other}")).await, 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn typed_payloads_are_json_and_raw_keys_route_as_bytes() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 12).await.unwrap();
+    let producer = Producer::new(conn.clone(), "orders").await.unwrap();
+    let order = Order {
+        id: "o-1".into(),
+        seq: 7,
+        amount_cents: -250,
+    };
+    let receipt = producer.send("customer-9", &order).await.unwrap();
+    assert_eq!(receipt.shard, shard_for_key(b"customer-9", 12));
+    let written = entries(&mut conn, &receipt.stream).await;
+    let decoded: Order = serde_json::from_slice(&written[0].1[PAYLOAD_FIELD]).unwrap();
+    assert_eq!(decoded, order);
+
+    let raw_key = [0xffu8, 0x00, 0x80];
+    let receipt = producer.send_bytes(raw_key, [1u8, 2, 3]).await.unwrap();
+    assert_eq!(receipt.shard, shard_for_key(&raw_key, 12));
+    let written = entries(&mut conn, &receipt.stream).await;
+    let last = &written.last().unwrap().1;
+    assert_eq!(last[KEY_FIELD], raw_key);
+    assert_eq!(last[PAYLOAD_FIELD], [1, 2, 3]);
+}
+
+#[tokio::test]
+async fn ensure_is_idempotent_and_refuses_a_different_count() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let first = Topology::ensure(&mut conn, "orders", 4).await.unwrap();
+    assert_eq!((first.shard_count(), first.version()), (4, 1));
+    let again = Topology::ensure(&mut conn, "orders", 4).await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(Topology::load(&mut conn, "orders").await.unwrap(), first);
+
+    // The record is a hash at the hash-tagged key.
+    let record: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("sl:topology:{orders}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(record["shardCount"], "4");
+    assert_eq!(record["version"], "1");
+
+    // The shard streams exist (empty) so producers can publish before any group exists.
+    for stream in first.stream_keys() {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(kind, "stream", "{stream}");
+        let groups: Vec<Value> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&stream)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(groups.is_empty(), "bootstrap group left behind on {stream}");
+    }
+
+    let err = Topology::ensure(&mut conn, "orders", 8).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TopologyError::ShardCountMismatch {
+                existing: 4,
+                requested: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("resize"), "{err}");
+
+    assert!(matches!(
+        Topology::ensure(&mut conn, "orders", 0).await,
+        Err(TopologyError::ZeroShards)
+    ));
+    assert!(matches!(
+        Topology::ensure(&mut conn, "{orders}", 4).await,
+        Err(TopologyError::InvalidPrefix(
+            PrefixError::ContainsBrace { .. }
+        ))
+    ));
+    assert!(matches!(
+        Topology::ensure(&mut conn, "", 4).await,
+        Err(TopologyError::InvalidPrefix(PrefixError::Empty))
+    ));
+}
+
+#[tokio::test]
+async fn ensure_group_is_idempotent_and_honours_start_from() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 3).await.unwrap();
+    let producer = Producer::new(conn.clone(), "orders").await.unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let batch: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"x"[..])).collect();
+    producer.send_batch_bytes(&batch).await.unwrap();
+
+    for _ in 0..2 {
+        Topology::ensure_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+            .await
+            .unwrap();
+        Topology::ensure_group(&mut conn, "orders", "audit", StartFrom::Latest)
+            .await
+            .unwrap();
+    }
+
+    let mut seen_by_billing = 0;
+    for shard in 0..3 {
+        let stream = format!("orders:{shard}");
+        // Earliest sees the backlog; Latest sees nothing already written.
+        for (group, expect_backlog) in [("billing", true), ("audit", false)] {
+            let reply: Option<Vec<(String, Vec<RawEntry>)>> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(group)
+                .arg("c1")
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let n = reply
+                .map(|r| r.into_iter().map(|(_, e)| e.len()).sum::<usize>())
+                .unwrap_or(0);
+            if expect_backlog {
+                seen_by_billing += n;
+            } else {
+                assert_eq!(n, 0, "{group} on {stream}");
+            }
+        }
+    }
+    assert_eq!(seen_by_billing, 30);
+}
+
+#[tokio::test]
+async fn publishing_without_a_topology_is_a_clear_error() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let err = Producer::new(conn.clone(), "nowhere").await.unwrap_err();
+    match &err {
+        ProducerError::Topology(TopologyError::Missing { prefix, key }) => {
+            assert_eq!(prefix, "nowhere");
+            assert_eq!(key, "sl:topology:{nowhere}");
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+    assert!(err.to_string().contains("Topology::ensure"), "{err}");
+    assert!(matches!(
+        Topology::ensure_group(&mut conn, "nowhere", "g", StartFrom::Earliest).await,
+        Err(TopologyError::Missing { .. })
+    ));
+    // Nothing was created on the way.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+
+    // A topology deleted after the producer was created is noticed on the next refresh.
+    Topology::ensure(&mut conn, "orders", 2).await.unwrap();
+    let producer = Producer::with_config(
+        conn.clone(),
+        "orders",
+        ProducerConfig {
+            refresh_interval: Duration::ZERO,
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("sl:topology:{orders}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = producer.send_bytes("k", "v").await.unwrap_err();
+    assert!(
+        matches!(err, ProducerError::Topology(TopologyError::Missing { .. })),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn producer_follows_a_resize_by_version() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 4).await.unwrap();
+    Topology::ensure_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let producer = Producer::with_config(
+        conn.clone(),
+        "orders",
+        ProducerConfig {
+            refresh_interval: Duration::ZERO,
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(producer.topology().version(), 1);
+
+    let resized = Topology::resize(&mut conn, "orders", 8).await.unwrap();
+    assert_eq!((resized.shard_count(), resized.version()), (8, 2));
+    // Resizing to the same count changes nothing.
+    assert_eq!(
+        Topology::resize(&mut conn, "orders", 8).await.unwrap(),
+        resized
+    );
+
+    // The new shards got the existing group, starting from the beginning.
+    for shard in 4..8 {
+        let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(format!("orders:{shard}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(groups.len(), 1, "shard {shard}");
+    }
+
+    // A key that moves to a new shard under 8 shards.
+    let key = (0..)
+        .map(|i| format!("key-{i}"))
+        .find(|k| shard_for_key(k.as_bytes(), 8) >= 4)
+        .unwrap();
+    let receipt = producer.send_bytes(&key, "v").await.unwrap();
+    assert_eq!(receipt.topology_version, 2);
+    assert_eq!(receipt.shard, shard_for_key(key.as_bytes(), 8));
+    assert_eq!(producer.topology().shard_count(), 8);
+}
+
+#[tokio::test]
+async fn a_missing_shard_stream_triggers_a_refresh_and_resend() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 4).await.unwrap();
+    // A long refresh interval: only the nil reply from XADD NOMKSTREAM can make it notice the change.
+    let producer = Producer::with_config(
+        conn.clone(),
+        "orders",
+        ProducerConfig {
+            refresh_interval: Duration::from_secs(3600),
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+
+    // Shrink to 2 shards and drop the removed streams behind the producer's back.
+    Topology::resize(&mut conn, "orders", 2).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("orders:2")
+        .arg("orders:3")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(producer.topology().shard_count(), 4, "still cached");
+
+    let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
+    assert!(keys.iter().any(|k| shard_for_key(k.as_bytes(), 4) >= 2));
+    let batch: Vec<(&str, u32)> = keys.iter().map(|k| k.as_str()).zip(0..).collect();
+    let receipts = producer.send_batch(&batch).await.unwrap();
+    assert_eq!(producer.topology().version(), 2);
+    for ((key, _), receipt) in batch.iter().zip(&receipts) {
+        assert!(receipt.shard < 2);
+        if receipt.topology_version == 2 {
+            assert_eq!(receipt.shard, shard_for_key(key.as_bytes(), 2));
+        } else {
+            // Written before the refresh, to a shard that still exists under the old routing.
+            assert_eq!(receipt.shard, shard_for_key(key.as_bytes(), 4));
+        }
+    }
+    assert!(receipts.iter().any(|r| r.topology_version == 2));
+    assert_eq!(
+        xlen(&mut conn, "orders:0").await + xlen(&mut conn, "orders:1").await,
+        40
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("orders:3")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!exists, "NOMKSTREAM must not recreate a dropped shard");
+
+    // A shard stream that stays missing after the refresh is an error naming it.
+    let _: () = redis::cmd("DEL")
+        .arg("orders:1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let key = keys
+        .iter()
+        .find(|k| shard_for_key(k.as_bytes(), 2) == 1)
+        .unwrap();
+    let err = producer.send_bytes(key, "v").await.unwrap_err();
+    match &err {
+        ProducerError::MissingShardStream { stream, version } => {
+            assert_eq!(stream, "orders:1");
+            assert_eq!(*version, 2);
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn send_batch_pipelines_and_keeps_per_key_order() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 6).await.unwrap();
+    let producer = Producer::new(conn.clone(), "orders").await.unwrap();
+
+    let customers: Vec<String> = (0..25).map(|c| format!("customer-{c}")).collect();
+    let batch: Vec<(&str, Order)> = (0..1000u32)
+        .map(|seq| {
+            let key = customers[seq as usize % customers.len()].as_str();
+            (
+                key,
+                Order {
+                    id: format!("o-{seq}"),
+                    seq,
+                    amount_cents: i64::from(seq),
+                },
+            )
+        })
+        .collect();
+    let receipts = producer.send_batch(&batch).await.unwrap();
+    assert_eq!(receipts.len(), batch.len());
+    for ((key, _), receipt) in batch.iter().zip(&receipts) {
+        assert_eq!(receipt.shard, shard_for_key(key.as_bytes(), 6));
+    }
+    assert!(producer
+        .send_batch::<&str, Order>(&[])
+        .await
+        .unwrap()
+        .is_empty());
+
+    let mut total = 0;
+    let mut last_seq: HashMap<Vec<u8>, u32> = HashMap::new();
+    for shard in 0..6 {
+        for (_, fields) in entries(&mut conn, &format!("orders:{shard}")).await {
+            total += 1;
+            let key = fields[KEY_FIELD].clone();
+            assert_eq!(shard_for_key(&key, 6), shard, "misrouted entry");
+            let order: Order = serde_json::from_slice(&fields[PAYLOAD_FIELD]).unwrap();
+            if let Some(prev) = last_seq.insert(key, order.seq) {
+                assert!(
+                    prev < order.seq,
+                    "per-key order broken: {prev} then {}",
+                    order.seq
+                );
+            }
+        }
+    }
+    assert_eq!(total, 1000);
+}
+
+#[tokio::test]
+async fn max_len_trims_approximately() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    Topology::ensure(&mut conn, "orders", 1).await.unwrap();
+    let producer = Producer::with_config(
+        conn.clone(),
+        "orders",
+        ProducerConfig {
+            max_len: Some(100),
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let batch: Vec<(String, u32)> = (0..2000).map(|i| (format!("k{i}"), i)).collect();
+    producer.send_batch(&batch).await.unwrap();
+    let len = xlen(&mut conn, "orders:0").await;
+    assert!((100..2000).contains(&len), "len {len}");
+}
+
+#[tokio::test]
+async fn works_with_a_connection_manager() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut manager = client.get_connection_manager().await.unwrap();
+    Topology::ensure(&mut manager, "orders", 3).await.unwrap();
+    let producer: Producer = Producer::new(manager, "orders").await.unwrap();
+    let clone = producer.clone();
+    let handle = tokio::spawn(async move { clone.send("a", &1).await });
+    handle.await.unwrap().unwrap();
+    producer.send("b", &2).await.unwrap();
+    assert!(format!("{producer:?}").contains("orders"));
+}
