@@ -1,8 +1,10 @@
 //! The sticky assignor: the spec's five steps, as one pure function.
 //!
-//! 1. keep existing owners that are still live and eligible; 2. drop expired and leaving owners (the caller
-//! passes live members only); 3. assign unowned shards to live members; 4. balance by static member weight;
-//! 5. move as few shards as possible.
+//! 1. Keep existing owners that are still live and eligible.
+//! 2. Drop expired and leaving owners (the caller passes live members only).
+//! 3. Assign unowned shards to live members.
+//! 4. Balance by static member weight.
+//! 5. Move as few shards as possible.
 //!
 //! Every member gets a quota of `floor(n * w / W)` or one more. The extra ones go first to members that
 //! already own more than their floor, so an already balanced assignment moves nothing (KAFKA-18688), and

@@ -61,6 +61,7 @@ pub struct MemberSession {
     /// The request awaiting its response, and the local time it was sent.
     in_flight: Option<(String, i64)>,
     request_seq: u64,
+    incarnation: u64,
     /// Whether the next heartbeat must carry `ownedShards` (join, rejoin, ownership changed).
     full: bool,
     /// Local time until which ownership may be trusted.
@@ -72,8 +73,11 @@ pub struct MemberSession {
 
 impl MemberSession {
     /// A member that has not joined yet. `session_timeout_ms` is a first guess, replaced by the group's.
-    pub fn new(identity: MemberIdentity, session_timeout_ms: i64) -> Self {
+    /// `incarnation` must differ between processes (and restarts) using the same memberId: it makes their
+    /// request ids distinct, so a restarted process's join is never mistaken for a replay of the old one's.
+    pub fn new(identity: MemberIdentity, session_timeout_ms: i64, incarnation: u64) -> Self {
         Self {
+            incarnation,
             identity,
             phase: Phase::Joining,
             epoch: JOIN_EPOCH,
@@ -145,17 +149,20 @@ impl MemberSession {
         }
     }
 
-    /// Builds the next heartbeat, sent at local time `now`. A request whose response never came is retried
-    /// with the same `requestId`, so a lost join response is recognised as a replay.
+    /// Builds the next heartbeat, sent at local time `now`; it replaces any request still awaiting a
+    /// response.
     pub fn heartbeat(&mut self, now: i64, available_concurrency: u32) -> HeartbeatRequest {
-        let request_id = match &self.in_flight {
-            Some((id, _)) => id.clone(),
-            None => {
+        // A join is retried under its first requestId, so the coordinator recognises a replay; every other
+        // attempt gets a new one, so a late response to an abandoned attempt is never mistaken for current.
+        // (A retried join keeps its first send time: that attempt may be the one that renewed the lease.)
+        let (request_id, sent_at) = match (&self.in_flight, self.phase) {
+            (Some((id, sent_at)), Phase::Joining) => (id.clone(), *sent_at),
+            _ => {
                 self.request_seq += 1;
-                format!("{}-{}", self.identity.member_id, self.request_seq)
+                (format!("{}-{:x}-{}", self.identity.member_id, self.incarnation, self.request_seq), now)
             }
         };
-        self.in_flight = Some((request_id.clone(), now));
+        self.in_flight = Some((request_id.clone(), sent_at));
         let epoch = match self.phase {
             Phase::Joining => JOIN_EPOCH,
             Phase::Leaving | Phase::Left => LEAVE_EPOCH,
@@ -331,6 +338,8 @@ impl MemberSession {
     }
 
     fn drop_everything_quietly(&mut self) -> Vec<ShardCommand> {
+        // A response to anything sent before this point describes ownership that no longer exists.
+        self.in_flight = None;
         self.owned.clear();
         self.revoking.clear();
         self.progress.clear();
