@@ -1,5 +1,6 @@
 //! stream-listener: Kafka-style consumer groups for sharded Redis Streams.
 
+pub mod consumer;
 pub mod coordinator;
 pub mod member;
 pub mod producer;

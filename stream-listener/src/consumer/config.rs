@@ -1,0 +1,168 @@
+//! Configuration of one member's consumption layer: what to read, how to acknowledge, what to do on failure.
+
+use std::time::Duration;
+
+/// Settings of one [`Consumer`](super::Consumer), that is of one logical member's reads and handlers.
+///
+/// Fields are public so the builder and the attribute macro can fill them in; [`ConsumerConfig::new`] gives
+/// the defaults. The struct is `#[non_exhaustive]` so new settings are not breaking changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerConfig {
+    /// Logical stream name: shard `i` lives at the stream key `{stream_prefix}:{i}`.
+    pub stream_prefix: String,
+    /// Redis consumer group, one per logical listener group.
+    pub group: String,
+    /// Redis consumer name. Use the member id, so the PEL says which member holds an entry.
+    pub consumer_name: String,
+    /// Entries fetched per read (`COUNT`). Larger batches mean fewer round trips but longer revokes.
+    pub batch_size: usize,
+    /// How long a worker blocks in `XREADGROUP BLOCK` once a full rotation over the owned shards found
+    /// nothing. It bounds the extra latency of a shard that becomes busy while another one is blocked on,
+    /// so keep it short (tens of milliseconds).
+    pub block_ms: u64,
+    /// Local worker capacity: how many shards are read and handled in parallel. Not an ownership limit.
+    pub runtime_max_concurrency: usize,
+    /// What "done" means for a handled entry.
+    pub ack_policy: AckPolicy,
+    /// What happens when a handler fails.
+    pub failure_policy: FailurePolicy,
+    /// Dead-letter stream key; `None` means `{stream_prefix}:dlq`.
+    pub dead_letter_stream: Option<String>,
+    /// How often [`ShardReport::Progress`](crate::member::lifecycle::ShardReport::Progress) is sent for
+    /// shards that changed.
+    pub progress_interval: Duration,
+    /// Response timeout of non-blocking commands. redis-rs defaults to 500 ms; we pick ours on purpose, and
+    /// blocking reads get `block_ms` plus this.
+    pub response_timeout: Duration,
+}
+
+impl ConsumerConfig {
+    /// Defaults for a member `consumer_name` of `group` reading the shards of `stream_prefix`.
+    pub fn new(
+        stream_prefix: impl Into<String>,
+        group: impl Into<String>,
+        consumer_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            stream_prefix: stream_prefix.into(),
+            group: group.into(),
+            consumer_name: consumer_name.into(),
+            batch_size: 100,
+            block_ms: 50,
+            runtime_max_concurrency: 1,
+            ack_policy: AckPolicy::Ack,
+            failure_policy: FailurePolicy::default(),
+            dead_letter_stream: None,
+            progress_interval: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The Redis stream key of `shard`, so every component names shards the same way.
+    pub fn shard_key(&self, shard: u32) -> String {
+        format!("{}:{}", self.stream_prefix, shard)
+    }
+
+    /// The dead-letter stream key in effect.
+    pub fn dead_letter_key(&self) -> String {
+        self.dead_letter_stream
+            .clone()
+            .unwrap_or_else(|| format!("{}:dlq", self.stream_prefix))
+    }
+}
+
+/// What the consumer does with an entry once its handler succeeded (or it was dead-lettered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AckPolicy {
+    /// `XACK`: the entry leaves the group's pending list and stays in the stream (trimming is the
+    /// producer's `MAXLEN` business). Right when several groups read one stream.
+    #[default]
+    Ack,
+    /// Acknowledge and delete the entry from the stream, so a stream read by one group does not grow.
+    ///
+    /// On Redis >= 8.2 this is `XACKDEL` with the given [`DeleteRef`]. On older servers it is a Lua script
+    /// that runs `XACK` then `XDEL` atomically and emulates the reference modes: `KeepRef` is plain
+    /// `XDEL`; `DelRef` also `XACK`s the ids in every other group; `Acked` deletes only ids that no group
+    /// has pending and every group has already been delivered past. The observable differences: the script
+    /// returns no per-id status codes, and on Redis 7 an `XDEL` leaves tombstones that can make
+    /// `XINFO GROUPS` report the lag of other groups as unknown.
+    AckDelete(DeleteRef),
+    /// The handler calls [`Message::ack`](super::Message::ack) itself; the consumer only acks entries it
+    /// dead-letters. An entry a handler neither acked nor failed stays pending until the next takeover.
+    Manual,
+}
+
+/// How `XACKDEL` treats references to a deleted entry in other groups' pending lists (Redis 8.2 names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeleteRef {
+    /// Delete the entry; other groups keep their pending references (they see it as deleted when claiming).
+    #[default]
+    KeepRef,
+    /// Delete the entry and drop every group's pending reference to it.
+    DelRef,
+    /// Delete the entry only once every group has read and acknowledged it.
+    Acked,
+}
+
+impl DeleteRef {
+    /// The `XACKDEL` keyword.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::KeepRef => "KEEPREF",
+            Self::DelRef => "DELREF",
+            Self::Acked => "ACKED",
+        }
+    }
+}
+
+/// What happens when a handler returns an error or panics.
+///
+/// Retries run in place, before the next entry of the shard, so a failing entry keeps per-key order: later
+/// entries of the shard wait. `delivery_count` counts Redis deliveries (takeovers included) plus local
+/// retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FailurePolicy {
+    /// Deliveries (first attempt included) before the entry counts as exhausted. At least 1.
+    pub max_deliveries: u32,
+    /// Wait before the first retry; doubles per retry.
+    pub initial_backoff: Duration,
+    /// Upper bound of the wait between retries.
+    pub max_backoff: Duration,
+    /// What to do with an exhausted entry.
+    pub on_exhausted: OnExhausted,
+}
+
+impl Default for FailurePolicy {
+    fn default() -> Self {
+        Self {
+            max_deliveries: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            on_exhausted: OnExhausted::DeadLetter,
+        }
+    }
+}
+
+impl FailurePolicy {
+    /// The wait before local retry number `retry` (0-based).
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry.min(20)).unwrap_or(u32::MAX);
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
+    }
+}
+
+/// The fate of an entry whose handler failed `max_deliveries` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnExhausted {
+    /// Copy it to the dead-letter stream with the reason, then acknowledge it: the shard moves on and
+    /// nothing is lost.
+    #[default]
+    DeadLetter,
+    /// Leave it pending: the shard moves on, and the entry is offered again at the next takeover (where it
+    /// is left pending again without running the handler, until an operator deals with it).
+    LeavePending,
+}

@@ -1,0 +1,279 @@
+//! One turn of one shard on a worker: fetch a batch (claim or read), run the handler on each entry in
+//! order, then acknowledge / dead-letter the batch.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use redis::aio::MultiplexedConnection;
+use redis::RedisError;
+
+use crate::member::lifecycle::FencingToken;
+
+use super::config::{AckPolicy, OnExhausted};
+use super::message::{Acker, CatchUnwind, Delivery, HandlerError, Lease};
+use super::ops::{Entry, Shared};
+
+/// Where a shard's reads are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Claiming entries earlier owners (or an earlier life of this member) left pending, from `cursor`.
+    Claim { cursor: String },
+    /// Reading new entries (`>`).
+    Live,
+}
+
+/// What a job needs to know about its shard.
+pub(crate) struct JobSpec {
+    pub(crate) shard: u32,
+    pub(crate) key: Arc<str>,
+    pub(crate) token: FencingToken,
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) phase: Phase,
+    /// Block in the read (only when the rotation found every shard idle).
+    pub(crate) block: bool,
+    /// Set on revoke / shutdown: finish the running handler, ack, leave the rest pending.
+    pub(crate) stop: Arc<AtomicBool>,
+    /// Entries of the batch not finished yet, for `Draining` reports.
+    pub(crate) in_flight: Arc<AtomicU32>,
+    /// This worker's blocking connection, if it has one yet.
+    pub(crate) conn: Option<MultiplexedConnection>,
+}
+
+/// What came of a job.
+#[derive(Default)]
+pub(crate) struct JobOutcome {
+    pub(crate) next_phase: Option<Phase>,
+    pub(crate) fetched: usize,
+    pub(crate) last_delivered: Option<String>,
+    pub(crate) last_acked: Option<String>,
+    /// Entries left pending on purpose (failure policy, or stopped part-way).
+    pub(crate) left_pending: usize,
+    pub(crate) error: Option<RedisError>,
+    pub(crate) conn: Option<MultiplexedConnection>,
+}
+
+/// The fate of one entry.
+enum Fate {
+    Ack,
+    DeadLetter {
+        deliveries: u32,
+        error: String,
+    },
+    LeavePending,
+    /// Already acknowledged by the handler (manual policy), or nothing to do.
+    Done,
+    /// Stopped before or during its retries: leave it and the rest of the batch pending.
+    Stopped,
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
+    let mut outcome = JobOutcome::default();
+    let (entries, next_phase) = match fetch(&shared, &mut spec).await {
+        Ok(fetched) => fetched,
+        Err(error) => {
+            outcome.error = Some(error);
+            outcome.next_phase = Some(spec.phase.clone());
+            outcome.conn = spec.conn.take();
+            return outcome;
+        }
+    };
+    outcome.conn = spec.conn.take();
+    outcome.fetched = entries.len();
+    outcome.last_delivered = entries.last().map(|e| e.id.clone());
+    spec.in_flight
+        .store(entries.len() as u32, Ordering::Release);
+
+    let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
+    let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
+    let mut last_done: Option<&str> = None;
+    for entry in &entries {
+        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+            break;
+        }
+        let fate = handle(&shared, &spec, entry).await;
+        spec.in_flight.fetch_sub(1, Ordering::AcqRel);
+        match fate {
+            Fate::Ack => acks.push(&entry.id),
+            Fate::DeadLetter { deliveries, error } => {
+                tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
+                letters.push((entry, deliveries, error));
+            }
+            Fate::LeavePending => outcome.left_pending += 1,
+            Fate::Done => {}
+            Fate::Stopped => break,
+        }
+        last_done = Some(&entry.id);
+    }
+    spec.in_flight.store(0, Ordering::Release);
+
+    if let Err(error) = finish(&shared, &spec, &acks, &letters).await {
+        tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
+        outcome.error = Some(error);
+        // Re-deliver our own pending entries before reading new ones.
+        outcome.next_phase = Some(Phase::Claim {
+            cursor: "0-0".to_owned(),
+        });
+        return outcome;
+    }
+    outcome.last_acked = last_done.map(str::to_owned);
+    outcome.next_phase = Some(next_phase);
+    outcome
+}
+
+async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase), RedisError> {
+    match &spec.phase {
+        Phase::Claim { cursor } => {
+            let (next, entries) = shared.claim(&spec.key, cursor).await?;
+            if next == "0-0" {
+                match shared.cleanup_consumers(&spec.key).await {
+                    Ok(deleted) if !deleted.is_empty() => {
+                        tracing::debug!(
+                            shard = spec.shard,
+                            ?deleted,
+                            "deleted idle consumer names"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(shard = spec.shard, %error, "consumer cleanup failed")
+                    }
+                }
+                Ok((entries, Phase::Live))
+            } else {
+                Ok((entries, Phase::Claim { cursor: next }))
+            }
+        }
+        Phase::Live if spec.block => {
+            if spec.conn.is_none() {
+                spec.conn = Some(shared.blocking_connection().await?);
+            }
+            let result = shared.read_new(&spec.key, spec.conn.as_mut()).await;
+            if result.is_err() {
+                // The connection may be broken; a fresh one is made next time.
+                spec.conn = None;
+            }
+            Ok((result?, Phase::Live))
+        }
+        Phase::Live => Ok((shared.read_new(&spec.key, None).await?, Phase::Live)),
+    }
+}
+
+/// Run the handler on one entry with retries, per the failure policy.
+async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
+    let policy = shared.config.failure_policy;
+    let max = policy.max_deliveries.max(1);
+    let Some(payload) = entry.payload() else {
+        return Fate::DeadLetter {
+            deliveries: entry.delivery_count,
+            error: "undecodable payload: the entry has no `p` field".to_owned(),
+        };
+    };
+    if entry.delivery_count > max {
+        let error = format!(
+            "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
+            entry.delivery_count
+        );
+        return exhausted(policy.on_exhausted, entry.delivery_count, error);
+    }
+    let manual = shared.config.ack_policy == AckPolicy::Manual;
+    let mut retry = 0;
+    loop {
+        let deliveries = entry.delivery_count + retry;
+        let acked = Arc::new(AtomicBool::new(false));
+        let acker = manual.then(|| Acker {
+            shared: shared.clone(),
+            stream_key: spec.key.clone(),
+            lease: spec.lease.clone(),
+            acked: acked.clone(),
+        });
+        let delivery = Delivery {
+            payload,
+            id: &entry.id,
+            key: entry.key(),
+            shard: spec.shard,
+            delivery_count: deliveries,
+            token: &spec.token,
+            acker,
+        };
+        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.handler.call(delivery)
+        }));
+        let result = match called {
+            Ok(Ok(future)) => CatchUnwind { future }.await,
+            Ok(Err(decode_error)) => {
+                return Fate::DeadLetter {
+                    deliveries,
+                    error: format!("undecodable payload: {decode_error}"),
+                }
+            }
+            Err(panic) => Err(HandlerError::msg(format!(
+                "handler panicked: {}",
+                super::message::panic_message(&*panic)
+            ))),
+        };
+        let error = match result {
+            Ok(()) if manual => return Fate::Done,
+            Ok(()) => return Fate::Ack,
+            Err(_) if acked.load(Ordering::Acquire) => return Fate::Done,
+            Err(error) => error,
+        };
+        tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, %error, "handler failed");
+        if deliveries >= max {
+            return exhausted(policy.on_exhausted, deliveries, error.to_string());
+        }
+        if spec.stop.load(Ordering::Acquire) {
+            return Fate::Stopped;
+        }
+        tokio::time::sleep(policy.backoff(retry)).await;
+        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+            return Fate::Stopped;
+        }
+        retry += 1;
+    }
+}
+
+fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate {
+    match on_exhausted {
+        OnExhausted::DeadLetter => Fate::DeadLetter { deliveries, error },
+        OnExhausted::LeavePending => Fate::LeavePending,
+    }
+}
+
+/// Dead-letter, then acknowledge, retrying transient errors a few times.
+async fn finish(
+    shared: &Shared,
+    spec: &JobSpec,
+    acks: &[&str],
+    letters: &[(&Entry, u32, String)],
+) -> Result<(), RedisError> {
+    if acks.is_empty() && letters.is_empty() {
+        return Ok(());
+    }
+    let mut all: Vec<&str> = acks.to_vec();
+    all.extend(letters.iter().map(|(e, _, _)| e.id.as_str()));
+    let mut attempt = 0u32;
+    let mut lettered = false;
+    loop {
+        if !spec.lease.is_active() {
+            // Fenced: acknowledging now could ack entries the next owner is handling.
+            return Ok(());
+        }
+        let result = async {
+            if !lettered {
+                shared.dead_letter(&spec.key, spec.shard, letters).await?;
+                lettered = true;
+            }
+            shared.ack(&spec.key, &all).await
+        }
+        .await;
+        match result {
+            Ok(()) => return Ok(()),
+            Err(error) if attempt >= 3 => return Err(error),
+            Err(error) => {
+                tracing::debug!(shard = spec.shard, %error, attempt, "ack failed, retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
+                attempt += 1;
+            }
+        }
+    }
+}

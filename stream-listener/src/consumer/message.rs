@@ -1,0 +1,345 @@
+//! What a handler sees: [`Message`], [`HandlerError`], the [`Handler`] trait and its type-erased form.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+
+use crate::member::lifecycle::FencingToken;
+
+use super::ops::Shared;
+
+/// A boxed, sendable future: handlers are stored as trait objects, so they return one of these.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One stream entry handed to a handler.
+///
+/// Fields are public for reading; only the consumer creates messages, because a message carries the right
+/// to acknowledge its entry (see [`Message::ack`]).
+pub struct Message<T> {
+    /// The decoded payload (field `p` of the entry).
+    pub payload: T,
+    /// The stream entry id, unique within the shard; use it to make handlers idempotent.
+    pub id: String,
+    /// The partition key (field `k`), the unit of ordering.
+    pub key: String,
+    /// The shard index the entry was read from.
+    pub shard: u32,
+    /// How many times this entry has been delivered, this delivery included (Redis deliveries across
+    /// owners plus local retries). Greater than 1 means an earlier attempt may have had side effects.
+    pub delivery_count: u32,
+    /// Ownership proof: sinks can refuse writes carrying a smaller member epoch than one already seen.
+    pub token: FencingToken,
+    pub(crate) acker: Option<Acker>,
+}
+
+/// A message whose payload is left as the raw bytes of field `p`, for handlers that decode themselves.
+pub type RawMessage = Message<Vec<u8>>;
+
+impl<T> Message<T> {
+    /// Acknowledge the entry now (`XACK`), under [`AckPolicy::Manual`](super::AckPolicy::Manual).
+    ///
+    /// Under the other policies the consumer acknowledges after the handler returns `Ok`, and this is a
+    /// no-op. Refused with [`AckError::NotOwner`] once the member lost the shard (fenced or revoked), since
+    /// the next owner may already be handling the entry. Acking twice is harmless.
+    pub async fn ack(&self) -> Result<(), AckError> {
+        let Some(acker) = &self.acker else {
+            return Ok(());
+        };
+        if !acker.lease.is_active() {
+            return Err(AckError::NotOwner);
+        }
+        if acker.acked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut conn = acker.shared.conn.clone();
+        redis::cmd("XACK")
+            .arg(&*acker.stream_key)
+            .arg(&acker.shared.config.group)
+            .arg(&self.id)
+            .query_async::<i64>(&mut conn)
+            .await?;
+        acker.acked.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The payload, dropping the metadata.
+    pub fn into_payload(self) -> T {
+        self.payload
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Message<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("payload", &self.payload)
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("shard", &self.shard)
+            .field("delivery_count", &self.delivery_count)
+            .field("token", &self.token)
+            .field("manual_ack", &self.acker.is_some())
+            .finish()
+    }
+}
+
+/// Why [`Message::ack`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AckError {
+    /// The member no longer owns the shard; the entry belongs to the next owner now.
+    #[error("the shard is no longer owned by this member; not acknowledging")]
+    NotOwner,
+    /// Redis refused or did not answer; the entry stays pending and will be delivered again.
+    #[error("XACK failed: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Whether a member still owns a shard; shared with messages so their acks stop when ownership ends.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    active: AtomicBool,
+}
+
+impl Lease {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            active: AtomicBool::new(true),
+        })
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn end(&self) {
+        self.active.store(false, Ordering::Release);
+    }
+}
+
+/// The right to acknowledge one entry by hand.
+pub(crate) struct Acker {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream_key: Arc<str>,
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) acked: Arc<AtomicBool>,
+}
+
+/// A handler failure: any `Display` error, boxed. The text goes to logs and to the dead-letter entry.
+///
+/// Deliberately not `std::error::Error` itself, so that `?` converts every `std::error::Error` into it
+/// (the same trick as `anyhow::Error`).
+pub struct HandlerError {
+    inner: Box<dyn fmt::Display + Send + 'static>,
+}
+
+impl HandlerError {
+    /// Wrap any displayable error.
+    pub fn new(error: impl fmt::Display + Send + 'static) -> Self {
+        Self {
+            inner: Box::new(error),
+        }
+    }
+
+    /// A plain message.
+    pub fn msg(message: impl Into<String>) -> Self {
+        Self::new(message.into())
+    }
+}
+
+impl<E: std::error::Error + Send + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self::new(DisplayChain(error))
+    }
+}
+
+/// Displays an error with its `source()` chain, so dead letters carry the root cause.
+struct DisplayChain<E>(E);
+
+impl<E: std::error::Error> fmt::Display for DisplayChain<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HandlerError({})", self.inner)
+    }
+}
+
+/// A message handler. Implemented for every `Fn(Message<T>) -> impl Future<Output = Result<(), E>>` with
+/// `E: Display`, so closures and `async fn`s work as they are; object-safe so the builder and the macro
+/// can store handlers of different types.
+pub trait Handler<T>: Send + Sync + 'static {
+    /// Handle one message. `Ok` means the entry may be acknowledged; `Err` or a panic is a failure.
+    fn handle(&self, message: Message<T>) -> BoxFuture<'static, Result<(), HandlerError>>;
+}
+
+impl<T, F, Fut, E> Handler<T> for F
+where
+    T: Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    fn handle(&self, message: Message<T>) -> BoxFuture<'static, Result<(), HandlerError>> {
+        let future = self(message);
+        Box::pin(async move { future.await.map_err(HandlerError::new) })
+    }
+}
+
+/// Everything about one delivery except the decoded payload.
+pub(crate) struct Delivery<'a> {
+    pub(crate) payload: &'a [u8],
+    pub(crate) id: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) shard: u32,
+    pub(crate) delivery_count: u32,
+    pub(crate) token: &'a FencingToken,
+    pub(crate) acker: Option<Acker>,
+}
+
+/// A handler together with how to decode its payload: what a [`Consumer`](super::Consumer) runs.
+///
+/// Build one with [`BoxedHandler::json`] (the producer's default encoding), [`BoxedHandler::raw`] or
+/// [`BoxedHandler::with_decoder`]. Cheap to clone.
+#[derive(Clone)]
+pub struct BoxedHandler {
+    inner: Arc<dyn ErasedHandler>,
+}
+
+impl fmt::Debug for BoxedHandler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BoxedHandler")
+    }
+}
+
+impl BoxedHandler {
+    /// A handler of JSON payloads (what the producer writes by default).
+    pub fn json<T, H>(handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Handler<T>,
+    {
+        Self::with_decoder(|bytes: &[u8]| serde_json::from_slice::<T>(bytes), handler)
+    }
+
+    /// A handler of raw payload bytes.
+    pub fn raw<H: Handler<Vec<u8>>>(handler: H) -> Self {
+        Self::with_decoder(
+            |bytes: &[u8]| Ok::<_, std::convert::Infallible>(bytes.to_vec()),
+            handler,
+        )
+    }
+
+    /// A handler with its own payload decoder. A decode error dead-letters the entry at once: retrying
+    /// cannot fix a payload.
+    pub fn with_decoder<T, E, D, H>(decode: D, handler: H) -> Self
+    where
+        T: Send + 'static,
+        E: fmt::Display,
+        D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
+        H: Handler<T>,
+    {
+        Self {
+            inner: Arc::new(Typed {
+                decode,
+                handler,
+                _payload: std::marker::PhantomData,
+            }),
+        }
+    }
+
+    pub(crate) fn call(
+        &self,
+        delivery: Delivery<'_>,
+    ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
+        self.inner.call(delivery)
+    }
+}
+
+trait ErasedHandler: Send + Sync + 'static {
+    fn call(
+        &self,
+        delivery: Delivery<'_>,
+    ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String>;
+}
+
+struct Typed<T, D, H> {
+    decode: D,
+    handler: H,
+    _payload: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T, E, D, H> ErasedHandler for Typed<T, D, H>
+where
+    T: Send + 'static,
+    E: fmt::Display,
+    D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
+    H: Handler<T>,
+{
+    fn call(
+        &self,
+        delivery: Delivery<'_>,
+    ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
+        let payload = (self.decode)(delivery.payload).map_err(|e| e.to_string())?;
+        Ok(self.handler.handle(Message {
+            payload,
+            id: delivery.id.to_owned(),
+            key: delivery.key.to_owned(),
+            shard: delivery.shard,
+            delivery_count: delivery.delivery_count,
+            token: delivery.token.clone(),
+            acker: delivery.acker,
+        }))
+    }
+}
+
+/// Runs a handler future, turning a panic into an error instead of unwinding through the worker.
+pub(crate) struct CatchUnwind {
+    pub(crate) future: BoxFuture<'static, Result<(), HandlerError>>,
+}
+
+impl Future for CatchUnwind {
+    type Output = Result<(), HandlerError>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = self.future.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(poll) => poll,
+            Err(panic) => std::task::Poll::Ready(Err(HandlerError::msg(format!(
+                "handler panicked: {}",
+                panic_message(&*panic)
+            )))),
+        }
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

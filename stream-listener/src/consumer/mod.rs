@@ -1,0 +1,565 @@
+//! The consumption layer of one logical member: the polling adapter and its workers.
+//!
+//! A [`Consumer`] is driven by the member's heartbeat loop through [`ShardCommand`]s and answers with
+//! [`ShardReport`]s (see [`crate::member::lifecycle`]). It owns everything the spec puts on the member side:
+//! worker lifecycle, Redis reads, handler execution, the ack / dead-letter policy and progress reports.
+//!
+//! # Scheduling
+//!
+//! Owned shards wait in one round-robin ready queue. Up to `runtime_max_concurrency` jobs run at once; a
+//! job takes one shard, fetches one batch, runs the handler on each entry in order, acknowledges, and puts
+//! the shard back at the end of the queue. So:
+//!
+//! * a shard is in at most one job at a time: one read loop per shard, one batch in flight, per-key order;
+//! * a member with far more shards than workers still visits every shard once per rotation: no starvation;
+//! * reads do not block while any shard may have data. Only after a whole rotation came back empty does
+//!   one read use `BLOCK block_ms`, and the rotation starts over afterwards, so a shard that becomes busy
+//!   waits at most about `block_ms` plus one rotation.
+//!
+//! # Connections
+//!
+//! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
+//! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. Each worker slot gets
+//! its own connection, created the first time it must block, used only for `XREADGROUP BLOCK` (redis-rs
+//! would queue every other command behind a blocking read on a shared connection). A member therefore
+//! opens at most `1 + runtime_max_concurrency` connections, however many shards it owns.
+//!
+//! # Delivery
+//!
+//! At least once: an entry is acknowledged only after its handler returned `Ok` (or it was
+//! dead-lettered). On [`ShardCommand::Assign`] the consumer first claims everything earlier owners left
+//! pending (`XAUTOCLAIM` with min-idle 0, carrying the cursor to `0-0`), then deletes consumer names that
+//! no longer hold anything, then reads new entries. On [`ShardCommand::Revoke`] it stops new reads, lets the
+//! running handler finish, acknowledges what is done (the rest of the batch stays pending for the next
+//! owner to claim), then reports [`ShardReport::Revoked`]. On [`ShardCommand::Fence`] it aborts everything
+//! at once and acknowledges nothing more.
+
+mod config;
+mod job;
+mod message;
+mod ops;
+
+pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
+pub use message::{AckError, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage};
+pub use ops::{dead_letter_fields, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::coordinator::wire::{ShardId, ShardProgress};
+use crate::member::lifecycle::{FencingToken, ShardCommand, ShardReport};
+
+use job::{JobOutcome, JobSpec, Phase};
+use message::Lease;
+use ops::Shared;
+
+/// Why a consumer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    /// Connecting to Redis or reading its version failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The configuration cannot work.
+    #[error("invalid consumer configuration: {0}")]
+    Config(String),
+}
+
+/// The polling adapter of one logical member: reads its owned shards, runs the handler, acknowledges.
+///
+/// Create it with [`Consumer::connect`], then drive it with [`Consumer::run`].
+#[derive(Clone)]
+pub struct Consumer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("config", &self.shared.config)
+            .field("server", &self.shared.version)
+            .finish()
+    }
+}
+
+impl Consumer {
+    /// Open the shared connection, detect the server version (to pick `XACKDEL` or the script) and check
+    /// the configuration. No shard is read until the first [`ShardCommand::Assign`].
+    pub async fn connect(
+        client: redis::Client,
+        config: ConsumerConfig,
+        handler: BoxedHandler,
+    ) -> Result<Self, ConsumerError> {
+        if config.batch_size == 0 {
+            return Err(ConsumerError::Config(
+                "batch_size must be at least 1".into(),
+            ));
+        }
+        if config.runtime_max_concurrency == 0 {
+            return Err(ConsumerError::Config(
+                "runtime_max_concurrency must be at least 1".into(),
+            ));
+        }
+        if config.consumer_name.is_empty() || config.group.is_empty() {
+            return Err(ConsumerError::Config(
+                "group and consumer_name must not be empty".into(),
+            ));
+        }
+        let shared = Shared::connect(client, config, handler).await?;
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.shared.config
+    }
+
+    /// The Redis server version detected at connect time.
+    pub fn server_version(&self) -> ServerVersion {
+        self.shared.version
+    }
+
+    /// Whether acknowledge-and-delete uses `XACKDEL` (true) or the `XACK` + `XDEL` script (false).
+    pub fn uses_xackdel(&self) -> bool {
+        self.shared.version.has_xackdel()
+    }
+
+    /// Serve commands until `commands` is closed, then stop reading, let running handlers finish and
+    /// acknowledge, and return. Dropping or aborting the returned future aborts every handler at once
+    /// (entries in flight stay pending; the next owner claims them).
+    pub async fn run(
+        self,
+        commands: mpsc::Receiver<ShardCommand>,
+        reports: mpsc::Sender<ShardReport>,
+    ) {
+        Scheduler::new(self.shared).run(commands, reports).await;
+    }
+}
+
+/// Ownership state of one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Owned,
+    Revoking,
+}
+
+struct ShardState {
+    generation: u64,
+    key: Arc<str>,
+    token: FencingToken,
+    lease: Arc<Lease>,
+    mode: Mode,
+    /// `None` while a job has it.
+    phase: Option<Phase>,
+    running: bool,
+    stop: Arc<AtomicBool>,
+    in_flight: Arc<AtomicU32>,
+    /// Waiting for a job of an earlier (fenced) ownership of this shard index to end.
+    waiting_for_old_job: bool,
+    /// An `Assign` that arrived while revoking: start over once the revoke is through.
+    reassign: Option<FencingToken>,
+    error_backoff: Duration,
+    last_delivered: Option<String>,
+    last_acked: Option<String>,
+    pending: u64,
+    dirty: bool,
+}
+
+struct JobMeta {
+    shard: u32,
+    generation: u64,
+    slot: usize,
+    block: bool,
+    abort: AbortHandle,
+}
+
+struct Scheduler {
+    shared: Arc<Shared>,
+    shards: HashMap<u32, ShardState>,
+    ready: VecDeque<u32>,
+    delayed: Vec<(Instant, u32, u64)>,
+    meta: HashMap<tokio::task::Id, JobMeta>,
+    /// Jobs still running per shard index, any generation: a new ownership waits for them.
+    busy: HashMap<u32, usize>,
+    slots: Vec<Option<MultiplexedConnection>>,
+    free_slots: Vec<usize>,
+    /// Consecutive reads that found nothing: a full rotation of them allows one blocking read.
+    idle_streak: usize,
+    outbox: VecDeque<ShardReport>,
+    next_generation: u64,
+}
+
+const OUTBOX_PROGRESS_LIMIT: usize = 4096;
+
+impl Scheduler {
+    fn new(shared: Arc<Shared>) -> Self {
+        let workers = shared.config.runtime_max_concurrency;
+        Self {
+            shared,
+            shards: HashMap::new(),
+            ready: VecDeque::new(),
+            delayed: Vec::new(),
+            meta: HashMap::new(),
+            busy: HashMap::new(),
+            slots: (0..workers).map(|_| None).collect(),
+            free_slots: (0..workers).rev().collect(),
+            idle_streak: 0,
+            outbox: VecDeque::new(),
+            next_generation: 0,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<ShardCommand>,
+        reports: mpsc::Sender<ShardReport>,
+    ) {
+        // Aborts every job when `run` is dropped.
+        let mut jobs: JoinSet<JobOutcome> = JoinSet::new();
+        let mut progress = tokio::time::interval(self.shared.config.progress_interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing = false;
+        loop {
+            if !closing {
+                self.dispatch(&mut jobs);
+            }
+            if closing && jobs.is_empty() {
+                break;
+            }
+            let next_delay = self.delayed.iter().map(|(at, _, _)| *at).min();
+            tokio::select! {
+                biased;
+                command = commands.recv(), if !closing => match command {
+                    Some(command) => self.on_command(command),
+                    None => {
+                        closing = true;
+                        for shard in self.shards.values() {
+                            shard.stop.store(true, Ordering::Release);
+                        }
+                    }
+                },
+                Some(joined) = jobs.join_next_with_id(), if !jobs.is_empty() => {
+                    match joined {
+                        Ok((id, outcome)) => self.on_job_end(id, Some(outcome)),
+                        Err(error) => {
+                            if error.is_panic() {
+                                tracing::error!(%error, "consumer job panicked");
+                            }
+                            self.on_job_end(error.id(), None);
+                        }
+                    }
+                }
+                permit = reports.reserve(), if !self.outbox.is_empty() => match permit {
+                    Ok(permit) => {
+                        if let Some(report) = self.outbox.pop_front() {
+                            permit.send(report);
+                        }
+                    }
+                    Err(_) => self.outbox.clear(),
+                },
+                _ = tokio::time::sleep_until(next_delay.unwrap_or_else(Instant::now)), if next_delay.is_some() => {
+                    self.release_delayed();
+                }
+                _ = progress.tick() => self.queue_progress(),
+            }
+        }
+        // Best effort: hand over what is queued if the receiver is still there.
+        while let Some(report) = self.outbox.pop_front() {
+            if reports.try_send(report).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn on_command(&mut self, command: ShardCommand) {
+        match command {
+            ShardCommand::Assign { shard, token } => self.assign(shard, token),
+            ShardCommand::Revoke { shard } => self.revoke(shard),
+            ShardCommand::Fence => self.fence(),
+        }
+    }
+
+    fn assign(&mut self, shard: u32, token: FencingToken) {
+        if let Some(state) = self.shards.get_mut(&shard) {
+            match state.mode {
+                Mode::Owned => state.token = token,
+                Mode::Revoking => state.reassign = Some(token),
+            }
+            return;
+        }
+        self.next_generation += 1;
+        let waiting = self.busy.get(&shard).copied().unwrap_or(0) > 0;
+        self.shards.insert(
+            shard,
+            ShardState {
+                generation: self.next_generation,
+                key: self.shared.config.shard_key(shard).into(),
+                token,
+                lease: Lease::new(),
+                mode: Mode::Owned,
+                phase: Some(Phase::Claim {
+                    cursor: "0-0".to_owned(),
+                }),
+                running: false,
+                stop: Arc::new(AtomicBool::new(false)),
+                in_flight: Arc::new(AtomicU32::new(0)),
+                waiting_for_old_job: waiting,
+                reassign: None,
+                error_backoff: Duration::ZERO,
+                last_delivered: None,
+                last_acked: None,
+                pending: 0,
+                dirty: true,
+            },
+        );
+        if !waiting {
+            self.ready.push_back(shard);
+        }
+        tracing::debug!(shard, "shard assigned");
+    }
+
+    fn revoke(&mut self, shard: u32) {
+        let Some(state) = self.shards.get_mut(&shard) else {
+            // Nothing here to drain: say so, so the hand-off is not held up.
+            self.outbox.push_back(ShardReport::Draining {
+                shard,
+                in_flight: 0,
+            });
+            self.outbox.push_back(ShardReport::Revoked { shard });
+            return;
+        };
+        if state.mode == Mode::Revoking {
+            state.reassign = None;
+            return;
+        }
+        state.mode = Mode::Revoking;
+        state.stop.store(true, Ordering::Release);
+        self.ready.retain(|s| *s != shard);
+        self.delayed.retain(|(_, s, _)| *s != shard);
+        let in_flight = if state.running {
+            state.in_flight.load(Ordering::Acquire)
+        } else {
+            0
+        };
+        self.outbox
+            .push_back(ShardReport::Draining { shard, in_flight });
+        tracing::debug!(shard, in_flight, "shard revoking");
+        if !state.running {
+            self.finish_revoke(shard);
+        }
+    }
+
+    fn finish_revoke(&mut self, shard: u32) {
+        let Some(state) = self.shards.remove(&shard) else {
+            return;
+        };
+        state.lease.end();
+        self.outbox
+            .retain(|r| !matches!(r, ShardReport::Progress(p) if p.shard.shard_index == shard));
+        self.outbox.push_back(ShardReport::Revoked { shard });
+        tracing::debug!(shard, "shard revoked");
+        if let Some(token) = state.reassign {
+            self.assign(shard, token);
+        }
+    }
+
+    fn fence(&mut self) {
+        tracing::warn!(shards = self.shards.len(), "fenced: aborting every handler");
+        for state in self.shards.values() {
+            state.lease.end();
+            state.stop.store(true, Ordering::Release);
+        }
+        self.shards.clear();
+        self.ready.clear();
+        self.delayed.clear();
+        self.outbox.clear();
+        for meta in self.meta.values() {
+            meta.abort.abort();
+        }
+        self.idle_streak = 0;
+    }
+
+    fn owned_live(&self) -> usize {
+        self.shards
+            .values()
+            .filter(|s| s.mode == Mode::Owned)
+            .count()
+    }
+
+    /// Start jobs while there are free workers and ready shards.
+    fn dispatch(&mut self, jobs: &mut JoinSet<JobOutcome>) {
+        while !self.free_slots.is_empty() {
+            let Some(shard) = self.ready.pop_front() else {
+                return;
+            };
+            let owned = self.owned_live();
+            let Some(state) = self.shards.get_mut(&shard) else {
+                continue;
+            };
+            if state.running || state.mode != Mode::Owned {
+                continue;
+            }
+            let Some(phase) = state.phase.take() else {
+                continue;
+            };
+            let block = phase == Phase::Live && self.idle_streak >= owned;
+            let Some(slot) = self.free_slots.pop() else {
+                return;
+            };
+            state.running = true;
+            let spec = JobSpec {
+                shard,
+                key: state.key.clone(),
+                token: state.token.clone(),
+                lease: state.lease.clone(),
+                phase,
+                block,
+                stop: state.stop.clone(),
+                in_flight: state.in_flight.clone(),
+                conn: if block { self.slots[slot].take() } else { None },
+            };
+            let generation = state.generation;
+            let abort = jobs.spawn(job::run(self.shared.clone(), spec));
+            *self.busy.entry(shard).or_insert(0) += 1;
+            self.meta.insert(
+                abort.id(),
+                JobMeta {
+                    shard,
+                    generation,
+                    slot,
+                    block,
+                    abort,
+                },
+            );
+        }
+    }
+
+    fn on_job_end(&mut self, id: tokio::task::Id, outcome: Option<JobOutcome>) {
+        let Some(meta) = self.meta.remove(&id) else {
+            return;
+        };
+        self.free_slots.push(meta.slot);
+        let shard = meta.shard;
+        if let Some(busy) = self.busy.get_mut(&shard) {
+            *busy -= 1;
+            if *busy == 0 {
+                self.busy.remove(&shard);
+            }
+        }
+        let mut outcome = outcome.unwrap_or_default();
+        if let Some(conn) = outcome.conn.take() {
+            self.slots[meta.slot] = Some(conn);
+        }
+        let Some(state) = self.shards.get_mut(&shard) else {
+            return;
+        };
+        if state.generation != meta.generation {
+            // A job of a fenced ownership ended; the new ownership may start now.
+            if state.waiting_for_old_job && !self.busy.contains_key(&shard) && !state.running {
+                state.waiting_for_old_job = false;
+                self.ready.push_back(shard);
+            }
+            return;
+        }
+        state.running = false;
+        if outcome.fetched > 0 {
+            state.last_delivered = outcome
+                .last_delivered
+                .take()
+                .or(state.last_delivered.take());
+            state.dirty = true;
+        }
+        if let Some(acked) = outcome.last_acked.take() {
+            state.last_acked = Some(acked);
+            state.dirty = true;
+        }
+        state.pending = outcome.left_pending as u64;
+        if state.mode == Mode::Revoking {
+            self.finish_revoke(shard);
+            return;
+        }
+        // A job that was aborted or crashed: re-deliver what it left pending before reading on.
+        state.phase = Some(outcome.next_phase.unwrap_or(Phase::Claim {
+            cursor: "0-0".to_owned(),
+        }));
+        if let Some(error) = &outcome.error {
+            state.error_backoff =
+                (state.error_backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
+            tracing::warn!(shard, %error, backoff = ?state.error_backoff, "shard read failed; backing off");
+            self.delayed.push((
+                Instant::now() + state.error_backoff,
+                shard,
+                state.generation,
+            ));
+            return;
+        }
+        state.error_backoff = Duration::ZERO;
+        if outcome.fetched > 0 || meta.block {
+            // Data found, or a blocking read just waited: poll the whole rotation again before blocking.
+            self.idle_streak = 0;
+        } else {
+            self.idle_streak += 1;
+        }
+        self.ready.push_back(shard);
+    }
+
+    fn release_delayed(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                let (_, shard, generation) = self.delayed.swap_remove(i);
+                if self
+                    .shards
+                    .get(&shard)
+                    .is_some_and(|s| s.generation == generation && s.mode == Mode::Owned)
+                {
+                    self.ready.push_back(shard);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn queue_progress(&mut self) {
+        if self.outbox.len() >= OUTBOX_PROGRESS_LIMIT {
+            return;
+        }
+        let now = ops::rfc3339_now();
+        let mut dirty: Vec<u32> = self
+            .shards
+            .iter()
+            .filter(|(_, s)| s.dirty && s.mode == Mode::Owned)
+            .map(|(i, _)| *i)
+            .collect();
+        dirty.sort_unstable();
+        for index in dirty {
+            let Some(state) = self.shards.get_mut(&index) else {
+                continue;
+            };
+            state.dirty = false;
+            let in_flight = if state.running {
+                u64::from(state.in_flight.load(Ordering::Acquire))
+            } else {
+                0
+            };
+            self.outbox.push_back(ShardReport::Progress(ShardProgress {
+                shard: ShardId::new(index),
+                stream_key: state.key.to_string(),
+                last_delivered_id: state.last_delivered.clone(),
+                last_acked_id: state.last_acked.clone(),
+                pending_count: state.pending + in_flight,
+                updated_at: Some(now.clone()),
+            }));
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! The Redis side of consumption: connections, reply parsing, reads, claims, acks, dead letters, cleanup.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, RedisResult, Script, Value};
+
+use super::config::{AckPolicy, ConsumerConfig};
+use super::message::BoxedHandler;
+
+/// Field of an entry holding the partition key (written by the producer).
+pub const KEY_FIELD: &str = "k";
+/// Field of an entry holding the payload (written by the producer).
+pub const PAYLOAD_FIELD: &str = "p";
+
+/// Field names the consumer adds to a dead-letter entry, after the original fields, so operators and the
+/// CLI can tell why and where from.
+pub mod dead_letter_fields {
+    /// The handler's error text (or why the payload could not be decoded).
+    pub const ERROR: &str = "dlq_error";
+    /// Deliveries before the entry was given up.
+    pub const DELIVERY_COUNT: &str = "dlq_delivery_count";
+    /// The consumer group that gave up.
+    pub const GROUP: &str = "dlq_group";
+    /// The shard index the entry came from.
+    pub const SHARD: &str = "dlq_shard";
+    /// The stream key the entry came from.
+    pub const SOURCE_STREAM: &str = "dlq_source_stream";
+    /// The entry id in the source stream.
+    pub const SOURCE_ID: &str = "dlq_source_id";
+    /// The consumer (member) that gave up.
+    pub const CONSUMER: &str = "dlq_consumer";
+}
+
+/// A Redis server version, read from `INFO server` to choose between `XACKDEL` and the script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServerVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+    /// Whether the server is Valkey (it reports a `redis_version` of 7.2 for compatibility).
+    pub valkey: bool,
+}
+
+impl ServerVersion {
+    /// Parse the text of `INFO server`; Valkey's own `valkey_version` wins over its `redis_version`.
+    pub fn from_info(info: &str) -> Option<Self> {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':').map(str::trim))
+        };
+        let (text, valkey) = match field("valkey_version") {
+            Some(v) => (v, true),
+            None => (field("redis_version")?, false),
+        };
+        let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
+        let major = parts.next()??;
+        let minor = parts.next().flatten().unwrap_or(0);
+        let patch = parts.next().flatten().unwrap_or(0);
+        Some(Self {
+            major,
+            minor,
+            patch,
+            valkey,
+        })
+    }
+
+    /// Whether the server has `XACKDEL` (Redis 8.2, Valkey 9.2).
+    pub fn has_xackdel(self) -> bool {
+        let since = if self.valkey { (9, 2) } else { (8, 2) };
+        (self.major, self.minor) >= since
+    }
+}
+
+/// Acknowledge the ids, then delete them per `ARGV[2]` (KEEPREF, DELREF, ACKED): `XACKDEL` for servers
+/// older than 8.2. Atomic because it is one script.
+const ACK_DELETE_SCRIPT: &str = r#"
+local key, group, mode = KEYS[1], ARGV[1], ARGV[2]
+local ids = {}
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+local function chunked(cmd, a, b)
+  local n = 0
+  for i = 1, #ids, 500 do
+    local j = math.min(i + 499, #ids)
+    if b then
+      n = n + redis.call(cmd, a, b, unpack(ids, i, j))
+    else
+      n = n + redis.call(cmd, a, unpack(ids, i, j))
+    end
+  end
+  return n
+end
+local acked = chunked('XACK', key, group)
+local function field(list, name)
+  for i = 1, #list, 2 do if list[i] == name then return list[i + 1] end end
+end
+local function older_or_equal(a, b)
+  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
+  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
+  return ams < bms or (ams == bms and aseq <= bseq)
+end
+if mode == 'KEEPREF' then
+  chunked('XDEL', key)
+elseif mode == 'DELREF' then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    chunked('XACK', key, field(g, 'name'))
+  end
+  chunked('XDEL', key)
+else
+  local groups = redis.call('XINFO', 'GROUPS', key)
+  for _, id in ipairs(ids) do
+    local deletable = true
+    for _, g in ipairs(groups) do
+      local name = field(g, 'name')
+      if not older_or_equal(id, field(g, 'last-delivered-id')) then deletable = false break end
+      if #redis.call('XPENDING', key, name, id, id, 1) > 0 then deletable = false break end
+    end
+    if deletable then redis.call('XDEL', key, id) end
+  end
+end
+return acked
+"#;
+
+/// Delete the group's consumers other than `ARGV[2]` that have nothing pending. One script, so a consumer
+/// cannot gain pending entries between the check and `XGROUP DELCONSUMER` (which would drop them).
+const CLEANUP_SCRIPT: &str = r#"
+local deleted = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local name, pending
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
+  end
+  if name ~= ARGV[2] and pending == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
+    deleted[#deleted + 1] = name
+  end
+end
+return deleted
+"#;
+
+/// State shared by the scheduler, its jobs and manual ackers of one consumer.
+pub(crate) struct Shared {
+    pub(crate) config: ConsumerConfig,
+    pub(crate) client: Client,
+    /// Non-blocking commands only: reads without BLOCK, claims, acks, dead letters, scripts.
+    pub(crate) conn: ConnectionManager,
+    pub(crate) version: ServerVersion,
+    pub(crate) handler: BoxedHandler,
+    pub(crate) dead_letter_key: String,
+    ack_delete_script: Script,
+    cleanup_script: Script,
+}
+
+impl Shared {
+    pub(crate) async fn connect(
+        client: Client,
+        config: ConsumerConfig,
+        handler: BoxedHandler,
+    ) -> RedisResult<Self> {
+        let manager_config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(config.response_timeout))
+            .set_connection_timeout(Some(config.response_timeout));
+        let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        let version = ServerVersion::from_info(&info).unwrap_or(ServerVersion {
+            major: 0,
+            minor: 0,
+            patch: 0,
+            valkey: false,
+        });
+        Ok(Self {
+            dead_letter_key: config.dead_letter_key(),
+            config,
+            client,
+            conn,
+            version,
+            handler,
+            ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
+            cleanup_script: Script::new(CLEANUP_SCRIPT),
+        })
+    }
+
+    /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
+    /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
+    pub(crate) async fn blocking_connection(&self) -> RedisResult<MultiplexedConnection> {
+        let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(self.config.response_timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+
+    /// `XREADGROUP ... STREAMS key >`: new entries, blocking for `block_ms` when `blocking` is given.
+    pub(crate) async fn read_new(
+        &self,
+        key: &str,
+        blocking: Option<&mut MultiplexedConnection>,
+    ) -> RedisResult<Vec<Entry>> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg("COUNT")
+            .arg(self.config.batch_size);
+        let reply: Value = match blocking {
+            Some(conn) => {
+                cmd.arg("BLOCK")
+                    .arg(self.config.block_ms)
+                    .arg("STREAMS")
+                    .arg(key)
+                    .arg(">");
+                cmd.query_async(conn).await?
+            }
+            None => {
+                cmd.arg("STREAMS").arg(key).arg(">");
+                cmd.query_async(&mut self.conn.clone()).await?
+            }
+        };
+        Ok(parse_read_reply(reply))
+    }
+
+    /// `XAUTOCLAIM key group me 0 cursor COUNT n`, then the delivery counts of what was claimed. Returns
+    /// the next cursor (`0-0` when the pending list was walked to its end) and the live entries; entries
+    /// deleted from the stream are dropped from the pending list by Redis itself.
+    pub(crate) async fn claim(&self, key: &str, cursor: &str) -> RedisResult<(String, Vec<Entry>)> {
+        let mut conn = self.conn.clone();
+        let reply: Value = redis::cmd("XAUTOCLAIM")
+            .arg(key)
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg(0)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(self.config.batch_size)
+            .query_async(&mut conn)
+            .await?;
+        let Value::Array(mut parts) = reply else {
+            return Ok(("0-0".to_owned(), Vec::new()));
+        };
+        parts.truncate(2);
+        let entries = parts.pop().map(parse_entries).unwrap_or_default();
+        let next = parts
+            .pop()
+            .and_then(value_string)
+            .unwrap_or_else(|| "0-0".to_owned());
+        // Redis 6.2 returns deleted entries as nil; ack them so they leave the pending list.
+        let (mut live, dead): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !e.deleted);
+        if !dead.is_empty() {
+            let ids: Vec<&str> = dead.iter().map(|e| e.id.as_str()).collect();
+            redis::cmd("XACK")
+                .arg(key)
+                .arg(&self.config.group)
+                .arg(&ids)
+                .query_async::<i64>(&mut conn)
+                .await?;
+        }
+        if let (Some(first), Some(last)) = (live.first(), live.last()) {
+            let pending: Value = redis::cmd("XPENDING")
+                .arg(key)
+                .arg(&self.config.group)
+                .arg(&first.id)
+                .arg(&last.id)
+                .arg(live.len())
+                .arg(&self.config.consumer_name)
+                .query_async(&mut conn)
+                .await?;
+            let counts = parse_pending_counts(pending);
+            for entry in &mut live {
+                entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
+            }
+        }
+        Ok((next, live))
+    }
+
+    /// Delete consumer names of this shard's group, other than ours, that have nothing pending: pods come
+    /// and go, and their names would otherwise pile up in `XINFO CONSUMERS` forever.
+    pub(crate) async fn cleanup_consumers(&self, key: &str) -> RedisResult<Vec<String>> {
+        self.cleanup_script
+            .key(key)
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .invoke_async(&mut self.conn.clone())
+            .await
+    }
+
+    /// Acknowledge `ids` per the ack policy (`Manual` acks with plain `XACK`: it is only used for entries
+    /// the consumer itself finished, such as dead letters).
+    pub(crate) async fn ack(&self, key: &str, ids: &[&str]) -> RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        match self.config.ack_policy {
+            AckPolicy::Ack | AckPolicy::Manual => {
+                redis::cmd("XACK")
+                    .arg(key)
+                    .arg(&self.config.group)
+                    .arg(ids)
+                    .query_async::<Value>(&mut conn)
+                    .await?;
+            }
+            AckPolicy::AckDelete(mode) if self.version.has_xackdel() => {
+                redis::cmd("XACKDEL")
+                    .arg(key)
+                    .arg(&self.config.group)
+                    .arg(mode.keyword())
+                    .arg("IDS")
+                    .arg(ids.len())
+                    .arg(ids)
+                    .query_async::<Value>(&mut conn)
+                    .await?;
+            }
+            AckPolicy::AckDelete(mode) => {
+                self.ack_delete_script
+                    .key(key)
+                    .arg(&self.config.group)
+                    .arg(mode.keyword())
+                    .arg(ids)
+                    .invoke_async::<Value>(&mut conn)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy entries to the dead-letter stream: the original fields, then the reason and where they came
+    /// from. Not atomic with the ack that follows (the streams may live on different cluster nodes): a
+    /// crash in between dead-letters an entry twice, never zero times.
+    pub(crate) async fn dead_letter(
+        &self,
+        key: &str,
+        shard: u32,
+        letters: &[(&Entry, u32, String)],
+    ) -> RedisResult<()> {
+        if letters.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (entry, deliveries, error) in letters {
+            let cmd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
+            for (name, value) in &entry.fields {
+                cmd.arg(name).arg(value);
+            }
+            cmd.arg(dead_letter_fields::ERROR)
+                .arg(error)
+                .arg(dead_letter_fields::DELIVERY_COUNT)
+                .arg(deliveries)
+                .arg(dead_letter_fields::GROUP)
+                .arg(&self.config.group)
+                .arg(dead_letter_fields::SHARD)
+                .arg(shard)
+                .arg(dead_letter_fields::SOURCE_STREAM)
+                .arg(key)
+                .arg(dead_letter_fields::SOURCE_ID)
+                .arg(&entry.id)
+                .arg(dead_letter_fields::CONSUMER)
+                .arg(&self.config.consumer_name)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await
+    }
+}
+
+/// One stream entry as read, with all its fields kept for dead-lettering.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) fields: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) delivery_count: u32,
+    /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
+    pub(crate) deleted: bool,
+}
+
+impl Entry {
+    fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.as_slice() == name.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The partition key; empty when the producer wrote none.
+    pub(crate) fn key(&self) -> &str {
+        self.field(KEY_FIELD)
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .unwrap_or("")
+    }
+
+    /// The payload bytes, if the entry has them.
+    pub(crate) fn payload(&self) -> Option<&[u8]> {
+        self.field(PAYLOAD_FIELD)
+    }
+}
+
+fn value_string(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        Value::VerbatimString { text, .. } => Some(text),
+        _ => None,
+    }
+}
+
+/// `XREADGROUP` reply (one stream): `[[key, [[id, [f, v, ...]], ...]]]`, or nil when nothing was read.
+fn parse_read_reply(reply: Value) -> Vec<Entry> {
+    match reply {
+        Value::Array(streams) => streams
+            .into_iter()
+            .flat_map(|stream| match stream {
+                Value::Array(mut pair) if pair.len() == 2 => {
+                    parse_entries(pair.pop().unwrap_or(Value::Nil))
+                }
+                _ => Vec::new(),
+            })
+            .collect(),
+        Value::Map(streams) => streams
+            .into_iter()
+            .flat_map(|(_, entries)| parse_entries(entries))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A list of `[id, [f, v, ...]]`; nil fields mark deleted entries.
+fn parse_entries(value: Value) -> Vec<Entry> {
+    let Value::Array(items) = value else {
+        return Vec::new();
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(mut pair) = item else {
+            continue;
+        };
+        if pair.len() != 2 {
+            continue;
+        }
+        let raw_fields = pair.pop().unwrap_or(Value::Nil);
+        let Some(id) = pair.pop().and_then(value_string) else {
+            continue;
+        };
+        let (fields, deleted) = match raw_fields {
+            Value::Array(flat) => {
+                let mut fields = Vec::with_capacity(flat.len() / 2);
+                let mut iter = flat.into_iter();
+                while let (Some(name), Some(value)) = (iter.next(), iter.next()) {
+                    fields.push((bytes_of(name), bytes_of(value)));
+                }
+                (fields, false)
+            }
+            Value::Map(pairs) => (
+                pairs
+                    .into_iter()
+                    .map(|(n, v)| (bytes_of(n), bytes_of(v)))
+                    .collect(),
+                false,
+            ),
+            _ => (Vec::new(), true),
+        };
+        entries.push(Entry {
+            id,
+            fields,
+            delivery_count: 1,
+            deleted,
+        });
+    }
+    entries
+}
+
+fn bytes_of(value: Value) -> Vec<u8> {
+    match value {
+        Value::BulkString(bytes) => bytes,
+        Value::SimpleString(s) => s.into_bytes(),
+        Value::Int(i) => i.to_string().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+/// Extended `XPENDING` reply: `[[id, consumer, idle, deliveries], ...]`.
+fn parse_pending_counts(value: Value) -> HashMap<String, u32> {
+    let Value::Array(rows) = value else {
+        return HashMap::new();
+    };
+    rows.into_iter()
+        .filter_map(|row| {
+            let Value::Array(mut row) = row else {
+                return None;
+            };
+            if row.len() < 4 {
+                return None;
+            }
+            let count = match row.swap_remove(3) {
+                Value::Int(n) => u32::try_from(n).ok()?,
+                _ => return None,
+            };
+            let id = value_string(row.swap_remove(0))?;
+            Some((id, count))
+        })
+        .collect()
+}
+
+/// The wall clock as RFC 3339 (UTC, milliseconds) for progress reports, without a date-time dependency.
+pub(crate) fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (H. Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        let v =
+            ServerVersion::from_info("# Server\r\nredis_version:7.0.15\r\nfoo:bar\r\n").unwrap();
+        assert_eq!((v.major, v.minor, v.patch, v.valkey), (7, 0, 15, false));
+        assert!(!v.has_xackdel());
+        assert!(ServerVersion::from_info("redis_version:8.2.1\r\n")
+            .unwrap()
+            .has_xackdel());
+        assert!(!ServerVersion::from_info("redis_version:8.0.0\r\n")
+            .unwrap()
+            .has_xackdel());
+        let valkey =
+            ServerVersion::from_info("redis_version:7.2.4\r\nvalkey_version:9.2.0\r\n").unwrap();
+        assert!(valkey.valkey && valkey.has_xackdel());
+    }
+
+    #[test]
+    fn parses_read_reply() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::BulkString(b"s:0".to_vec()),
+            Value::Array(vec![Value::Array(vec![
+                Value::BulkString(b"1-0".to_vec()),
+                Value::Array(vec![
+                    Value::BulkString(b"k".to_vec()),
+                    Value::BulkString(b"user-1".to_vec()),
+                    Value::BulkString(b"p".to_vec()),
+                    Value::BulkString(b"{}".to_vec()),
+                ]),
+            ])]),
+        ])]);
+        let entries = parse_read_reply(reply);
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].id, "1-0");
+        assert_eq!(entries[0].key(), "user-1");
+        assert_eq!(entries[0].payload(), Some(&b"{}"[..]));
+        assert!(parse_read_reply(Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn formats_rfc3339() {
+        let s = rfc3339_now();
+        assert_eq!(s.len(), 24, "{s}");
+        assert!(s.ends_with('Z'));
+    }
+}

@@ -1,0 +1,1253 @@
+//! The consumption layer against real redis-server processes: delivery, ack policies, failures, takeover,
+//! revoke and fence, scheduling fairness and connection use.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use serde::Deserialize;
+use stream_listener::consumer::{
+    dead_letter_fields, AckPolicy, BoxedHandler, Consumer, ConsumerConfig, DeleteRef, HandlerError,
+    Message, OnExhausted, RawMessage,
+};
+use stream_listener::member::lifecycle::{FencingToken, ShardCommand, ShardReport};
+use stream_listener_test_support::RedisServer;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const GROUP: &str = "billing";
+
+#[derive(Debug, Deserialize)]
+struct Order {
+    n: u64,
+}
+
+async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn create_groups(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    shards: impl IntoIterator<Item = u32>,
+) {
+    for shard in shards {
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(format!("{prefix}:{shard}"))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Append `count` entries `{"n": i}` (i from `start`) with key `key-{i % 7}` to one shard, in one pipeline.
+async fn produce(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    shard: u32,
+    start: u64,
+    count: u64,
+) -> Vec<String> {
+    let mut pipe = redis::pipe();
+    for n in start..start + count {
+        pipe.cmd("XADD")
+            .arg(format!("{prefix}:{shard}"))
+            .arg("*")
+            .arg("k")
+            .arg(format!("key-{}", n % 7))
+            .arg("p")
+            .arg(format!("{{\"n\":{n}}}"));
+    }
+    pipe.query_async(conn).await.unwrap()
+}
+
+async fn pending_count(conn: &mut MultiplexedConnection, key: &str, group: &str) -> i64 {
+    let reply: Value = redis::cmd("XPENDING")
+        .arg(key)
+        .arg(group)
+        .query_async(conn)
+        .await
+        .unwrap();
+    match reply {
+        Value::Array(items) => match items.first() {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+async fn xlen(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("XLEN").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn consumer_names(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, i64)> {
+    let reply: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(key)
+        .arg(GROUP)
+        .query_async(conn)
+        .await
+        .unwrap();
+    reply
+        .into_iter()
+        .map(|c| {
+            let name = match c.get("name") {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                other => panic!("unexpected name {other:?}"),
+            };
+            let pending = match c.get("pending") {
+                Some(Value::Int(n)) => *n,
+                _ => -1,
+            };
+            (name, pending)
+        })
+        .collect()
+}
+
+async fn read_stream(conn: &mut MultiplexedConnection, key: &str) -> Vec<HashMap<String, String>> {
+    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .unwrap();
+    reply
+        .into_iter()
+        .map(|(_, flat)| {
+            flat.chunks(2)
+                .map(|c| (c[0].clone(), c[1].clone()))
+                .collect()
+        })
+        .collect()
+}
+
+async fn xreadgroup_calls(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xreadgroup:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn client_count(conn: &mut MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    list.lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+/// Poll `condition` every 10 ms until it holds, failing the test after `timeout`.
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn token(member: &str) -> FencingToken {
+    FencingToken {
+        member_id: Arc::from(member),
+        member_epoch: 1,
+    }
+}
+
+/// A consumer running in its own task, with its reports collected.
+struct Running {
+    member: String,
+    commands: mpsc::Sender<ShardCommand>,
+    reports: Arc<Mutex<Vec<ShardReport>>>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    async fn start(server: &RedisServer, config: ConsumerConfig, handler: BoxedHandler) -> Self {
+        let member = config.consumer_name.clone();
+        let client = redis::Client::open(server.url()).unwrap();
+        let consumer = Consumer::connect(client, config, handler).await.unwrap();
+        let (commands, command_rx) = mpsc::channel(64);
+        let (report_tx, mut report_rx) = mpsc::channel(64);
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        let sink = reports.clone();
+        tokio::spawn(async move {
+            while let Some(report) = report_rx.recv().await {
+                sink.lock().unwrap().push(report);
+            }
+        });
+        let task = tokio::spawn(consumer.run(command_rx, report_tx));
+        Self {
+            member,
+            commands,
+            reports,
+            task,
+        }
+    }
+
+    async fn assign(&self, shards: impl IntoIterator<Item = u32>) {
+        for shard in shards {
+            self.commands
+                .send(ShardCommand::Assign {
+                    shard,
+                    token: token(&self.member),
+                })
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn revoke(&self, shard: u32) {
+        self.commands
+            .send(ShardCommand::Revoke { shard })
+            .await
+            .unwrap();
+    }
+
+    fn reports(&self) -> Vec<ShardReport> {
+        self.reports.lock().unwrap().clone()
+    }
+
+    fn revoked(&self, shard: u32) -> bool {
+        self.reports()
+            .iter()
+            .any(|r| matches!(r, ShardReport::Revoked { shard: s } if *s == shard))
+    }
+
+    /// Close the command channel and wait for a graceful stop.
+    async fn stop(self) {
+        drop(self.commands);
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("consumer did not stop")
+            .unwrap();
+    }
+}
+
+fn config(prefix: &str, member: &str) -> ConsumerConfig {
+    let mut config = ConsumerConfig::new(prefix, GROUP, member);
+    config.progress_interval = Duration::from_millis(50);
+    config.failure_policy.initial_backoff = Duration::from_millis(1);
+    config.failure_policy.max_backoff = Duration::from_millis(5);
+    config
+}
+
+/// A shard index and an entry id.
+type ShardEntry = (u32, String);
+
+/// Records every handled entry: (shard, id) -> delivery counts seen.
+#[derive(Default, Clone)]
+struct Log {
+    handled: Arc<Mutex<HashMap<ShardEntry, Vec<u32>>>>,
+}
+
+impl Log {
+    fn record<T>(&self, msg: &Message<T>) {
+        self.handled
+            .lock()
+            .unwrap()
+            .entry((msg.shard, msg.id.clone()))
+            .or_default()
+            .push(msg.delivery_count);
+    }
+
+    fn count(&self) -> usize {
+        self.handled.lock().unwrap().len()
+    }
+
+    fn ids(&self) -> HashSet<(u32, String)> {
+        self.handled.lock().unwrap().keys().cloned().collect()
+    }
+}
+
+fn recording_handler(log: &Log) -> BoxedHandler {
+    let log = log.clone();
+    BoxedHandler::json(move |msg: Message<Order>| {
+        let log = log.clone();
+        async move {
+            assert!(msg.key.starts_with("key-"));
+            assert_eq!(msg.key, format!("key-{}", msg.payload.n % 7));
+            log.record(&msg);
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_entry_is_handled_and_acked() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "orders", 0..4).await;
+    let mut expected = HashSet::new();
+    for shard in 0..4 {
+        for id in produce(&mut conn, "orders", shard, 0, 250).await {
+            expected.insert((shard, id));
+        }
+    }
+    let log = Log::default();
+    let mut cfg = config("orders", "m0");
+    cfg.runtime_max_concurrency = 2;
+    cfg.batch_size = 32;
+    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    running.assign(0..4).await;
+    wait_until(
+        "all 1000 entries handled",
+        Duration::from_secs(20),
+        || async { log.count() == 1000 },
+    )
+    .await;
+    assert_eq!(log.ids(), expected);
+    for shard in 0..4 {
+        let key = format!("orders:{shard}");
+        wait_until("pending list empty", Duration::from_secs(5), || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move { pending_count(&mut conn, &key, GROUP).await == 0 }
+        })
+        .await;
+        assert_eq!(
+            xlen(&mut conn, &key).await,
+            250,
+            "plain ack keeps entries in the stream"
+        );
+    }
+    // Exactly once in the happy path, in order per shard.
+    assert!(log.handled.lock().unwrap().values().all(|d| d == &vec![1]));
+    // Progress is reported with the last acked id of each shard.
+    wait_until(
+        "progress of every shard",
+        Duration::from_secs(5),
+        || async {
+            let reports = running.reports();
+            (0..4).all(|shard| {
+                reports.iter().any(|r| {
+                    matches!(r, ShardReport::Progress(p) if p.shard.shard_index == shard
+                    && p.stream_key == format!("orders:{shard}")
+                    && p.last_acked_id.is_some() && p.updated_at.is_some())
+                })
+            })
+        },
+    )
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_are_handled_in_order_within_a_shard() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "seq", 0..2).await;
+    produce(&mut conn, "seq", 0, 0, 300).await;
+    produce(&mut conn, "seq", 1, 0, 300).await;
+    let seen: Arc<Mutex<HashMap<u32, Vec<u64>>>> = Arc::default();
+    let sink = seen.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let sink = sink.clone();
+        async move {
+            sink.lock()
+                .unwrap()
+                .entry(msg.shard)
+                .or_default()
+                .push(msg.payload.n);
+            Ok::<(), String>(())
+        }
+    });
+    let mut cfg = config("seq", "m0");
+    cfg.runtime_max_concurrency = 4;
+    cfg.batch_size = 7;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign(0..2).await;
+    wait_until("600 entries", Duration::from_secs(20), || async {
+        seen.lock().unwrap().values().map(Vec::len).sum::<usize>() == 600
+    })
+    .await;
+    for (shard, ns) in seen.lock().unwrap().iter() {
+        assert_eq!(
+            ns,
+            &(0..300).collect::<Vec<_>>(),
+            "shard {shard} out of order"
+        );
+    }
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "wide", 0..64).await;
+    let log = Log::default();
+    let mut cfg = config("wide", "m0");
+    cfg.runtime_max_concurrency = 1;
+    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    running.assign(0..64).await;
+    // Let the claim phase of every shard pass so the consumer is in its idle rotation.
+    wait_until("idle rotation", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xreadgroup_calls(&mut conn).await >= 128 }
+    })
+    .await;
+    for round in 0..5u64 {
+        let before = xreadgroup_calls(&mut conn).await;
+        let started = Instant::now();
+        produce(&mut conn, "wide", 63, round, 1).await;
+        wait_until("entry on shard 63", Duration::from_secs(5), || async {
+            log.count() as u64 == round + 1
+        })
+        .await;
+        let reads = xreadgroup_calls(&mut conn).await - before;
+        let latency = started.elapsed();
+        // At most about two rotations over 64 shards (one of which may include a short blocking read).
+        assert!(
+            reads <= 2 * 64 + 4,
+            "needed {reads} reads to find the entry on the last shard"
+        );
+        assert!(latency < Duration::from_secs(1), "latency {latency:?}");
+    }
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_shards_are_rotated_not_drained_one_by_one() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "busy", 0..16).await;
+    for shard in 0..16 {
+        produce(&mut conn, "busy", shard, 0, 200).await;
+    }
+    let order: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let sink = order.clone();
+    let handler = BoxedHandler::raw(move |msg: RawMessage| {
+        let sink = sink.clone();
+        async move {
+            sink.lock().unwrap().push(msg.shard);
+            Ok::<(), String>(())
+        }
+    });
+    let mut cfg = config("busy", "m0");
+    cfg.batch_size = 10;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign(0..16).await;
+    wait_until("all entries", Duration::from_secs(30), || async {
+        order.lock().unwrap().len() == 3200
+    })
+    .await;
+    let order = order.lock().unwrap().clone();
+    let first_of_last = order.iter().position(|s| *s == 15).unwrap();
+    let shard0_before = order[..first_of_last].iter().filter(|s| **s == 0).count();
+    assert!(
+        shard0_before <= 10,
+        "shard 0 had {shard0_before} entries handled before shard 15's first"
+    );
+    running.stop().await;
+}
+
+/// Runs the ack-and-delete checks against `server`, for both the script path and `XACKDEL`.
+async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
+    let mut conn = connect(server).await;
+    for (mode, prefix) in [
+        (DeleteRef::KeepRef, "keep"),
+        (DeleteRef::DelRef, "del"),
+        (DeleteRef::Acked, "acked"),
+    ] {
+        create_groups(&mut conn, prefix, 0..1).await;
+        let key = format!("{prefix}:0");
+        // A second group that has read (and holds pending) the first 5 entries.
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("audit")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        produce(&mut conn, prefix, 0, 0, 20).await;
+        let _: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("audit")
+            .arg("a1")
+            .arg("COUNT")
+            .arg(5)
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(">")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let log = Log::default();
+        let mut cfg = config(prefix, "m0");
+        cfg.ack_policy = AckPolicy::AckDelete(mode);
+        let client = redis::Client::open(server.url()).unwrap();
+        let probe = Consumer::connect(client, cfg.clone(), recording_handler(&log))
+            .await
+            .unwrap();
+        assert_eq!(
+            probe.uses_xackdel(),
+            expect_xackdel,
+            "server {:?}",
+            probe.server_version()
+        );
+        let running = Running::start(server, cfg, recording_handler(&log)).await;
+        running.assign([0]).await;
+        wait_until("20 handled", Duration::from_secs(10), || async {
+            log.count() == 20
+        })
+        .await;
+        wait_until("our pending list empty", Duration::from_secs(5), || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move { pending_count(&mut conn, &key, GROUP).await == 0 }
+        })
+        .await;
+        running.stop().await;
+        let len = xlen(&mut conn, &key).await;
+        let audit_pending = pending_count(&mut conn, &key, "audit").await;
+        match mode {
+            DeleteRef::KeepRef => {
+                assert_eq!(len, 0, "KEEPREF deletes every acked entry");
+                assert_eq!(audit_pending, 5, "KEEPREF keeps other groups' references");
+            }
+            DeleteRef::DelRef => {
+                assert_eq!(len, 0, "DELREF deletes every acked entry");
+                assert_eq!(audit_pending, 0, "DELREF drops other groups' references");
+            }
+            DeleteRef::Acked => {
+                assert_eq!(
+                    len, 20,
+                    "ACKED keeps entries another group has pending or not yet read"
+                );
+                assert_eq!(audit_pending, 5);
+            }
+        }
+    }
+    // ACKED deletes once every group is done.
+    let key = "acked:0";
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("audit")
+        .arg("a1")
+        .arg("COUNT")
+        .arg(100)
+        .arg("STREAMS")
+        .arg(key)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids: Vec<String> = read_stream_ids(&mut conn, key).await;
+    let _: i64 = redis::cmd("XACK")
+        .arg(key)
+        .arg("audit")
+        .arg(&ids)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    produce(&mut conn, "acked", 0, 100, 1).await;
+    let log = Log::default();
+    let mut cfg = config("acked", "m1");
+    cfg.ack_policy = AckPolicy::AckDelete(DeleteRef::Acked);
+    let running = Running::start(server, cfg, recording_handler(&log)).await;
+    running.assign([0]).await;
+    wait_until("1 handled", Duration::from_secs(10), || async {
+        log.count() == 1
+    })
+    .await;
+    running.stop().await;
+    // The new entry is not read by `audit` yet: it stays; the 20 old ones are done by both groups, but
+    // ACKED only deletes the ids it is given, so they stay too.
+    assert_eq!(xlen(&mut conn, key).await, 21);
+}
+
+async fn read_stream_ids(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
+    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .unwrap();
+    reply.into_iter().map(|(id, _)| id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_and_delete_on_redis_7_uses_the_script() {
+    let server = RedisServer::start();
+    assert!(
+        server.version() < (8, 2, 0),
+        "this test wants the Debian redis-server 7"
+    );
+    check_ack_delete(&server, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_and_delete_on_redis_8_2_uses_xackdel() {
+    let Some(binary) = stream_listener_test_support::redis_8_binary() else {
+        println!("SKIPPED: no Redis >= 8.2 binary (set REDIS_8_SERVER_BIN or run scripts/fetch-redis8.sh)");
+        return;
+    };
+    let server = RedisServer::start_with_binary(binary);
+    check_ack_delete(&server, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_ack_acks_only_what_the_handler_acked() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "manual", 0..1).await;
+    produce(&mut conn, "manual", 0, 0, 40).await;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let counter = handled.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let counter = counter.clone();
+        async move {
+            if msg.payload.n % 2 == 0 {
+                msg.ack().await?;
+                msg.ack().await?; // twice is harmless
+            }
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let mut cfg = config("manual", "m0");
+    cfg.ack_policy = AckPolicy::Manual;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    wait_until("40 handled", Duration::from_secs(10), || async {
+        handled.load(Ordering::SeqCst) == 40
+    })
+    .await;
+    wait_until("20 left pending", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "manual:0", GROUP).await == 20 }
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "fail", 0..2).await;
+    let bad = produce(&mut conn, "fail", 1, 13, 1).await.remove(0);
+    produce(&mut conn, "fail", 1, 14, 5).await;
+    let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let ok = Log::default();
+    let (sink, log) = (attempts.clone(), ok.clone());
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let (sink, log) = (sink.clone(), log.clone());
+        async move {
+            if msg.payload.n == 13 {
+                sink.lock().unwrap().push(msg.delivery_count);
+                return Err(format!("boom on {}", msg.payload.n));
+            }
+            log.record(&msg);
+            Ok(())
+        }
+    });
+    let mut cfg = config("fail", "m0");
+    cfg.failure_policy.max_deliveries = 3;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign(0..2).await;
+    wait_until("dead letter", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn, "fail:dlq").await == 1 }
+    })
+    .await;
+    wait_until("later entries handled", Duration::from_secs(10), || async {
+        ok.count() == 5
+    })
+    .await;
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2, 3]);
+    let letters = read_stream(&mut conn, "fail:dlq").await;
+    let letter = &letters[0];
+    assert_eq!(letter["k"], "key-6");
+    assert_eq!(letter["p"], "{\"n\":13}");
+    assert_eq!(letter[dead_letter_fields::ERROR], "boom on 13");
+    assert_eq!(letter[dead_letter_fields::DELIVERY_COUNT], "3");
+    assert_eq!(letter[dead_letter_fields::GROUP], GROUP);
+    assert_eq!(letter[dead_letter_fields::SHARD], "1");
+    assert_eq!(letter[dead_letter_fields::SOURCE_STREAM], "fail:1");
+    assert_eq!(letter[dead_letter_fields::SOURCE_ID], bad);
+    assert_eq!(letter[dead_letter_fields::CONSUMER], "m0");
+    wait_until("nothing pending", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "fail:1", GROUP).await == 0 }
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_entry_can_be_left_pending() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "leave", 0..1).await;
+    produce(&mut conn, "leave", 0, 0, 10).await;
+    let ok = Log::default();
+    let log = ok.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let log = log.clone();
+        async move {
+            if msg.payload.n == 3 {
+                return Err("not today");
+            }
+            log.record(&msg);
+            Ok(())
+        }
+    });
+    let mut cfg = config("leave", "m0");
+    cfg.failure_policy.max_deliveries = 2;
+    cfg.failure_policy.on_exhausted = OnExhausted::LeavePending;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    wait_until("9 handled", Duration::from_secs(10), || async {
+        ok.count() == 9
+    })
+    .await;
+    wait_until("1 pending", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "leave:0", GROUP).await == 1 }
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(xlen(&mut conn, "leave:dlq").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_payload_is_dead_lettered_at_once() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "junk", 0..1).await;
+    let _: String = redis::cmd("XADD")
+        .arg("junk:0")
+        .arg("*")
+        .arg("k")
+        .arg("x")
+        .arg("p")
+        .arg("not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("junk:0")
+        .arg("*")
+        .arg("k")
+        .arg("y")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    produce(&mut conn, "junk", 0, 0, 1).await;
+    let log = Log::default();
+    let running = Running::start(&server, config("junk", "m0"), recording_handler(&log)).await;
+    running.assign([0]).await;
+    wait_until("good entry handled", Duration::from_secs(10), || async {
+        log.count() == 1
+    })
+    .await;
+    wait_until("two dead letters", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn, "junk:dlq").await == 2 }
+    })
+    .await;
+    let letters = read_stream(&mut conn, "junk:dlq").await;
+    assert_eq!(letters[0]["p"], "not json");
+    assert!(
+        letters[0][dead_letter_fields::ERROR].starts_with("undecodable payload"),
+        "{:?}",
+        letters[0]
+    );
+    assert_eq!(
+        letters[0][dead_letter_fields::DELIVERY_COUNT],
+        "1",
+        "no retries for bad payloads"
+    );
+    assert!(letters[1][dead_letter_fields::ERROR].contains("no `p` field"));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_panic_is_a_failure_not_a_crash() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "panic", 0..1).await;
+    produce(&mut conn, "panic", 0, 0, 3).await;
+    let ok = Log::default();
+    let log = ok.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let log = log.clone();
+        async move {
+            match msg.payload.n {
+                // Panics on the first delivery only.
+                0 if msg.delivery_count == 1 => panic!("first try panics"),
+                // Always panics: dead-lettered.
+                1 => panic!("always panics"),
+                _ => {}
+            }
+            log.record(&msg);
+            Ok::<(), String>(())
+        }
+    });
+    let mut cfg = config("panic", "m0");
+    cfg.failure_policy.max_deliveries = 2;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    wait_until("2 handled", Duration::from_secs(10), || async {
+        ok.count() == 2
+    })
+    .await;
+    assert!(
+        ok.handled.lock().unwrap().values().any(|d| d == &vec![2]),
+        "entry 0 succeeded on its 2nd delivery"
+    );
+    wait_until("dead letter", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xlen(&mut conn, "panic:dlq").await == 1 }
+    })
+    .await;
+    let letters = read_stream(&mut conn, "panic:dlq").await;
+    assert!(
+        letters[0][dead_letter_fields::ERROR].contains("always panics"),
+        "{:?}",
+        letters[0]
+    );
+    assert!(!running.task.is_finished());
+    running.stop().await;
+}
+
+/// Tracks which entries are being handled right now, per shard, across consumers.
+#[derive(Default, Clone)]
+struct InFlight {
+    active: Arc<Mutex<HashSet<u32>>>,
+    overlap: Arc<AtomicBool>,
+}
+
+impl InFlight {
+    fn enter(&self, shard: u32) {
+        if !self.active.lock().unwrap().insert(shard) {
+            self.overlap.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn exit(&self, shard: u32) {
+        self.active.lock().unwrap().remove(&shard);
+    }
+}
+
+fn slow_handler(
+    log: &Log,
+    in_flight: &InFlight,
+    who: &'static str,
+    by: &Arc<Mutex<Vec<&'static str>>>,
+) -> BoxedHandler {
+    let (log, in_flight, by) = (log.clone(), in_flight.clone(), by.clone());
+    BoxedHandler::json(move |msg: Message<Order>| {
+        let (log, in_flight, by) = (log.clone(), in_flight.clone(), by.clone());
+        async move {
+            in_flight.enter(msg.shard);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            log.record(&msg);
+            by.lock().unwrap().push(who);
+            in_flight.exit(msg.shard);
+            Ok::<(), String>(())
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "move", 0..1).await;
+    let expected: HashSet<_> = produce(&mut conn, "move", 0, 0, 400)
+        .await
+        .into_iter()
+        .map(|id| (0, id))
+        .collect();
+    let log = Log::default();
+    let in_flight = InFlight::default();
+    let by: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let mut cfg_a = config("move", "member-a");
+    cfg_a.batch_size = 50;
+    let a = Running::start(&server, cfg_a, slow_handler(&log, &in_flight, "a", &by)).await;
+    let b = Running::start(
+        &server,
+        config("move", "member-b"),
+        slow_handler(&log, &in_flight, "b", &by),
+    )
+    .await;
+    a.assign([0]).await;
+    wait_until("A is mid-stream", Duration::from_secs(10), || async {
+        log.count() >= 60
+    })
+    .await;
+    a.revoke(0).await;
+    wait_until("A reports revoked", Duration::from_secs(10), || async {
+        a.revoked(0)
+    })
+    .await;
+    let reports = a.reports();
+    let draining = reports
+        .iter()
+        .position(|r| matches!(r, ShardReport::Draining { shard: 0, .. }))
+        .unwrap();
+    let revoked = reports
+        .iter()
+        .position(|r| matches!(r, ShardReport::Revoked { shard: 0 }))
+        .unwrap();
+    assert!(draining < revoked);
+    // A stopped mid-batch, so some of its entries are still pending under its name.
+    let a_pending = consumer_names(&mut conn, "move:0")
+        .await
+        .into_iter()
+        .find(|(n, _)| n == "member-a")
+        .map(|(_, p)| p);
+    assert!(
+        a_pending.unwrap_or(0) > 0,
+        "expected A to leave part of its batch pending"
+    );
+    let handled_by_a = log.count();
+    b.assign([0]).await;
+    wait_until("all 400 handled", Duration::from_secs(20), || async {
+        log.count() == 400
+    })
+    .await;
+    assert_eq!(log.ids(), expected);
+    assert!(
+        !in_flight.overlap.load(Ordering::SeqCst),
+        "an entry of shard 0 was handled by two consumers at once"
+    );
+    let by = by.lock().unwrap().clone();
+    assert_eq!(
+        by.iter().filter(|w| **w == "a").count(),
+        handled_by_a,
+        "A handled nothing after Revoked"
+    );
+    // B claimed what A left pending: those carry a delivery count of 2.
+    assert!(log.handled.lock().unwrap().values().any(|d| d == &vec![2]));
+    wait_until("A's consumer name removed", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            pending_count(&mut conn, "move:0", GROUP).await == 0
+                && consumer_names(&mut conn, "move:0")
+                    .await
+                    .iter()
+                    .all(|(n, _)| n != "member-a")
+        }
+    })
+    .await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "kill", 0..1).await;
+    let expected: HashSet<_> = produce(&mut conn, "kill", 0, 0, 30)
+        .await
+        .into_iter()
+        .map(|id| (0, id))
+        .collect();
+    let stuck = Arc::new(AtomicBool::new(false));
+    let flag = stuck.clone();
+    let hanging = BoxedHandler::json(move |msg: Message<Order>| {
+        let flag = flag.clone();
+        async move {
+            if msg.payload.n == 5 {
+                flag.store(true, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+            }
+            Ok::<(), String>(())
+        }
+    });
+    let a = Running::start(&server, config("kill", "member-a"), hanging).await;
+    a.assign([0]).await;
+    wait_until("A stuck in a handler", Duration::from_secs(10), || async {
+        stuck.load(Ordering::SeqCst)
+    })
+    .await;
+    a.task.abort();
+    assert!(a.task.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        pending_count(&mut conn, "kill:0", GROUP).await,
+        30,
+        "nothing acked: the batch was in flight"
+    );
+    let log = Log::default();
+    let b = Running::start(&server, config("kill", "member-b"), recording_handler(&log)).await;
+    b.assign([0]).await;
+    wait_until("B handled all 30", Duration::from_secs(10), || async {
+        log.count() == 30
+    })
+    .await;
+    assert_eq!(log.ids(), expected);
+    assert!(log.handled.lock().unwrap().values().all(|d| d == &vec![2]));
+    wait_until("nothing pending", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "kill:0", GROUP).await == 0 }
+    })
+    .await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "claim", 0..1).await;
+    produce(&mut conn, "claim", 0, 0, 450).await;
+    // A gone member read everything and acked nothing.
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("gone")
+        .arg("COUNT")
+        .arg(1000)
+        .arg("STREAMS")
+        .arg("claim:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    produce(&mut conn, "claim", 0, 450, 50).await;
+    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::default();
+    let sink = seen.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let sink = sink.clone();
+        async move {
+            sink.lock()
+                .unwrap()
+                .push((msg.payload.n, msg.delivery_count));
+            Ok::<(), String>(())
+        }
+    });
+    let mut cfg = config("claim", "m0");
+    cfg.batch_size = 40;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    wait_until("500 handled", Duration::from_secs(20), || async {
+        seen.lock().unwrap().len() == 500
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    let expected: Vec<(u64, u32)> = (0..500).map(|n| (n, if n < 450 { 2 } else { 1 })).collect();
+    assert_eq!(
+        seen, expected,
+        "claimed entries first, in order, then new ones"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_consumer_names_are_deleted_on_takeover() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "names", 0..1).await;
+    for ghost in ["ghost-1", "ghost-2"] {
+        let _: i64 = redis::cmd("XGROUP")
+            .arg("CREATECONSUMER")
+            .arg("names:0")
+            .arg(GROUP)
+            .arg(ghost)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    produce(&mut conn, "names", 0, 0, 3).await;
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("ghost-3")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg("names:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(consumer_names(&mut conn, "names:0").await.len(), 3);
+    let log = Log::default();
+    let running = Running::start(&server, config("names", "m0"), recording_handler(&log)).await;
+    running.assign([0]).await;
+    wait_until("3 handled", Duration::from_secs(10), || async {
+        log.count() == 3
+    })
+    .await;
+    wait_until("only our name left", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            let names = consumer_names(&mut conn, "names:0").await;
+            names.len() == 1 && names[0].0 == "m0"
+        }
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_do_not_grow_with_owned_shards() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "conns", 0..300).await;
+    let baseline = client_count(&mut conn).await;
+    let log = Log::default();
+    let mut counts = Vec::new();
+    for (member, shards, workers) in [("small", 0..2u32, 2usize), ("large", 0..300u32, 2usize)] {
+        let mut cfg = config("conns", member);
+        cfg.runtime_max_concurrency = workers;
+        let running = Running::start(&server, cfg, recording_handler(&log)).await;
+        running.assign(shards.clone()).await;
+        // Wait until the member is idle-polling every shard and has blocked at least once per worker.
+        let before = xreadgroup_calls(&mut conn).await;
+        wait_until("several idle rotations", Duration::from_secs(20), || {
+            let mut conn = conn.clone();
+            let n = shards.len() as u64;
+            async move { xreadgroup_calls(&mut conn).await >= before + 3 * n + 4 }
+        })
+        .await;
+        let target = log.count() + 1;
+        produce(&mut conn, "conns", shards.end - 1, 0, 1).await;
+        wait_until("traffic handled", Duration::from_secs(10), || async {
+            log.count() == target
+        })
+        .await;
+        let used = client_count(&mut conn).await - baseline;
+        assert!(
+            used <= 1 + workers,
+            "{member}: {used} connections for {} shards and {workers} workers",
+            shards.len()
+        );
+        counts.push(used);
+        running.stop().await;
+        wait_until("connections closed", Duration::from_secs(5), || {
+            let mut conn = conn.clone();
+            async move { client_count(&mut conn).await == baseline }
+        })
+        .await;
+    }
+    assert_eq!(
+        counts[0], counts[1],
+        "owning 150x the shards must not open more connections"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_aborts_handlers_and_reports_nothing() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "fence", 0..2).await;
+    produce(&mut conn, "fence", 0, 0, 5).await;
+    let started = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct Guard(Arc<AtomicBool>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let log = Log::default();
+    let (s, d, l) = (started.clone(), dropped.clone(), log.clone());
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let (s, d, l) = (s.clone(), d.clone(), l.clone());
+        async move {
+            if msg.shard == 0 {
+                let _guard = Guard(d);
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+            }
+            l.record(&msg);
+            Ok::<(), String>(())
+        }
+    });
+    let mut cfg = config("fence", "m0");
+    cfg.runtime_max_concurrency = 2;
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    wait_until("handler running", Duration::from_secs(10), || async {
+        started.load(Ordering::SeqCst)
+    })
+    .await;
+    running.commands.send(ShardCommand::Fence).await.unwrap();
+    wait_until("handler aborted", Duration::from_secs(5), || async {
+        dropped.load(Ordering::SeqCst)
+    })
+    .await;
+    // The consumer is still alive and serves a fresh assignment (a rejoin) after the fence.
+    let rejoin = FencingToken {
+        member_id: Arc::from("m0"),
+        member_epoch: 2,
+    };
+    running
+        .commands
+        .send(ShardCommand::Assign {
+            shard: 1,
+            token: rejoin.clone(),
+        })
+        .await
+        .unwrap();
+    produce(&mut conn, "fence", 1, 0, 1).await;
+    wait_until(
+        "shard 1 handled after the rejoin",
+        Duration::from_secs(10),
+        || async { log.count() == 1 },
+    )
+    .await;
+    assert!(log
+        .handled
+        .lock()
+        .unwrap()
+        .keys()
+        .all(|(shard, _)| *shard == 1));
+    // Nothing was reported for the fenced shard: no drain, no revoke, no acked progress.
+    for report in running.reports() {
+        match report {
+            ShardReport::Draining { shard, .. } | ShardReport::Revoked { shard } => {
+                panic!("reported {shard} after a fence")
+            }
+            ShardReport::Progress(p) if p.shard.shard_index == 0 => {
+                assert!(p.last_acked_id.is_none(), "{p:?}")
+            }
+            ShardReport::Progress(_) => {}
+        }
+    }
+    assert_eq!(
+        pending_count(&mut conn, "fence:0", GROUP).await,
+        5,
+        "nothing acked after the fence"
+    );
+    assert!(!running.task.is_finished());
+    running.stop().await;
+}
