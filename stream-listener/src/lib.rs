@@ -4,5 +4,19 @@ pub mod consumer;
 pub mod coordinator;
 pub mod member;
 pub mod producer;
+pub mod registry;
 pub mod routing;
+pub mod store;
 pub mod topology;
+
+pub use stream_listener_macros::stream_listener;
+
+/// Items the `#[stream_listener]` expansion names. Not public API: no stability promise.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::consumer::{
+        AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
+    };
+    pub use crate::registry::{ListenerRegistration, PayloadKind};
+    pub use inventory;
+}

@@ -1,0 +1,39 @@
+-- Commits a new snapshot under the store revision compare-and-set, with its leases, audit events and
+-- monitoring projection, atomically.
+-- KEYS: meta, rev, leases, audit, projection
+-- ARGV: expected revision, now the core used, snapshot, projection, audit max length,
+--       n checks, (memberId, lease the core used)*n   -- members it removed: their lease must be unchanged
+--       n leases, (memberId, lease)*n                 -- live members (only ever moved forward)
+--       n removed, memberId*n
+--       n events, event*n
+-- Returns {1, now, new revision} or {0, now} on conflict.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return {0, now} end
+if now < tonumber(ARGV[2]) then return {0, now} end
+local i = 6
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if score and tonumber(score) ~= tonumber(ARGV[i + 1]) then return {0, now} end
+  i = i + 2
+end
+redis.call('SET', KEYS[1], ARGV[3])
+local rev = redis.call('INCR', KEYS[2])
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('ZADD', KEYS[3], 'GT', ARGV[i + 1], ARGV[i])
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('ZREM', KEYS[3], ARGV[i])
+  i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[i], 'revision', rev, 'at', now)
+  i = i + 1
+end
+redis.call('SET', KEYS[5], ARGV[4])
+return {1, now, rev}

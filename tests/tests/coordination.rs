@@ -1,0 +1,439 @@
+//! Redis-backed coordination against real redis-server processes: convergence, expiry without overlap,
+//! pauses, racing coordinator paths, corrupt metadata, a Redis restart, and the cost of a steady heartbeat.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::coordinator::projection::GroupState;
+use stream_listener::coordinator::wire::HeartbeatStatus;
+use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
+use stream_listener::member::runtime::{MemberLoop, MemberStatus};
+use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
+use stream_listener::store::{GroupStore, StoreError};
+use stream_listener_test_support::RedisServer;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+const HB: i64 = 100;
+const SESSION: i64 = 1_000;
+const CONFIG: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: HB,
+    session_timeout_ms: SESSION,
+    rebalance_timeout_ms: 2_000,
+};
+
+async fn connect(url: &str) -> ConnectionManager {
+    let client = redis::Client::open(url).expect("url");
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_millis(500)))
+        .set_connection_timeout(Some(Duration::from_millis(500)))
+        .set_number_of_retries(1);
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .expect("connect")
+}
+
+async fn store(url: &str, group: &str, shards: u32) -> GroupStore {
+    GroupStore::new(connect(url).await, "orders", group, shards, CONFIG).expect("store")
+}
+
+fn session(id: &str) -> MemberSession {
+    let identity = MemberIdentity {
+        member_id: Arc::from(id),
+        member_name: None,
+        weight: 1,
+        runtime_max_concurrency: 1,
+    };
+    MemberSession::new(
+        identity,
+        SESSION,
+        std::process::id() as u64 ^ id.len() as u64 ^ 0x5eed,
+    )
+}
+
+/// Who reads which shard, across all members of a test, with every overlap recorded.
+#[derive(Default)]
+struct Ledger {
+    readers: BTreeMap<u32, String>,
+    overlaps: Vec<String>,
+}
+
+type SharedLedger = Arc<Mutex<Ledger>>;
+
+/// A member with a runtime heartbeat loop and a recording consumption layer that drains at once.
+struct RunningMember {
+    shutdown: watch::Sender<bool>,
+    status: watch::Receiver<MemberStatus>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn spawn_member(
+    url: &str,
+    group: &str,
+    shards: u32,
+    id: &str,
+    ledger: SharedLedger,
+) -> RunningMember {
+    let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
+    let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (status_tx, status) = watch::channel(MemberStatus {
+        phase: Phase::Joining,
+        epoch: 0,
+        owned: vec![],
+        failures: 0,
+    });
+    let member = id.to_string();
+    tokio::spawn(async move {
+        while let Some(command) = commands_rx.recv().await {
+            let mut ledger = ledger.lock().unwrap();
+            match command {
+                ShardCommand::Assign { shard, .. } => {
+                    if let Some(other) = ledger.readers.insert(shard, member.clone()) {
+                        ledger.overlaps.push(format!(
+                            "shard {shard} given to {member} while {other} reads it"
+                        ));
+                    }
+                }
+                ShardCommand::Revoke { shard } => {
+                    ledger.readers.remove(&shard);
+                    let _ = reports_tx.send(ShardReport::Revoked { shard });
+                }
+                ShardCommand::Fence => ledger.readers.retain(|_, m| *m != member),
+            }
+        }
+    });
+    let task = tokio::spawn(
+        MemberLoop {
+            session: session(id),
+            store: store(url, group, shards).await,
+            commands: commands_tx,
+            reports: reports_rx,
+            shutdown: shutdown_rx,
+            status: status_tx,
+            shutdown_timeout: Duration::from_secs(5),
+        }
+        .run(),
+    );
+    RunningMember {
+        shutdown,
+        status,
+        task,
+    }
+}
+
+/// Waits until `done` holds, polling the projection; panics with the last view at the deadline.
+async fn wait_for<F>(store: &mut GroupStore, deadline: Duration, mut done: F) -> Duration
+where
+    F: FnMut(&stream_listener::coordinator::projection::GroupProjection) -> bool,
+{
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < deadline {
+        if let Ok((_, coordinator)) = store.load().await {
+            let view = coordinator.projection(0);
+            if done(&view) {
+                return start.elapsed();
+            }
+            last = Some(view);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached within {deadline:?}; last view: {last:#?}");
+}
+
+fn converged(
+    members: usize,
+    shards: u32,
+) -> impl FnMut(&stream_listener::coordinator::projection::GroupProjection) -> bool {
+    move |view| {
+        let live: Vec<_> = view
+            .members
+            .iter()
+            .filter(|m| m.lease_deadline_ms > 0)
+            .collect();
+        let counts: Vec<usize> = live.iter().map(|m| m.assigned.len()).collect();
+        view.state == GroupState::Stable
+            && live.len() == members
+            && counts.iter().sum::<usize>() == shards as usize
+            && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_members_joining_at_once_converge() {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let mut members = Vec::new();
+    for i in 0..8 {
+        members.push(spawn_member(&redis.url(), "g8", 16, &format!("m{i}"), ledger.clone()).await);
+    }
+    let mut observer = store(&redis.url(), "g8", 16).await;
+    let took = wait_for(&mut observer, Duration::from_secs(20), converged(8, 16)).await;
+    let intervals = took.as_millis() as i64 / HB;
+    println!("8 members converged in {took:?} ({intervals} heartbeat intervals)");
+    assert!(intervals <= 30, "took {intervals} intervals");
+    // Every shard read by exactly one member, as the coordinator says.
+    let ledger = ledger.lock().unwrap();
+    assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
+    assert_eq!(ledger.readers.len(), 16);
+    drop(ledger);
+    for m in &members {
+        assert_eq!(m.status.borrow().phase, Phase::Member);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_member_expires_and_its_shards_move_without_overlap() {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    // A is driven by hand so it can fall silent while still believing it owns shards.
+    let mut a_store = store(&redis.url(), "gx", 4).await;
+    let mut a = session("a");
+    let start = Instant::now();
+    let local = || start.elapsed().as_millis() as i64;
+    let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+    let granted = a.on_response(&response);
+    assert_eq!(granted.len(), 4, "the first member gets everything");
+    let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+    a.on_response(&response);
+    let a_valid_until = start + Duration::from_millis(a.valid_until() as u64);
+    // B joins; A falls silent now (a crash, or a process that cannot reach Redis).
+    let b = spawn_member(&redis.url(), "gx", 4, "b", ledger.clone()).await;
+    let mut observer = store(&redis.url(), "gx", 4).await;
+    let b_owns_all = |view: &stream_listener::coordinator::projection::GroupProjection| {
+        view.members
+            .iter()
+            .any(|m| m.member_id == "b" && m.owned.len() == 4)
+            && converged(1, 4)(view)
+    };
+    wait_for(&mut observer, Duration::from_secs(10), b_owns_all).await;
+    let b_got_all = Instant::now();
+    assert!(
+        b_got_all >= a_valid_until,
+        "B read A's shards before A's own lease view ran out"
+    );
+    for shard in 0..4 {
+        assert!(!a.may_touch(shard, local()), "A still trusts shard {shard}");
+    }
+    // A comes back with its old state: fenced, then it rejoins and the group rebalances.
+    let stale = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+    assert_eq!(stale.status, HeartbeatStatus::FencedMemberEpoch);
+    assert_eq!(
+        a.on_response(&stale),
+        vec![ShardCommand::Fence],
+        "drops everything it believed it owned"
+    );
+    assert_eq!(a.phase(), Phase::Joining);
+    assert!(ledger.lock().unwrap().overlaps.is_empty());
+    assert_eq!(b.status.borrow().phase, Phase::Member);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_member_resumes_fenced_and_rejoins() {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let paused = spawn_member(&redis.url(), "gp", 6, "p", ledger.clone()).await;
+    let other = spawn_member(&redis.url(), "gp", 6, "q", ledger.clone()).await;
+    let mut observer = store(&redis.url(), "gp", 6).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(2, 6)).await;
+    // Pause p: its heartbeat loop stops dead (as a stopped process would), its consumer keeps its view.
+    paused.task.abort();
+    let q_owns_all = |view: &stream_listener::coordinator::projection::GroupProjection| {
+        view.members
+            .iter()
+            .any(|m| m.member_id == "q" && m.owned.len() == 6)
+            && converged(1, 6)(view)
+    };
+    wait_for(&mut observer, Duration::from_secs(10), q_owns_all).await;
+    // p resumes: a fresh loop with a fresh session under the same memberId rejoins and rebalances.
+    let resumed = spawn_member(&redis.url(), "gp", 6, "p", ledger.clone()).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(2, 6)).await;
+    let mut conn = connect(&redis.url()).await;
+    let audit: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&observer.keys().audit)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let said = |kind: &str| {
+        audit.iter().any(|(_, f)| {
+            f.iter()
+                .any(|(_, v)| v.contains(kind) && v.contains("\"p\""))
+        })
+    };
+    assert!(said("MEMBER_EXPIRED"), "p expired while paused");
+    assert!(said("MEMBER_REJOINED"), "p came back as a new incarnation");
+    assert_eq!(resumed.status.borrow().phase, Phase::Member);
+    assert_eq!(other.status.borrow().phase, Phase::Member);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_snapshot_commit_is_rejected_and_nothing_is_lost() {
+    let redis = RedisServer::start();
+    let mut one = store(&redis.url(), "race", 4).await;
+    let mut two = store(&redis.url(), "race", 4).await;
+    // One reads the group, then two commits a join behind its back.
+    let (rev_before, _) = one.load().await.unwrap();
+    let mut b = session("b");
+    two.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
+    // One applies a join on its stale snapshot: the compare-and-set refuses, it reloads and re-applies.
+    let mut a = session("a");
+    let response = one.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+    assert!(response.status.is_accepted());
+    let (rev_after, coordinator) = two.load().await.unwrap();
+    assert_eq!(rev_after, rev_before + 2, "exactly two commits");
+    let members: Vec<&String> = coordinator.metadata().members.keys().collect();
+    assert_eq!(members, ["a", "b"], "neither join was overwritten");
+    let mut conn = connect(&redis.url()).await;
+    let audit: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&one.keys().audit)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let joins = audit
+        .iter()
+        .filter(|(_, fields)| fields.iter().any(|(_, v)| v.contains("MEMBER_JOINED")))
+        .count();
+    assert_eq!(
+        joins, 2,
+        "one audit event per committed join, none for the refused attempt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_metadata_and_unknown_schema_are_reported_and_left_untouched() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "bad", 4).await;
+    let key = s.keys().meta.clone();
+    for stored in ["{not json", r#"{"schemaVersion": 99, "group": "bad"}"#] {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(stored)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = s
+            .heartbeat(&session("a").heartbeat(0, 1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Metadata { .. }), "{err}");
+        assert!(err.to_string().contains(&key), "error names the key: {err}");
+        let after: String = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(after, stored, "never overwritten");
+    }
+    assert!(s
+        .heartbeat(&session("a").heartbeat(0, 1))
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("schema version 99"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_members_self_fence_then_reconverge() {
+    let mut redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let mut members = Vec::new();
+    for i in 0..3 {
+        members.push(spawn_member(&redis.url(), "gr", 6, &format!("r{i}"), ledger.clone()).await);
+    }
+    let mut observer = store(&redis.url(), "gr", 6).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(3, 6)).await;
+    redis.kill();
+    // Every member gives up its shards before its lease could have run out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while members.iter().any(|m| !m.status.borrow().owned.is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "members kept their shards with Redis down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        ledger.lock().unwrap().readers.is_empty(),
+        "nothing is read without a lease"
+    );
+    redis.restart();
+    wait_for(&mut observer, Duration::from_secs(20), converged(3, 6)).await;
+    assert!(ledger.lock().unwrap().overlaps.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_heartbeat_is_one_script_call_and_rewrites_nothing() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "cheap", 8).await;
+    let mut a = session("a");
+    for _ in 0..3 {
+        let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+        a.on_response(&r);
+    }
+    let before = commandstats(&mut conn).await;
+    for _ in 0..50 {
+        let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+        assert_eq!(r.status, HeartbeatStatus::Ok);
+        a.on_response(&r);
+    }
+    let after = commandstats(&mut conn).await;
+    let delta =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    assert_eq!(delta("set"), 0, "the snapshot was rewritten");
+    assert_eq!(
+        delta("evalsha") + delta("eval"),
+        50,
+        "one script call per heartbeat"
+    );
+}
+
+async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, i64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_string(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_leaves_the_group() {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let a = spawn_member(&redis.url(), "gl", 4, "a", ledger.clone()).await;
+    let b = spawn_member(&redis.url(), "gl", 4, "b", ledger.clone()).await;
+    let mut observer = store(&redis.url(), "gl", 4).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(2, 4)).await;
+    a.shutdown.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .expect("left in time")
+        .unwrap();
+    assert_eq!(a.status.borrow().phase, Phase::Left);
+    wait_for(&mut observer, Duration::from_secs(10), converged(1, 4)).await;
+    let (_, coordinator) = observer.load().await.unwrap();
+    assert!(!coordinator.metadata().members.contains_key("a"));
+    assert!(
+        coordinator.metadata().tombstones.is_empty(),
+        "a left, it did not expire"
+    );
+    assert!(ledger.lock().unwrap().overlaps.is_empty());
+    drop(b);
+}
