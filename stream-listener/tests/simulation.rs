@@ -57,8 +57,12 @@ struct Process {
 
 impl Process {
     fn new(id: &str, now: i64, incarnation: u64) -> Self {
-        let identity =
-            MemberIdentity { member_id: Arc::from(id), member_name: None, weight: 1, runtime_max_concurrency: 1 };
+        let identity = MemberIdentity {
+            member_id: Arc::from(id),
+            member_name: None,
+            weight: 1,
+            runtime_max_concurrency: 1,
+        };
         Self {
             session: MemberSession::new(identity, SESSION, incarnation),
             reading: BTreeSet::new(),
@@ -70,7 +74,13 @@ impl Process {
         }
     }
 
-    fn apply(&mut self, commands: Vec<ShardCommand>, rng: &mut Rng, now: i64, tokens: &mut BTreeMap<u32, i64>) {
+    fn apply(
+        &mut self,
+        commands: Vec<ShardCommand>,
+        rng: &mut Rng,
+        now: i64,
+        tokens: &mut BTreeMap<u32, i64>,
+    ) {
         for command in commands {
             if std::env::var_os("SIM_TRACE").is_some() {
                 eprintln!("{now} {} {command:?}", self.session.member_id());
@@ -87,7 +97,8 @@ impl Process {
                 }
                 ShardCommand::Revoke { shard } => {
                     self.reading.remove(&shard);
-                    self.draining.insert(shard, now + rng.below(3 * HB as u64) as i64);
+                    self.draining
+                        .insert(shard, now + rng.below(3 * HB as u64) as i64);
                     self.session.on_draining(shard, 1);
                 }
                 ShardCommand::Fence => {
@@ -101,7 +112,11 @@ impl Process {
     /// Shards this process could touch right now.
     fn touching(&self, now: i64) -> impl Iterator<Item = u32> + '_ {
         let live = now < self.session.valid_until();
-        self.reading.iter().chain(self.draining.keys()).copied().filter(move |_| live)
+        self.reading
+            .iter()
+            .chain(self.draining.keys())
+            .copied()
+            .filter(move |_| live)
     }
 }
 
@@ -123,7 +138,11 @@ impl World {
         let mut rng = Rng(seed);
         let max_members = 1 + rng.below(64);
         let shards = 1 + rng.below(1024) as u32;
-        let config = GroupConfig { heartbeat_interval_ms: HB, session_timeout_ms: SESSION, rebalance_timeout_ms: REBALANCE };
+        let config = GroupConfig {
+            heartbeat_interval_ms: HB,
+            session_timeout_ms: SESSION,
+            rebalance_timeout_ms: REBALANCE,
+        };
         Self {
             seed,
             coordinator: Coordinator::new("sim", shards, config),
@@ -144,7 +163,9 @@ impl World {
             let id = format!("m{}", r.below(self.id_pool));
             // A new process, or a restart of a crashed one under the same memberId.
             let incarnation = r.next();
-            self.processes.entry(id.clone()).or_insert_with(|| Process::new(&id, self.now, incarnation));
+            self.processes
+                .entry(id.clone())
+                .or_insert_with(|| Process::new(&id, self.now, incarnation));
         }
         if self.processes.is_empty() {
             return;
@@ -169,10 +190,12 @@ impl World {
             }
             24..=25 => {
                 let n = 1 + r.below(1024) as u32;
-                self.coordinator.command(AdminCommand::SetShardCount(n), self.now);
+                self.coordinator
+                    .command(AdminCommand::SetShardCount(n), self.now);
             }
             26 => {
-                self.coordinator.command(AdminCommand::RollbackResharding, self.now);
+                self.coordinator
+                    .command(AdminCommand::RollbackResharding, self.now);
             }
             _ => {}
         }
@@ -197,7 +220,12 @@ impl World {
             // Self-fencing comes first: a resumed process checks its lease before it touches anything.
             let commands = p.session.check_lease(now);
             p.apply(commands, rng, now, &mut self.tokens);
-            let done: Vec<u32> = p.draining.iter().filter(|(_, &t)| t <= now).map(|(&s, _)| s).collect();
+            let done: Vec<u32> = p
+                .draining
+                .iter()
+                .filter(|(_, &t)| t <= now)
+                .map(|(&s, _)| s)
+                .collect();
             for shard in done {
                 p.draining.remove(&shard);
                 p.session.on_revoked(shard);
@@ -214,7 +242,10 @@ impl World {
             let response = self.coordinator.heartbeat(&request, now).response;
             if response.status.is_accepted() && response.member_epoch > 0 {
                 let issued = self.issued.entry(id.clone()).or_default();
-                assert!(response.member_epoch >= *issued || request.member_epoch == 0, "member epoch went back");
+                assert!(
+                    response.member_epoch >= *issued || request.member_epoch == 0,
+                    "member epoch went back"
+                );
                 *issued = response.member_epoch;
             }
             match rng.below(1000) {
@@ -251,12 +282,23 @@ impl World {
             }
         }
         for (shard, who) in &touching {
-            assert!(who.len() <= 1, "seed {}: at {} shard {shard} is readable by {who:?}", self.seed, self.now);
+            assert!(
+                who.len() <= 1,
+                "seed {}: at {} shard {shard} is readable by {who:?}",
+                self.seed,
+                self.now
+            );
         }
         let meta = self.coordinator.metadata();
-        let epochs = (meta.group_epoch, meta.assignment_epoch, meta.metadata_version);
+        let epochs = (
+            meta.group_epoch,
+            meta.assignment_epoch,
+            meta.metadata_version,
+        );
         assert!(
-            epochs.0 >= self.last_epochs.0 && epochs.1 >= self.last_epochs.1 && epochs.2 >= self.last_epochs.2,
+            epochs.0 >= self.last_epochs.0
+                && epochs.1 >= self.last_epochs.1
+                && epochs.2 >= self.last_epochs.2,
             "seed {}: epochs went back: {:?} -> {epochs:?}",
             self.seed,
             self.last_epochs
@@ -270,7 +312,11 @@ impl World {
         let view = self.coordinator.projection(self.now);
         let meta = self.coordinator.metadata();
         if self.processes.is_empty() {
-            return if view.state == GroupState::Empty { Ok(()) } else { Err(format!("{:?} with no process", view.state)) };
+            return if view.state == GroupState::Empty {
+                Ok(())
+            } else {
+                Err(format!("{:?} with no process", view.state))
+            };
         }
         if view.state != GroupState::Stable {
             return Err(format!("group is {:?}", view.state));
@@ -283,16 +329,27 @@ impl World {
         if counts.iter().max().unwrap() - counts.iter().min().unwrap() > 1 {
             return Err(format!("unbalanced: {counts:?}"));
         }
-        if let Some((id, m)) = meta.members.iter().find(|(_, m)| m.state != MemberState::Stable) {
+        if let Some((id, m)) = meta
+            .members
+            .iter()
+            .find(|(_, m)| m.state != MemberState::Stable)
+        {
             return Err(format!("{id} is {:?}", m.state));
         }
         if meta.members.len() != self.processes.len() {
-            return Err(format!("{} members for {} processes", meta.members.len(), self.processes.len()));
+            return Err(format!(
+                "{} members for {} processes",
+                meta.members.len(),
+                self.processes.len()
+            ));
         }
         for (id, p) in &self.processes {
             let m = &meta.members[id];
             if p.reading != m.assigned {
-                return Err(format!("{id} reads {:?} but is assigned {:?}", p.reading, m.assigned));
+                return Err(format!(
+                    "{id} reads {:?} but is assigned {:?}",
+                    p.reading, m.assigned
+                ));
             }
         }
         Ok(())
@@ -329,7 +386,10 @@ fn simulation_keeps_the_guarantees() {
     let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
         Ok(seed) => vec![seed.parse().expect("SIM_SEED is a number")],
         Err(_) => {
-            let n: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
+            let n: u64 = std::env::var("SIM_SEEDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(500);
             (0..n).collect()
         }
     };

@@ -159,7 +159,13 @@ impl MemberSession {
             (Some((id, sent_at)), Phase::Joining) => (id.clone(), *sent_at),
             _ => {
                 self.request_seq += 1;
-                (format!("{}-{:x}-{}", self.identity.member_id, self.incarnation, self.request_seq), now)
+                (
+                    format!(
+                        "{}-{:x}-{}",
+                        self.identity.member_id, self.incarnation, self.request_seq
+                    ),
+                    now,
+                )
             }
         };
         self.in_flight = Some((request_id.clone(), sent_at));
