@@ -6,9 +6,13 @@ pub mod member;
 pub mod producer;
 pub mod registry;
 pub mod routing;
+pub mod runtime;
 pub mod store;
 pub mod topology;
 
+pub use consumer::{AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage};
+pub use producer::Producer;
+pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
 pub use stream_listener_macros::stream_listener;
 
 /// Items the `#[stream_listener]` expansion names. Not public API: no stability promise.

@@ -10,7 +10,7 @@ use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::coordinator::wire::HeartbeatStatus;
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
-use stream_listener::member::runtime::{MemberLoop, MemberStatus};
+use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
 use stream_listener::store::{GroupStore, StoreError};
 use stream_listener_test_support::RedisServer;

@@ -2,5 +2,5 @@
 
 pub mod identity;
 pub mod lifecycle;
-pub mod runtime;
+pub mod heartbeat;
 pub mod session;

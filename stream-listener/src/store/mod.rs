@@ -211,7 +211,7 @@ impl GroupStore {
             if attempt > 0 {
                 self.cache = None;
                 // Jitter spreads processes that collided.
-                let jitter = (rand_u64() % (2 + u64::from(attempt) * 3)) + 1;
+                let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
                 tokio::time::sleep(Duration::from_millis(jitter)).await;
             }
             if self.cache.is_none() {
@@ -390,8 +390,8 @@ impl GroupStore {
     }
 }
 
-/// A little randomness for jitter without a dependency: the std hasher is randomly keyed per process.
-fn rand_u64() -> u64 {
+/// A little randomness without a dependency (jitter, nonces): the std hasher is randomly keyed.
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(

@@ -1,0 +1,460 @@
+//! The runtime bootstrap: one call starts every listener of the process and stops them gracefully.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), stream_listener::RuntimeError> {
+//! // Every #[stream_listener] of the binary, Redis from REDIS_URL, until SIGTERM or ctrl-c.
+//! stream_listener::Runtime::from_env().run().await
+//! # }
+//! ```
+//!
+//! For each annotated listener with `concurrency = n` the runtime starts `n` logical members
+//! `{base}-m0 .. {base}-m{n-1}`, each with its own heartbeat loop, Redis consumer name, assignment state and
+//! member epoch. A [`ConsumerBuilder`] adds exactly one explicitly named member whose
+//! `runtime_max_concurrency` is local worker capacity (the spec's bean-based consumer).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::consumer::{
+    AckPolicy, BoxedHandler, Consumer, ConsumerConfig, ConsumerError, FailurePolicy, Handler,
+};
+use crate::coordinator::metadata::GroupConfig;
+use crate::member::heartbeat::{MemberLoop, MemberStatus};
+use crate::member::identity;
+use crate::member::session::{MemberIdentity, MemberSession, Phase};
+use crate::registry::{registrations, ListenerRegistration};
+use crate::store::{GroupStore, StoreError};
+use crate::topology::{StartFrom, Topology, TopologyError};
+
+/// Shards of a stream created by a listener when no producer has created its topology yet.
+pub const DEFAULT_SHARD_COUNT: u32 = 16;
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// Redis is unreachable or failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The stream's topology could not be read or created.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// The group metadata store refused the names.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A consumer could not start.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    /// Nothing to run.
+    #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
+    NoListeners,
+}
+
+/// One explicitly registered member (the spec's `CoordinatorConsumerProperties.consumer(...)`).
+///
+/// ```no_run
+/// # use stream_listener::{ConsumerBuilder, Message};
+/// # #[derive(serde::Deserialize)] struct Order;
+/// let billing = ConsumerBuilder::new("orders", "billing")
+///     .runtime_max_concurrency(4) // four local workers for this one member, any number of shards
+///     .handler(|msg: Message<Order>| async move { Ok::<(), std::convert::Infallible>(()) });
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConsumerBuilder {
+    stream: String,
+    group: String,
+    member_id: Option<String>,
+    runtime_max_concurrency: usize,
+    weight: u32,
+    batch_size: Option<usize>,
+    block_ms: Option<u64>,
+    ack: Option<AckPolicy>,
+    failure: Option<FailurePolicy>,
+    dead_letter: Option<String>,
+    handler: Option<BoxedHandler>,
+}
+
+impl ConsumerBuilder {
+    /// A member of `group` reading `stream`.
+    pub fn new(stream: impl Into<String>, group: impl Into<String>) -> Self {
+        Self {
+            stream: stream.into(),
+            group: group.into(),
+            member_id: None,
+            runtime_max_concurrency: 1,
+            weight: 1,
+            batch_size: None,
+            block_ms: None,
+            ack: None,
+            failure: None,
+            dead_letter: None,
+            handler: None,
+        }
+    }
+
+    /// The memberId (default: the process's base member id, see [`identity`]).
+    pub fn member_id(mut self, id: impl Into<String>) -> Self {
+        self.member_id = Some(id.into());
+        self
+    }
+
+    /// Local worker capacity of this one member. Never creates members, never limits owned shards.
+    pub fn runtime_max_concurrency(mut self, workers: usize) -> Self {
+        self.runtime_max_concurrency = workers.max(1);
+        self
+    }
+
+    /// Static balancing weight (default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight.max(1);
+        self
+    }
+
+    /// Entries per read (default 100).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = Some(n);
+        self
+    }
+
+    /// Blocking read timeout.
+    pub fn block_ms(mut self, ms: u64) -> Self {
+        self.block_ms = Some(ms);
+        self
+    }
+
+    /// Acknowledgement policy.
+    pub fn ack(mut self, ack: AckPolicy) -> Self {
+        self.ack = Some(ack);
+        self
+    }
+
+    /// Retry and dead-letter policy.
+    pub fn failure(mut self, failure: FailurePolicy) -> Self {
+        self.failure = Some(failure);
+        self
+    }
+
+    /// Dead-letter stream (default `{stream}:dlq`).
+    pub fn dead_letter(mut self, stream: impl Into<String>) -> Self {
+        self.dead_letter = Some(stream.into());
+        self
+    }
+
+    /// A handler of JSON payloads: a closure or any [`Handler`].
+    pub fn handler<T, H>(mut self, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: Handler<T>,
+    {
+        self.handler = Some(BoxedHandler::json(handler));
+        self
+    }
+
+    /// A handler of raw payload bytes.
+    pub fn raw_handler<H: Handler<Vec<u8>>>(mut self, handler: H) -> Self {
+        self.handler = Some(BoxedHandler::raw(handler));
+        self
+    }
+
+    fn consumer_config(&self, member_id: &str) -> ConsumerConfig {
+        let mut config = ConsumerConfig::new(&self.stream, &self.group, member_id);
+        config.runtime_max_concurrency = self.runtime_max_concurrency;
+        if let Some(n) = self.batch_size {
+            config.batch_size = n;
+        }
+        if let Some(ms) = self.block_ms {
+            config.block_ms = ms;
+        }
+        if let Some(ack) = self.ack {
+            config.ack_policy = ack;
+        }
+        if let Some(failure) = self.failure.clone() {
+            config.failure_policy = failure;
+        }
+        config.dead_letter_stream = self.dead_letter.clone();
+        config
+    }
+}
+
+/// Everything needed to start one logical member.
+#[derive(Debug, Clone)]
+struct MemberPlan {
+    label: String,
+    member_id: String,
+    weight: u32,
+    consumer: ConsumerConfig,
+    handler: BoxedHandler,
+}
+
+/// The process-wide runtime. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    redis_url: String,
+    base_member_id: Option<String>,
+    group_config: GroupConfig,
+    shard_count: u32,
+    shutdown_timeout: Duration,
+    annotated: bool,
+    builders: Vec<ConsumerBuilder>,
+}
+
+impl Runtime {
+    /// A runtime for the Redis at `redis_url`, running every `#[stream_listener]` of the binary.
+    pub fn new(redis_url: impl Into<String>) -> Self {
+        Self {
+            redis_url: redis_url.into(),
+            base_member_id: None,
+            group_config: GroupConfig::default(),
+            shard_count: DEFAULT_SHARD_COUNT,
+            shutdown_timeout: Duration::from_secs(30),
+            annotated: true,
+            builders: Vec::new(),
+        }
+    }
+
+    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`) and `STREAM_LISTENER_MEMBER_ID`.
+    pub fn from_env() -> Self {
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let mut runtime = Self::new(url);
+        runtime.base_member_id = std::env::var("STREAM_LISTENER_MEMBER_ID").ok().filter(|s| !s.is_empty());
+        runtime
+    }
+
+    /// Overrides the base member id of annotated listeners (default: pod IP, local address, hostname).
+    pub fn base_member_id(mut self, id: impl Into<String>) -> Self {
+        self.base_member_id = Some(id.into());
+        self
+    }
+
+    /// Timing of groups this process creates (existing groups keep theirs).
+    pub fn group_config(mut self, config: GroupConfig) -> Self {
+        self.group_config = config;
+        self
+    }
+
+    /// Shards of streams this process creates when no producer created them first (default 16).
+    pub fn default_shard_count(mut self, n: u32) -> Self {
+        self.shard_count = n.max(1);
+        self
+    }
+
+    /// How long a graceful shutdown may take.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Runs only builder-registered consumers, not the annotated listeners of the binary.
+    pub fn without_annotated_listeners(mut self) -> Self {
+        self.annotated = false;
+        self
+    }
+
+    /// Adds one explicitly registered member.
+    pub fn consumer(mut self, builder: ConsumerBuilder) -> Self {
+        self.builders.push(builder);
+        self
+    }
+
+    /// Starts everything and runs until SIGTERM or ctrl-c, then shuts down gracefully.
+    pub async fn run(self) -> Result<(), RuntimeError> {
+        let running = self.start().await?;
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown().await;
+        Ok(())
+    }
+
+    /// Starts everything and returns a handle (for embedding and tests).
+    pub async fn start(self) -> Result<RunningRuntime, RuntimeError> {
+        let plans = self.plans();
+        if plans.is_empty() {
+            return Err(RuntimeError::NoListeners);
+        }
+        let client = redis::Client::open(self.redis_url.as_str())?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut members = Vec::new();
+        for plan in plans {
+            members.push(self.start_member(&client, plan, shutdown_rx.clone()).await?);
+        }
+        Ok(RunningRuntime { shutdown, members, timeout: self.shutdown_timeout })
+    }
+
+    fn plans(&self) -> Vec<MemberPlan> {
+        let mut plans = Vec::new();
+        let registered: Vec<&'static ListenerRegistration> =
+            if self.annotated { registrations().collect() } else { Vec::new() };
+        for reg in registered {
+            let base = match reg.id.or(self.base_member_id.as_deref()) {
+                Some(id) => identity::base_member_id(Some(id)),
+                None => reg.base_member_id(),
+            };
+            for member_id in reg.member_ids(&base.id) {
+                plans.push(MemberPlan {
+                    label: reg.qualified_name(),
+                    consumer: reg.consumer_config(&member_id),
+                    member_id,
+                    weight: reg.member_weight(),
+                    handler: reg.handler(),
+                });
+            }
+        }
+        for builder in &self.builders {
+            let Some(handler) = builder.handler.clone() else {
+                tracing::warn!(stream = %builder.stream, group = %builder.group, "consumer without a handler: skipped");
+                continue;
+            };
+            let member_id = builder.member_id.clone().unwrap_or_else(|| {
+                let base = identity::base_member_id(self.base_member_id.as_deref());
+                format!("{}-{}", base.id, builder.group)
+            });
+            plans.push(MemberPlan {
+                label: format!("{}/{}", builder.stream, builder.group),
+                consumer: builder.consumer_config(&member_id),
+                member_id,
+                weight: builder.weight,
+                handler,
+            });
+        }
+        plans
+    }
+
+    async fn start_member(
+        &self,
+        client: &redis::Client,
+        plan: MemberPlan,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<RunningMember, RuntimeError> {
+        let interval = Duration::from_millis(self.group_config.heartbeat_interval_ms as u64);
+        // The heartbeat connection is the member's own: never behind a blocking read. Its response timeout
+        // is one heartbeat interval, so a stuck Redis shows up before the lease is at risk.
+        let manager_config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(interval))
+            .set_connection_timeout(Some(interval))
+            .set_number_of_retries(2);
+        let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config).await?;
+        let stream = plan.consumer.stream_prefix.clone();
+        let group = plan.consumer.group.clone();
+        let topology = match Topology::load(&mut conn, &stream).await {
+            Ok(topology) => topology,
+            Err(TopologyError::Missing { .. }) => Topology::ensure(&mut conn, &stream, self.shard_count).await?,
+            Err(e) => return Err(e.into()),
+        };
+        Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await?;
+        let store = GroupStore::new(conn, &stream, &group, topology.shard_count(), self.group_config)?;
+        let runtime_max_concurrency = plan.consumer.runtime_max_concurrency as u32;
+        let consumer = Consumer::connect(client.clone(), plan.consumer, plan.handler).await?;
+        let identity = MemberIdentity {
+            member_id: plan.member_id.as_str().into(),
+            member_name: Some(plan.label.clone()),
+            weight: plan.weight,
+            runtime_max_concurrency,
+        };
+        let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+        let (consumer_commands_tx, consumer_commands_rx) = mpsc::channel(1024);
+        let (consumer_reports_tx, mut consumer_reports_rx) = mpsc::channel(1024);
+        // Bridges between the heartbeat loop's unbounded channels and the consumer's bounded ones.
+        tokio::spawn(async move {
+            while let Some(command) = commands_rx.recv().await {
+                if consumer_commands_tx.send(command).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            while let Some(report) = consumer_reports_rx.recv().await {
+                if reports_tx.send(report).is_err() {
+                    break;
+                }
+            }
+        });
+        let consumer_task = tokio::spawn(consumer.run(consumer_commands_rx, consumer_reports_tx));
+        let (status_tx, status) =
+            watch::channel(MemberStatus { phase: Phase::Joining, epoch: 0, owned: Vec::new(), failures: 0 });
+        let session = MemberSession::new(identity, self.group_config.session_timeout_ms, incarnation());
+        tracing::info!(member = %plan.member_id, listener = %plan.label, "member starting");
+        let heartbeat_task = tokio::spawn(
+            MemberLoop {
+                session,
+                store,
+                commands: commands_tx,
+                reports: reports_rx,
+                shutdown,
+                status: status_tx,
+                shutdown_timeout: self.shutdown_timeout,
+            }
+            .run(),
+        );
+        Ok(RunningMember { member_id: plan.member_id, status, heartbeat_task, consumer_task })
+    }
+}
+
+/// One started member.
+#[derive(Debug)]
+struct RunningMember {
+    member_id: String,
+    status: watch::Receiver<MemberStatus>,
+    heartbeat_task: JoinHandle<()>,
+    consumer_task: JoinHandle<()>,
+}
+
+/// A started runtime.
+#[derive(Debug)]
+pub struct RunningRuntime {
+    shutdown: watch::Sender<bool>,
+    members: Vec<RunningMember>,
+    timeout: Duration,
+}
+
+impl RunningRuntime {
+    /// The memberIds this process runs, in start order.
+    pub fn member_ids(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.member_id.clone()).collect()
+    }
+
+    /// The current status of every member.
+    pub fn statuses(&self) -> Vec<(String, MemberStatus)> {
+        self.members.iter().map(|m| (m.member_id.clone(), m.status.borrow().clone())).collect()
+    }
+
+    /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
+    /// reports REVOKED and leaves the group; bounded by the shutdown timeout.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
+        for member in self.members {
+            if tokio::time::timeout_at(deadline, member.heartbeat_task).await.is_err() {
+                tracing::warn!(member = %member.member_id, "heartbeat loop did not stop in time");
+            }
+            // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
+            if tokio::time::timeout_at(deadline, member.consumer_task).await.is_err() {
+                tracing::warn!(member = %member.member_id, "consumer did not stop in time");
+            }
+        }
+    }
+}
+
+/// A nonce that differs between processes and restarts using the same memberId.
+fn incarnation() -> u64 {
+    crate::store::random_u64() ^ u64::from(std::process::id())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
