@@ -1,0 +1,241 @@
+//! The developer surface end to end, against real Redis: annotated listeners (four members from
+//! `concurrency = 4`, two listeners side by side), the builder (one member, several workers), and a
+//! graceful shutdown that loses nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::coordinator::projection::GroupState;
+use stream_listener::store::GroupStore;
+use stream_listener::topology::Topology;
+use stream_listener::{stream_listener, ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener_test_support::RedisServer;
+use tokio::time::Instant;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 1_500,
+    rebalance_timeout_ms: 3_000,
+};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    key: String,
+    seq: u32,
+}
+
+/// What the handlers of this test binary saw, per stream: `key:seq`.
+static HANDLED: Mutex<BTreeMap<&'static str, BTreeSet<String>>> = Mutex::new(BTreeMap::new());
+
+fn record(stream: &'static str, order: &Order) {
+    HANDLED
+        .lock()
+        .unwrap()
+        .entry(stream)
+        .or_default()
+        .insert(format!("{}:{}", order.key, order.seq));
+}
+
+fn handled(stream: &str) -> usize {
+    HANDLED.lock().unwrap().get(stream).map_or(0, BTreeSet::len)
+}
+
+#[stream_listener(
+    stream = "annotated",
+    group = "billing",
+    concurrency = 4,
+    batch_size = 10
+)]
+async fn on_annotated(msg: Message<Order>) -> Result<(), String> {
+    record("annotated", &msg.payload);
+    Ok(())
+}
+
+#[stream_listener(stream = "second", group = "audit")]
+async fn on_second(msg: Message<Order>) -> Result<(), String> {
+    record("second", &msg.payload);
+    Ok(())
+}
+
+async fn connect(url: &str) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn produce(url: &str, stream: &str, shards: u32, keys: u32, per_key: u32) {
+    let mut conn = connect(url).await;
+    Topology::ensure(&mut conn, stream, shards).await.unwrap();
+    let producer = Producer::new(conn, stream).await.unwrap();
+    let batch: Vec<(String, Order)> = (0..keys)
+        .flat_map(|k| {
+            (0..per_key).map(move |seq| {
+                (
+                    format!("k{k}"),
+                    Order {
+                        key: format!("k{k}"),
+                        seq,
+                    },
+                )
+            })
+        })
+        .collect();
+    producer.send_batch(&batch).await.unwrap();
+}
+
+async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn projection(
+    url: &str,
+    stream: &str,
+    group: &str,
+) -> stream_listener::coordinator::projection::GroupProjection {
+    let mut store = GroupStore::new(connect(url).await, stream, group, 1, TIMING).unwrap();
+    store.load().await.unwrap().1.projection(0)
+}
+
+async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {
+    let mut conn = connect(url).await;
+    let mut total = 0;
+    for shard in 0..shards {
+        let summary: (
+            i64,
+            Option<String>,
+            Option<String>,
+            Option<Vec<(String, String)>>,
+        ) = redis::cmd("XPENDING")
+            .arg(format!("{stream}:{shard}"))
+            .arg(group)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        total += summary.0;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listener() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "annotated", 8, 20, 10).await;
+    produce(&url, "second", 2, 5, 10).await;
+    let runtime = Runtime::new(&url)
+        .base_member_id("host-a")
+        .group_config(TIMING)
+        .start()
+        .await
+        .unwrap();
+    let mut ids = runtime.member_ids();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [
+            "host-a-m0",
+            "host-a-m0",
+            "host-a-m1",
+            "host-a-m2",
+            "host-a-m3"
+        ]
+    );
+    wait_until("every order handled", Duration::from_secs(30), || {
+        handled("annotated") == 200 && handled("second") == 50
+    })
+    .await;
+    let start = Instant::now();
+    loop {
+        let view = projection(&url, "annotated", "billing").await;
+        let members: Vec<&str> = view.members.iter().map(|m| m.member_id.as_str()).collect();
+        if view.state == GroupState::Stable
+            && members == ["host-a-m0", "host-a-m1", "host-a-m2", "host-a-m3"]
+        {
+            assert!(
+                view.members.iter().all(|m| m.assigned.len() == 2),
+                "8 shards over 4 members"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not stable: {view:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    runtime.shutdown().await;
+    let view = projection(&url, "annotated", "billing").await;
+    assert!(
+        view.members.is_empty(),
+        "every member left: {:?}",
+        view.members
+    );
+    assert_eq!(
+        pending(&url, "annotated", "billing", 8).await,
+        0,
+        "everything acknowledged"
+    );
+    assert_eq!(pending(&url, "second", "audit", 2).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_nothing() {
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "built", 8, 30, 20).await;
+    let builder = || {
+        ConsumerBuilder::new("built", "g")
+            .member_id("solo")
+            .runtime_max_concurrency(3)
+            .batch_size(5)
+            .handler(|msg: Message<Order>| async move {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                SEEN.lock()
+                    .unwrap()
+                    .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
+                Ok::<(), String>(())
+            })
+    };
+    let start = || {
+        Runtime::new(&url)
+            .without_annotated_listeners()
+            .group_config(TIMING)
+            .consumer(builder())
+            .start()
+    };
+    let runtime = start().await.unwrap();
+    assert_eq!(runtime.member_ids(), ["solo"]);
+    wait_until("some orders handled", Duration::from_secs(30), || {
+        SEEN.lock().unwrap().len() >= 100
+    })
+    .await;
+    let view = projection(&url, "built", "g").await;
+    assert_eq!(view.members.len(), 1, "one member, however many workers");
+    assert_eq!(view.members[0].runtime_max_concurrency, 3);
+    // Stop mid-stream: in-flight work is finished and acknowledged, the rest stays for the next run.
+    runtime.shutdown().await;
+    assert!(
+        projection(&url, "built", "g").await.members.is_empty(),
+        "left the group"
+    );
+    let runtime = start().await.unwrap();
+    wait_until("every order handled", Duration::from_secs(30), || {
+        SEEN.lock().unwrap().len() == 600
+    })
+    .await;
+    runtime.shutdown().await;
+    assert_eq!(
+        pending(&url, "built", "g", 8).await,
+        0,
+        "nothing left pending"
+    );
+}
