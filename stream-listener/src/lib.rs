@@ -10,9 +10,12 @@ pub mod runtime;
 pub mod store;
 pub mod topology;
 
-pub use consumer::{AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage};
+pub use consumer::{
+    AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
+};
 pub use producer::Producer;
 pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
+/// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
 pub use stream_listener_macros::stream_listener;
 
 /// Items the `#[stream_listener]` expansion names. Not public API: no stability promise.
