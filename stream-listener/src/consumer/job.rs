@@ -1,7 +1,7 @@
 //! One turn of one shard on a worker: fetch a batch (claim or read), run the handler on each entry in
 //! order, then acknowledge / dead-letter the batch.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
@@ -37,6 +37,8 @@ pub(crate) struct JobSpec {
     pub(crate) in_flight: Arc<AtomicU32>,
     /// This worker's blocking connection, if it has one yet.
     pub(crate) conn: Option<MultiplexedConnection>,
+    /// Shards ready but waiting for a free worker (kept by the scheduler).
+    pub(crate) waiting: Arc<AtomicUsize>,
 }
 
 /// What came of a job.
@@ -66,58 +68,116 @@ enum Fate {
     Stopped,
 }
 
+/// Upper bound of consecutive batches one job takes from its shard before handing it back to the
+/// scheduler, even when no other shard is waiting (so progress and commands are looked at).
+const MAX_TURNS: u32 = 64;
+
 pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
     let mut outcome = JobOutcome::default();
-    let (entries, next_phase) = match fetch(&shared, &mut spec).await {
-        Ok(fetched) => fetched,
-        Err(error) => {
+    // Acks of the previous batch, to go out in one pipeline with the next read.
+    let mut carried: Vec<String> = Vec::new();
+    let mut turns = 0;
+    loop {
+        turns += 1;
+        let fetched = if carried.is_empty() {
+            fetch(&shared, &mut spec).await
+        } else {
+            let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
+            shared
+                .ack_and_read_new(&spec.key, &ids)
+                .await
+                .map(|entries| (entries, Phase::Live))
+        };
+        let (entries, next_phase) = match fetched {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                outcome.error = Some(error);
+                // Unknown whether carried acks went through: re-deliver our own pending entries.
+                outcome.next_phase = Some(if carried.is_empty() {
+                    spec.phase.clone()
+                } else {
+                    Phase::Claim {
+                        cursor: "0-0".to_owned(),
+                    }
+                });
+                outcome.conn = spec.conn.take();
+                return outcome;
+            }
+        };
+        if let Some(last) = carried.pop() {
+            outcome.last_acked = Some(last);
+            carried.clear();
+        }
+        outcome.fetched += entries.len();
+        if let Some(last) = entries.last() {
+            outcome.last_delivered = Some(last.id.clone());
+        }
+        spec.in_flight
+            .store(entries.len() as u32, Ordering::Release);
+
+        let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
+        let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
+        let mut last_done: Option<&str> = None;
+        let mut stopped = false;
+        for entry in &entries {
+            if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+                stopped = true;
+                break;
+            }
+            let fate = handle(&shared, &spec, entry).await;
+            spec.in_flight.fetch_sub(1, Ordering::AcqRel);
+            match fate {
+                Fate::Ack => acks.push(&entry.id),
+                Fate::DeadLetter { deliveries, error } => {
+                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
+                    letters.push((entry, deliveries, error));
+                }
+                Fate::LeavePending => outcome.left_pending += 1,
+                Fate::Done => {}
+                Fate::Stopped => {
+                    stopped = true;
+                    break;
+                }
+            }
+            last_done = Some(&entry.id);
+        }
+        spec.in_flight.store(0, Ordering::Release);
+
+        // Keep the shard while it is busy and no other shard waits for a worker: saves the hand-back and
+        // lets the acks ride along with the next read.
+        let keep = !stopped
+            && letters.is_empty()
+            && next_phase == Phase::Live
+            && entries.len() >= shared.config.batch_size
+            && turns < MAX_TURNS
+            && spec.waiting.load(Ordering::Acquire) == 0
+            && spec.lease.is_active();
+        spec.phase = next_phase;
+        if keep {
+            spec.block = false;
+            carried = acks.iter().map(|id| (*id).to_owned()).collect();
+            if carried.is_empty() {
+                outcome.last_acked = last_done.map(str::to_owned).or(outcome.last_acked.take());
+            }
+            continue;
+        }
+
+        outcome.conn = spec.conn.take();
+        if let Err(error) = finish(&shared, &spec, &acks, &letters).await {
+            tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
             outcome.error = Some(error);
-            outcome.next_phase = Some(spec.phase.clone());
-            outcome.conn = spec.conn.take();
+            // Re-deliver our own pending entries before reading new ones.
+            outcome.next_phase = Some(Phase::Claim {
+                cursor: "0-0".to_owned(),
+            });
             return outcome;
         }
-    };
-    outcome.conn = spec.conn.take();
-    outcome.fetched = entries.len();
-    outcome.last_delivered = entries.last().map(|e| e.id.clone());
-    spec.in_flight
-        .store(entries.len() as u32, Ordering::Release);
-
-    let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
-    let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
-    let mut last_done: Option<&str> = None;
-    for entry in &entries {
-        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
-            break;
+        if let Some(last) = last_done {
+            outcome.last_acked = Some(last.to_owned());
         }
-        let fate = handle(&shared, &spec, entry).await;
-        spec.in_flight.fetch_sub(1, Ordering::AcqRel);
-        match fate {
-            Fate::Ack => acks.push(&entry.id),
-            Fate::DeadLetter { deliveries, error } => {
-                tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
-                letters.push((entry, deliveries, error));
-            }
-            Fate::LeavePending => outcome.left_pending += 1,
-            Fate::Done => {}
-            Fate::Stopped => break,
-        }
-        last_done = Some(&entry.id);
-    }
-    spec.in_flight.store(0, Ordering::Release);
-
-    if let Err(error) = finish(&shared, &spec, &acks, &letters).await {
-        tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
-        outcome.error = Some(error);
-        // Re-deliver our own pending entries before reading new ones.
-        outcome.next_phase = Some(Phase::Claim {
-            cursor: "0-0".to_owned(),
-        });
+        outcome.next_phase = Some(spec.phase.clone());
         return outcome;
     }
-    outcome.last_acked = last_done.map(str::to_owned);
-    outcome.next_phase = Some(next_phase);
-    outcome
 }
 
 async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase), RedisError> {

@@ -44,7 +44,7 @@ pub use message::{AckError, BoxFuture, BoxedHandler, Handler, HandlerError, Mess
 pub use ops::{dead_letter_fields, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -195,6 +195,9 @@ struct Scheduler {
     idle_streak: usize,
     outbox: VecDeque<ShardReport>,
     next_generation: u64,
+    /// `ready.len()` after dispatching: shards waiting for a worker. Jobs hand their shard back early
+    /// when it is not zero.
+    waiting: Arc<AtomicUsize>,
 }
 
 const OUTBOX_PROGRESS_LIMIT: usize = 4096;
@@ -214,6 +217,7 @@ impl Scheduler {
             idle_streak: 0,
             outbox: VecDeque::new(),
             next_generation: 0,
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -396,6 +400,11 @@ impl Scheduler {
 
     /// Start jobs while there are free workers and ready shards.
     fn dispatch(&mut self, jobs: &mut JoinSet<JobOutcome>) {
+        self.dispatch_ready(jobs);
+        self.waiting.store(self.ready.len(), Ordering::Release);
+    }
+
+    fn dispatch_ready(&mut self, jobs: &mut JoinSet<JobOutcome>) {
         while !self.free_slots.is_empty() {
             let Some(shard) = self.ready.pop_front() else {
                 return;
@@ -425,6 +434,7 @@ impl Scheduler {
                 stop: state.stop.clone(),
                 in_flight: state.in_flight.clone(),
                 conn: if block { self.slots[slot].take() } else { None },
+                waiting: self.waiting.clone(),
             };
             let generation = state.generation;
             let abort = jobs.spawn(job::run(self.shared.clone(), spec));

@@ -200,32 +200,53 @@ impl Shared {
             .await
     }
 
-    /// `XREADGROUP ... STREAMS key >`: new entries, blocking for `block_ms` when `blocking` is given.
-    pub(crate) async fn read_new(
-        &self,
-        key: &str,
-        blocking: Option<&mut MultiplexedConnection>,
-    ) -> RedisResult<Vec<Entry>> {
+    fn read_cmd(&self, key: &str, block: bool) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
             .arg(self.config.batch_size);
+        if block {
+            cmd.arg("BLOCK").arg(self.config.block_ms);
+        }
+        cmd.arg("STREAMS").arg(key).arg(">");
+        cmd
+    }
+
+    /// `XREADGROUP ... STREAMS key >`: new entries, blocking for `block_ms` when `blocking` is given.
+    pub(crate) async fn read_new(
+        &self,
+        key: &str,
+        blocking: Option<&mut MultiplexedConnection>,
+    ) -> RedisResult<Vec<Entry>> {
         let reply: Value = match blocking {
-            Some(conn) => {
-                cmd.arg("BLOCK")
-                    .arg(self.config.block_ms)
-                    .arg("STREAMS")
-                    .arg(key)
-                    .arg(">");
-                cmd.query_async(conn).await?
-            }
+            Some(conn) => self.read_cmd(key, true).query_async(conn).await?,
             None => {
-                cmd.arg("STREAMS").arg(key).arg(">");
-                cmd.query_async(&mut self.conn.clone()).await?
+                self.read_cmd(key, false)
+                    .query_async(&mut self.conn.clone())
+                    .await?
             }
         };
+        Ok(parse_read_reply(reply))
+    }
+
+    /// Acknowledge the previous batch and read the next one in a single round trip (a pipeline: the ack
+    /// still reaches Redis before the read). The script fallback of ack-and-delete cannot be pipelined
+    /// this way and takes two round trips.
+    pub(crate) async fn ack_and_read_new(
+        &self,
+        key: &str,
+        ids: &[&str],
+    ) -> RedisResult<Vec<Entry>> {
+        let Some(ack) = self.ack_cmd(key, ids) else {
+            self.ack(key, ids).await?;
+            return self.read_new(key, None).await;
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ack).ignore();
+        pipe.add_command(self.read_cmd(key, false));
+        let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
 
@@ -293,42 +314,46 @@ impl Shared {
             .await
     }
 
-    /// Acknowledge `ids` per the ack policy (`Manual` acks with plain `XACK`: it is only used for entries
-    /// the consumer itself finished, such as dead letters).
+    /// The single command that acknowledges `ids` per the ack policy, or `None` when it takes the
+    /// ack-and-delete script (servers without `XACKDEL`). `Manual` acks with plain `XACK`: the consumer
+    /// only acks entries it finished itself, such as dead letters.
+    fn ack_cmd(&self, key: &str, ids: &[&str]) -> Option<redis::Cmd> {
+        match self.config.ack_policy {
+            AckPolicy::Ack | AckPolicy::Manual => {
+                let mut cmd = redis::cmd("XACK");
+                cmd.arg(key).arg(&self.config.group).arg(ids);
+                Some(cmd)
+            }
+            AckPolicy::AckDelete(mode) if self.version.has_xackdel() => {
+                let mut cmd = redis::cmd("XACKDEL");
+                cmd.arg(key)
+                    .arg(&self.config.group)
+                    .arg(mode.keyword())
+                    .arg("IDS")
+                    .arg(ids.len())
+                    .arg(ids);
+                Some(cmd)
+            }
+            AckPolicy::AckDelete(_) => None,
+        }
+    }
+
+    /// Acknowledge `ids` per the ack policy.
     pub(crate) async fn ack(&self, key: &str, ids: &[&str]) -> RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
         let mut conn = self.conn.clone();
-        match self.config.ack_policy {
-            AckPolicy::Ack | AckPolicy::Manual => {
-                redis::cmd("XACK")
-                    .arg(key)
-                    .arg(&self.config.group)
-                    .arg(ids)
-                    .query_async::<Value>(&mut conn)
-                    .await?;
-            }
-            AckPolicy::AckDelete(mode) if self.version.has_xackdel() => {
-                redis::cmd("XACKDEL")
-                    .arg(key)
-                    .arg(&self.config.group)
-                    .arg(mode.keyword())
-                    .arg("IDS")
-                    .arg(ids.len())
-                    .arg(ids)
-                    .query_async::<Value>(&mut conn)
-                    .await?;
-            }
-            AckPolicy::AckDelete(mode) => {
-                self.ack_delete_script
-                    .key(key)
-                    .arg(&self.config.group)
-                    .arg(mode.keyword())
-                    .arg(ids)
-                    .invoke_async::<Value>(&mut conn)
-                    .await?;
-            }
+        if let Some(cmd) = self.ack_cmd(key, ids) {
+            cmd.query_async::<Value>(&mut conn).await?;
+        } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
+            self.ack_delete_script
+                .key(key)
+                .arg(&self.config.group)
+                .arg(mode.keyword())
+                .arg(ids)
+                .invoke_async::<Value>(&mut conn)
+                .await?;
         }
         Ok(())
     }
