@@ -301,14 +301,21 @@ impl AssignmentWatcher {
         let lines: Vec<String> = members
             .iter()
             .map(|m| {
-                format!(
+                let mut line = format!(
                     "    {:<14} epoch {:>3}  {:<8} owns {:>2} {}",
                     m.member_id,
                     m.member_epoch,
                     format!("{:?}", m.state),
                     m.owned.len(),
                     shard_list(&m.owned)
-                )
+                );
+                // Shards in motion: assigned but not yet taken, or being given back.
+                for (label, shards) in [("pending", &m.pending), ("revoking", &m.revoking)] {
+                    if !shards.is_empty() {
+                        line += &format!("  {label} {}", shard_list(shards));
+                    }
+                }
+                line
             })
             .collect();
         let text = lines.join("\n");
