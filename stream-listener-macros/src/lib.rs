@@ -1,1 +1,28 @@
-//! The `#[stream_listener]` attribute (filled in by the developer-surface work).
+//! The `#[stream_listener]` attribute of [stream-listener](https://docs.rs/stream-listener).
+//!
+//! Use it through `stream_listener::stream_listener`; the expansion names items of the runtime crate's
+//! hidden `__private` module, so this crate is not meant to be depended on directly.
+
+mod listener;
+
+/// Registers an `async fn` as a consumer-group listener of a sharded stream.
+///
+/// ```ignore
+/// #[stream_listener(stream = "orders", group = "billing", concurrency = 4)]
+/// async fn on_order(msg: Message<Order>) -> Result<(), BillingError> { Ok(()) }
+/// ```
+///
+/// Arguments: `stream` and `group` (required strings), `concurrency` (logical members in this process,
+/// default 1), `id` (base member id override), `batch_size`, `block_ms`, `ack` (`"ack"`, `"ack_delete"`,
+/// `"ack_delete_keepref"`, `"ack_delete_delref"`, `"ack_delete_acked"`, `"manual"`), `failure`
+/// (`"retry_then_dead_letter"`, `"leave_pending"`), `max_deliveries`, `dead_letter` (stream key) and
+/// `weight`. The handler takes exactly one `Message<T>` (JSON payload) or `RawMessage` (bytes) and
+/// returns `Result<(), E>` with `E: Display`; its future must be `Send`. The function stays callable as
+/// written.
+#[proc_macro_attribute]
+pub fn stream_listener(
+    args: proc_macro::TokenStream,
+    item: proc_macro::TokenStream,
+) -> proc_macro::TokenStream {
+    listener::expand(args.into(), item.into()).into()
+}

@@ -9,7 +9,13 @@ use stream_listener::coordinator::assignor::{assign, MemberSpec};
 const SIZES: [(usize, u32); 3] = [(100, 500), (1_000, 10_000), (10_000, 100_000)];
 
 fn fresh(members: usize) -> Vec<MemberSpec> {
-    vec![MemberSpec { weight: 1, current: Vec::new() }; members]
+    vec![
+        MemberSpec {
+            weight: 1,
+            current: Vec::new()
+        };
+        members
+    ]
 }
 
 fn bench(c: &mut Criterion) {
@@ -21,9 +27,14 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("full", &label), &empty, |b, specs| {
             b.iter(|| assign(black_box(shards), black_box(specs)))
         });
-        let mut joined: Vec<MemberSpec> =
-            assign(shards, &empty).into_iter().map(|current| MemberSpec { weight: 1, current }).collect();
-        joined.push(MemberSpec { weight: 1, current: Vec::new() });
+        let mut joined: Vec<MemberSpec> = assign(shards, &empty)
+            .into_iter()
+            .map(|current| MemberSpec { weight: 1, current })
+            .collect();
+        joined.push(MemberSpec {
+            weight: 1,
+            current: Vec::new(),
+        });
         group.bench_with_input(BenchmarkId::new("one_join", &label), &joined, |b, specs| {
             b.iter(|| assign(black_box(shards), black_box(specs)))
         });

@@ -171,7 +171,7 @@ impl ConsumerBuilder {
         if let Some(ack) = self.ack {
             config.ack_policy = ack;
         }
-        if let Some(failure) = self.failure.clone() {
+        if let Some(failure) = self.failure {
             config.failure_policy = failure;
         }
         config.dead_letter_stream = self.dead_letter.clone();
@@ -219,7 +219,9 @@ impl Runtime {
     pub fn from_env() -> Self {
         let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let mut runtime = Self::new(url);
-        runtime.base_member_id = std::env::var("STREAM_LISTENER_MEMBER_ID").ok().filter(|s| !s.is_empty());
+        runtime.base_member_id = std::env::var("STREAM_LISTENER_MEMBER_ID")
+            .ok()
+            .filter(|s| !s.is_empty());
         runtime
     }
 
@@ -278,15 +280,25 @@ impl Runtime {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut members = Vec::new();
         for plan in plans {
-            members.push(self.start_member(&client, plan, shutdown_rx.clone()).await?);
+            members.push(
+                self.start_member(&client, plan, shutdown_rx.clone())
+                    .await?,
+            );
         }
-        Ok(RunningRuntime { shutdown, members, timeout: self.shutdown_timeout })
+        Ok(RunningRuntime {
+            shutdown,
+            members,
+            timeout: self.shutdown_timeout,
+        })
     }
 
     fn plans(&self) -> Vec<MemberPlan> {
         let mut plans = Vec::new();
-        let registered: Vec<&'static ListenerRegistration> =
-            if self.annotated { registrations().collect() } else { Vec::new() };
+        let registered: Vec<&'static ListenerRegistration> = if self.annotated {
+            registrations().collect()
+        } else {
+            Vec::new()
+        };
         for reg in registered {
             let base = match reg.id.or(self.base_member_id.as_deref()) {
                 Some(id) => identity::base_member_id(Some(id)),
@@ -340,11 +352,19 @@ impl Runtime {
         let group = plan.consumer.group.clone();
         let topology = match Topology::load(&mut conn, &stream).await {
             Ok(topology) => topology,
-            Err(TopologyError::Missing { .. }) => Topology::ensure(&mut conn, &stream, self.shard_count).await?,
+            Err(TopologyError::Missing { .. }) => {
+                Topology::ensure(&mut conn, &stream, self.shard_count).await?
+            }
             Err(e) => return Err(e.into()),
         };
         Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await?;
-        let store = GroupStore::new(conn, &stream, &group, topology.shard_count(), self.group_config)?;
+        let store = GroupStore::new(
+            conn,
+            &stream,
+            &group,
+            topology.shard_count(),
+            self.group_config,
+        )?;
         let runtime_max_concurrency = plan.consumer.runtime_max_concurrency as u32;
         let consumer = Consumer::connect(client.clone(), plan.consumer, plan.handler).await?;
         let identity = MemberIdentity {
@@ -373,9 +393,17 @@ impl Runtime {
             }
         });
         let consumer_task = tokio::spawn(consumer.run(consumer_commands_rx, consumer_reports_tx));
-        let (status_tx, status) =
-            watch::channel(MemberStatus { phase: Phase::Joining, epoch: 0, owned: Vec::new(), failures: 0 });
-        let session = MemberSession::new(identity, self.group_config.session_timeout_ms, incarnation());
+        let (status_tx, status) = watch::channel(MemberStatus {
+            phase: Phase::Joining,
+            epoch: 0,
+            owned: Vec::new(),
+            failures: 0,
+        });
+        let session = MemberSession::new(
+            identity,
+            self.group_config.session_timeout_ms,
+            incarnation(),
+        );
         tracing::info!(member = %plan.member_id, listener = %plan.label, "member starting");
         let heartbeat_task = tokio::spawn(
             MemberLoop {
@@ -389,7 +417,12 @@ impl Runtime {
             }
             .run(),
         );
-        Ok(RunningMember { member_id: plan.member_id, status, heartbeat_task, consumer_task })
+        Ok(RunningMember {
+            member_id: plan.member_id,
+            status,
+            heartbeat_task,
+            consumer_task,
+        })
     }
 }
 
@@ -418,7 +451,10 @@ impl RunningRuntime {
 
     /// The current status of every member.
     pub fn statuses(&self) -> Vec<(String, MemberStatus)> {
-        self.members.iter().map(|m| (m.member_id.clone(), m.status.borrow().clone())).collect()
+        self.members
+            .iter()
+            .map(|m| (m.member_id.clone(), m.status.borrow().clone()))
+            .collect()
     }
 
     /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
@@ -427,11 +463,17 @@ impl RunningRuntime {
         let _ = self.shutdown.send(true);
         let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
         for member in self.members {
-            if tokio::time::timeout_at(deadline, member.heartbeat_task).await.is_err() {
+            if tokio::time::timeout_at(deadline, member.heartbeat_task)
+                .await
+                .is_err()
+            {
                 tracing::warn!(member = %member.member_id, "heartbeat loop did not stop in time");
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
-            if tokio::time::timeout_at(deadline, member.consumer_task).await.is_err() {
+            if tokio::time::timeout_at(deadline, member.consumer_task)
+                .await
+                .is_err()
+            {
                 tracing::warn!(member = %member.member_id, "consumer did not stop in time");
             }
         }

@@ -1251,3 +1251,82 @@ async fn fence_aborts_handlers_and_reports_nothing() {
     assert!(!running.task.is_finished());
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "idle", 0..1).await;
+    let log = Log::default();
+    let mut cfg = config("idle", "m0");
+    cfg.block_ms = 200;
+    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    running.assign([0]).await;
+    // Wait until the worker sits in a blocking read of the only shard.
+    wait_until("a blocking read", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.lines().any(|l| l.trim() == "blocked_clients:1")
+        }
+    })
+    .await;
+    let started = Instant::now();
+    running.revoke(0).await;
+    wait_until("revoked", Duration::from_secs(5), || async {
+        running.revoked(0)
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "revoke took {:?}",
+        started.elapsed()
+    );
+    // Entries produced while the shard is away are handled once it is assigned again.
+    produce(&mut conn, "idle", 0, 0, 10).await;
+    running.assign([0]).await;
+    wait_until("10 handled", Duration::from_secs(10), || async {
+        log.count() == 10
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_recovers_after_a_redis_restart() {
+    let mut server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "restart", 0..2).await;
+    produce(&mut conn, "restart", 0, 0, 20).await;
+    let log = Log::default();
+    let mut cfg = config("restart", "m0");
+    cfg.runtime_max_concurrency = 2;
+    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    running.assign(0..2).await;
+    wait_until("20 handled", Duration::from_secs(10), || async {
+        log.count() == 20
+    })
+    .await;
+    server.restart();
+    // The restarted server is empty (no persistence): recreate what the topology module would.
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "restart", 0..2).await;
+    produce(&mut conn, "restart", 1, 100, 20).await;
+    wait_until(
+        "20 more handled after the restart",
+        Duration::from_secs(20),
+        || async { log.count() == 40 },
+    )
+    .await;
+    wait_until("nothing pending", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "restart:1", GROUP).await == 0 }
+    })
+    .await;
+    assert!(!running.task.is_finished());
+    running.stop().await;
+}

@@ -104,16 +104,19 @@ async fn projection(
     store.load().await.unwrap().1.projection(0)
 }
 
+/// `XPENDING key group`: count, smallest id, largest id, per-consumer counts.
+type XPendingSummary = (
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
 async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {
     let mut conn = connect(url).await;
     let mut total = 0;
     for shard in 0..shards {
-        let summary: (
-            i64,
-            Option<String>,
-            Option<String>,
-            Option<Vec<(String, String)>>,
-        ) = redis::cmd("XPENDING")
+        let summary: XPendingSummary = redis::cmd("XPENDING")
             .arg(format!("{stream}:{shard}"))
             .arg(group)
             .query_async(&mut conn)

@@ -27,7 +27,10 @@ async fn main() -> Result<(), stream_listener::RuntimeError> {
     let billing = ConsumerBuilder::new("orders", "billing")
         .runtime_max_concurrency(4)
         .handler(|msg: Message<Order>| async move {
-            println!("shard {:>2} key {} seq {}", msg.shard, msg.payload.key, msg.payload.seq);
+            println!(
+                "shard {:>2} key {} seq {}",
+                msg.shard, msg.payload.key, msg.payload.seq
+            );
             Ok::<(), std::convert::Infallible>(())
         });
 

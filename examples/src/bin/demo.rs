@@ -52,7 +52,11 @@ struct Order {
 async fn main() -> ExitCode {
     let worker = std::env::args().nth(1).as_deref() == Some("worker");
     init_tracing();
-    let result = if worker { run_worker().await } else { run_demo().await };
+    let result = if worker {
+        run_worker().await
+    } else {
+        run_demo().await
+    };
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -63,9 +67,12 @@ async fn main() -> ExitCode {
 }
 
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -121,14 +128,19 @@ async fn run_demo() -> Res<ExitCode> {
     let started = Instant::now();
     let (_server, url) = redis_url();
     println!("redis: {url}");
-    let mut conn = redis::Client::open(url.as_str())?.get_connection_manager().await?;
+    let mut conn = redis::Client::open(url.as_str())?
+        .get_connection_manager()
+        .await?;
     prepare(&mut conn).await?;
 
     let produced = Arc::new(AtomicU64::new(0));
     let producer = Producer::new(conn.clone(), STREAM).await?;
     let producing = tokio::spawn(produce(producer, produced.clone()));
 
-    let mut workers = vec![Worker::spawn(&url, "worker-a")?, Worker::spawn(&url, "worker-b")?];
+    let mut workers = vec![
+        Worker::spawn(&url, "worker-a")?,
+        Worker::spawn(&url, "worker-b")?,
+    ];
     let mut watcher = AssignmentWatcher::new(conn.clone())?;
     let mut replaced = false;
     let mut last_progress = Instant::now();
@@ -138,11 +150,18 @@ async fn run_demo() -> Res<ExitCode> {
         let handled = counter(&mut conn, "demo:unique").await?;
         let sent = produced.load(Ordering::Relaxed);
         if last_progress.elapsed() >= Duration::from_secs(2) {
-            println!("{} progress: produced {sent:>5}, handled {handled:>5}", stamp(started));
+            println!(
+                "{} progress: produced {sent:>5}, handled {handled:>5}",
+                stamp(started)
+            );
             last_progress = Instant::now();
         }
         if !replaced && handled >= TOTAL / 3 {
-            println!("{} SIGKILL {} after {handled} handled orders", stamp(started), workers[0].name);
+            println!(
+                "{} SIGKILL {} after {handled} handled orders",
+                stamp(started),
+                workers[0].name
+            );
             workers[0].kill().await;
             workers.push(Worker::spawn(&url, "worker-c")?);
             println!("{} started replacement worker-c", stamp(started));
@@ -153,7 +172,10 @@ async fn run_demo() -> Res<ExitCode> {
             break;
         }
         if started.elapsed() > DEADLINE {
-            println!("{} deadline passed: {handled} of {TOTAL} handled", stamp(started));
+            println!(
+                "{} deadline passed: {handled} of {TOTAL} handled",
+                stamp(started)
+            );
             break;
         }
     }
@@ -167,7 +189,11 @@ async fn run_demo() -> Res<ExitCode> {
 
     let report = verify(&mut conn, produced.load(Ordering::Relaxed)).await?;
     report.print();
-    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if report.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// `REDIS_URL` if set, else a private redis-server (kept alive by the returned handle).
@@ -187,8 +213,12 @@ fn redis_url() -> (Option<RedisServer>, String) {
 async fn prepare(conn: &mut ConnectionManager) -> Res<()> {
     let topology = Topology::ensure(conn, STREAM, SHARDS).await?;
     for stream in topology.stream_keys() {
-        let _: redis::RedisResult<i64> =
-            redis::cmd("XGROUP").arg("DESTROY").arg(&stream).arg(GROUP).query_async(conn).await;
+        let _: redis::RedisResult<i64> = redis::cmd("XGROUP")
+            .arg("DESTROY")
+            .arg(&stream)
+            .arg(GROUP)
+            .query_async(conn)
+            .await;
     }
     let mut stale: Vec<String> = Vec::new();
     for pattern in ["demo:*", "sl:{orders/demo}:*"] {
@@ -206,7 +236,10 @@ async fn prepare(conn: &mut ConnectionManager) -> Res<()> {
         }
     }
     if !stale.is_empty() {
-        redis::cmd("DEL").arg(&stale).query_async::<i64>(conn).await?;
+        redis::cmd("DEL")
+            .arg(&stale)
+            .query_async::<i64>(conn)
+            .await?;
     }
     Topology::ensure_group(conn, STREAM, GROUP, StartFrom::Latest).await?;
     println!("topology: stream `{STREAM}` with {SHARDS} shards, group `{GROUP}`");
@@ -253,7 +286,10 @@ impl Worker {
             .kill_on_drop(true)
             .spawn()?;
         println!("spawned {name} (pid {})", child.id().unwrap_or(0));
-        Ok(Worker { name: name.to_string(), child })
+        Ok(Worker {
+            name: name.to_string(),
+            child,
+        })
     }
 
     /// SIGKILL: no graceful leave; the group notices when the members' leases expire.
@@ -264,7 +300,10 @@ impl Worker {
     /// SIGTERM, then wait for the graceful shutdown (SIGKILL if it takes too long).
     async fn terminate(&mut self) {
         let Some(pid) = self.child.id() else { return }; // already exited
-        let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
         match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
             Ok(Ok(status)) => println!("{} exited: {status}", self.name),
             _ => {
@@ -284,7 +323,10 @@ struct AssignmentWatcher {
 impl AssignmentWatcher {
     fn new(conn: ConnectionManager) -> Res<Self> {
         let store = GroupStore::new(conn, STREAM, GROUP, SHARDS, GroupConfig::default())?;
-        Ok(Self { store, last: String::new() })
+        Ok(Self {
+            store,
+            last: String::new(),
+        })
     }
 
     async fn poll(&mut self, started: Instant) {
@@ -355,13 +397,22 @@ struct Report {
 }
 
 async fn verify(conn: &mut ConnectionManager, produced: u64) -> Res<Report> {
-    let mut report = Report { produced, ..Report::default() };
+    let mut report = Report {
+        produced,
+        ..Report::default()
+    };
     for k in 0..KEYS {
         let key = format!("key-{k:03}");
-        let counts: HashMap<u64, u64> =
-            redis::cmd("HGETALL").arg(format!("demo:handles:{key}")).query_async(conn).await?;
-        let seen: Vec<u64> =
-            redis::cmd("LRANGE").arg(format!("demo:seen:{key}")).arg(0).arg(-1).query_async(conn).await?;
+        let counts: HashMap<u64, u64> = redis::cmd("HGETALL")
+            .arg(format!("demo:handles:{key}"))
+            .query_async(conn)
+            .await?;
+        let seen: Vec<u64> = redis::cmd("LRANGE")
+            .arg(format!("demo:seen:{key}"))
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await?;
         for seq in 0..SEQS {
             match counts.get(&seq).copied().unwrap_or(0) {
                 0 => report.lost += 1,
@@ -401,13 +452,41 @@ impl Report {
         println!("+--------------------------+---------+--------+");
         println!("| check                    |   value | status |");
         println!("+--------------------------+---------+--------+");
-        println!("| produced                 | {:>7} |        |", self.produced);
-        println!("| handled (unique)         | {:>7} | {:<6} |", self.handled_unique, verdict(self.handled_unique == self.produced));
-        println!("| handles (total)          | {:>7} |        |", self.handles_total);
-        println!("| duplicates (redelivered) | {:>7} | {:<6} |", self.duplicates, "info");
-        println!("| lost                     | {:>7} | {:<6} |", self.lost, verdict(self.lost == 0));
-        println!("| per-key order violations | {:>7} | {:<6} |", self.order_violations, verdict(self.order_violations == 0));
+        println!(
+            "| produced                 | {:>7} |        |",
+            self.produced
+        );
+        println!(
+            "| handled (unique)         | {:>7} | {:<6} |",
+            self.handled_unique,
+            verdict(self.handled_unique == self.produced)
+        );
+        println!(
+            "| handles (total)          | {:>7} |        |",
+            self.handles_total
+        );
+        println!(
+            "| duplicates (redelivered) | {:>7} | {:<6} |",
+            self.duplicates, "info"
+        );
+        println!(
+            "| lost                     | {:>7} | {:<6} |",
+            self.lost,
+            verdict(self.lost == 0)
+        );
+        println!(
+            "| per-key order violations | {:>7} | {:<6} |",
+            self.order_violations,
+            verdict(self.order_violations == 0)
+        );
         println!("+--------------------------+---------+--------+");
-        println!("{}", if self.ok() { "PASS: nothing lost, per-key order kept (duplicates are at-least-once redeliveries)" } else { "FAIL" });
+        println!(
+            "{}",
+            if self.ok() {
+                "PASS: nothing lost, per-key order kept (duplicates are at-least-once redeliveries)"
+            } else {
+                "FAIL"
+            }
+        );
     }
 }

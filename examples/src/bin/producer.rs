@@ -26,7 +26,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for seq in 0..10 {
         for customer in 0..5 {
             let key = format!("customer-{customer}");
-            let receipt = producer.send(&key, &Order { key: key.clone(), seq }).await?;
+            let receipt = producer
+                .send(
+                    &key,
+                    &Order {
+                        key: key.clone(),
+                        seq,
+                    },
+                )
+                .await?;
             println!("{key} seq {seq} -> {} {}", receipt.stream, receipt.id);
         }
     }

@@ -90,6 +90,9 @@ pub enum StoreError {
     InvalidName(String),
 }
 
+/// `load.lua`'s reply: snapshot (if any), store revision, leases, Redis time.
+type LoadReply = (Option<Vec<u8>>, i64, Vec<(String, i64)>, i64);
+
 /// The cached snapshot of a group.
 #[derive(Debug)]
 struct Snapshot {
@@ -258,7 +261,7 @@ impl GroupStore {
     }
 
     async fn reload(&mut self) -> Result<(), StoreError> {
-        let (meta, revision, leases, now): (Option<Vec<u8>>, i64, Vec<(String, i64)>, i64) = self
+        let (meta, revision, leases, now): LoadReply = self
             .scripts
             .load
             .key(&self.keys.meta)
