@@ -472,6 +472,27 @@ impl Coordinator {
             }
         }
         let mut revoked = Vec::new();
+        if let Some(owned) = &req.owned_shards {
+            // A full heartbeat names everything the member touches: a revoking shard it does not mention
+            // (granted and taken back before it ever saw it) is not held by it any more.
+            let mentioned = |s: &u32| {
+                owned.iter().any(|o| o.shard_index == *s)
+                    || req
+                        .revoking_shards
+                        .iter()
+                        .any(|r| r.shard.shard_index == *s)
+            };
+            let unheld: Vec<u32> = member
+                .revoking
+                .keys()
+                .copied()
+                .filter(|s| !mentioned(s))
+                .collect();
+            for shard in unheld {
+                member.revoking.remove(&shard);
+                revoked.push(shard);
+            }
+        }
         for report in &req.revoking_shards {
             let shard = report.shard.shard_index;
             if let Some(revocation) = member.revoking.get_mut(&shard) {

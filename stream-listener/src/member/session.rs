@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::coordinator::wire::{
-    HeartbeatRequest, HeartbeatResponse, RevokeState, RevokingShard, RuntimeConsumerCapacity,
-    ShardId, ShardProgress, JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
+    HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, RevokingShard,
+    RuntimeConsumerCapacity, ShardId, ShardProgress, JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
 };
 use crate::member::lifecycle::{FencingToken, ShardCommand};
 
@@ -230,7 +230,9 @@ impl MemberSession {
         self.heartbeat_interval_ms = resp.heartbeat_interval_ms.max(1);
         self.valid_until = sent_at + self.session_timeout_ms - self.session_timeout_ms / 5;
         self.metadata_version = resp.metadata_version;
-        self.full = false;
+        // While the coordinator waits for revocations, report everything in full: shards it took back
+        // before this member ever saw them are released by not being mentioned.
+        self.full = resp.status == HeartbeatStatus::RevokePending;
         // REVOKED reports carried by the request are now accepted.
         self.revoking
             .retain(|_, (state, _)| *state != RevokeState::Revoked);
