@@ -119,7 +119,9 @@ impl DeleteRef {
 /// What happens when a handler returns an error or panics.
 ///
 /// Retries run in place, before the next entry of the shard, so a failing entry keeps per-key order: later
-/// entries of the shard wait. `delivery_count` counts Redis deliveries (takeovers included) plus local
+/// entries of the shard wait, and the worker running it is busy for the whole backoff (with one worker,
+/// so are the member's other shards). A revoke or shutdown cuts the retries short and leaves the entry
+/// pending for the next owner. `delivery_count` counts Redis deliveries (takeovers included) plus local
 /// retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

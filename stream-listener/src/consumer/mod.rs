@@ -90,7 +90,8 @@ impl std::fmt::Debug for Consumer {
 
 impl Consumer {
     /// Open the shared connection, detect the server version (to pick `XACKDEL` or the script) and check
-    /// the configuration. No shard is read until the first [`ShardCommand::Assign`].
+    /// the configuration and the server (Redis >= 6.2, for `XAUTOCLAIM`). No shard is read until the
+    /// first [`ShardCommand::Assign`].
     pub async fn connect(
         client: redis::Client,
         config: ConsumerConfig,
@@ -112,6 +113,13 @@ impl Consumer {
             ));
         }
         let shared = Shared::connect(client, config, handler).await?;
+        let version = shared.version;
+        if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
+            return Err(ConsumerError::Config(format!(
+                "Redis {}.{}.{} is too old: taking over shards needs XAUTOCLAIM (Redis >= 6.2)",
+                version.major, version.minor, version.patch
+            )));
+        }
         Ok(Self {
             shared: Arc::new(shared),
         })
