@@ -4,7 +4,7 @@
 //!
 //! `cargo bench -p stream-listener --bench coordination`
 //! (`SL_BENCH_MEMBERS`: simulated members, default 64; `SL_BENCH_SECONDS`: length of each timed phase,
-//! default 5).
+//! default 5; `SL_BENCH_ONLY_JOIN`: run only variant C of the joining phase).
 //!
 //! Every simulated member is a [`MemberSession`] with its own [`GroupStore`] and its own
 //! `ConnectionManager`, driven by its own tokio task on a 2-worker multi-thread runtime. There is no
@@ -19,7 +19,10 @@
 //!    heartbeat without any client-side coordinator work).
 //! 4. **Joining at once**: the members join a fresh group (heartbeat interval 100 ms, session 3 s) and the
 //!    time until the projection is STABLE with every member and a spread of at most one shard is measured,
-//!    with the milestones on the way and the number of compare-and-set refusals.
+//!    with the milestones on the way and the number of compare-and-set refusals. Three pacings: A as the
+//!    issue specifies (at once only after a join response), B also at once after reporting REVOKED (as
+//!    `MemberLoop`), C = B plus a bench-side report of REVOKED for grants taken back before the member saw
+//!    them (the coordinator used to wait the whole rebalance timeout for those, then fence the member).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
