@@ -237,7 +237,7 @@ impl World {
             if now < p.next_heartbeat {
                 continue;
             }
-            p.next_heartbeat = now + p.session.heartbeat_interval_ms();
+            p.next_heartbeat = now + p.session.next_heartbeat_delay_ms();
             let request = p.session.heartbeat(now, 1);
             let response = self.coordinator.heartbeat(&request, now).response;
             if response.status.is_accepted() && response.member_epoch > 0 {

@@ -43,11 +43,13 @@ pub enum AuditEvent {
     MemberExpired {
         member_id: String,
         member_epoch: i64,
+        lease_deadline_ms: i64,
     },
-    /// A member was fenced.
+    /// A member was fenced; its shards stay held until `lease_deadline_ms`.
     MemberFenced {
         member_id: String,
         member_epoch: i64,
+        lease_deadline_ms: i64,
         reason: String,
     },
     /// The target assignment changed.

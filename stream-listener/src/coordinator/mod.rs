@@ -174,6 +174,14 @@ impl Coordinator {
         }
     }
 
+    /// Raises every lease to at least `floor` (the smallest lease the store holds): after a renewal the
+    /// store knows no lease is below it, without reading them all.
+    pub fn raise_leases(&mut self, floor: i64) {
+        for m in self.meta.members.values_mut() {
+            m.lease_deadline_ms = m.lease_deadline_ms.max(floor);
+        }
+    }
+
     /// The earliest time at which a [`tick`](Self::tick) would change something (a lease, a rebalance
     /// timeout, or a fenced hold running out), if any.
     pub fn next_deadline(&self) -> Option<i64> {
@@ -219,7 +227,15 @@ impl Coordinator {
         self.run_timers(now, &mut cx);
         let verdict = self.handle(req, now, &mut cx);
         let sender = matches!(verdict, Verdict::Accepted { .. }).then_some(req.member_id.as_str());
-        self.reconcile(now, &mut cx, sender);
+        // A heartbeat that changed nothing cannot change the outcome of the last reconciliation, except
+        // for a sender whose epoch is unacknowledged (it may get grants only in answer to itself). This
+        // keeps the steady-state heartbeat independent of the group's size.
+        let sender_settled = sender
+            .and_then(|id| self.meta.members.get(id))
+            .is_none_or(|m| m.confirmed_epoch == m.member_epoch);
+        if cx.changed || cx.rebalance || !sender_settled {
+            self.reconcile(now, &mut cx, sender);
+        }
         let mut response = self.response(req, verdict);
         if cx.changed {
             // The response describes the metadata as committed.
@@ -575,6 +591,7 @@ impl Coordinator {
             cx.event(AuditEvent::MemberExpired {
                 member_id: member_id.clone(),
                 member_epoch: member.member_epoch,
+                lease_deadline_ms: member.lease_deadline_ms,
             });
             // Its lease has passed, so it has stopped reading: its shards are free at once.
             self.bury(
@@ -638,6 +655,7 @@ impl Coordinator {
         cx.event(AuditEvent::MemberFenced {
             member_id: member_id.to_string(),
             member_epoch: member.member_epoch,
+            lease_deadline_ms: member.lease_deadline_ms,
             reason: reason.to_string(),
         });
         self.bury(

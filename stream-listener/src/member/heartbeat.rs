@@ -114,12 +114,8 @@ impl MemberLoop {
                     }
                     let commands = self.session.on_response(&response);
                     self.send(commands);
-                    next_heartbeat = if self.session.phase() == Phase::Joining {
-                        Instant::now()
-                    } else {
-                        Instant::now()
-                            + Duration::from_millis(self.session.heartbeat_interval_ms() as u64)
-                    };
+                    next_heartbeat = Instant::now()
+                        + Duration::from_millis(self.session.next_heartbeat_delay_ms() as u64);
                 }
                 Ok(Err(error)) => {
                     failures += 1;

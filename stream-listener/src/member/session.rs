@@ -64,6 +64,10 @@ pub struct MemberSession {
     incarnation: u64,
     /// Whether the next heartbeat must carry `ownedShards` (join, rejoin, ownership changed).
     full: bool,
+    /// Whether the last response listed shards on their way to this member.
+    awaiting: bool,
+    /// Whether ownership changed since the last heartbeat was built (report it promptly).
+    dirty: bool,
     /// Local time until which ownership may be trusted.
     valid_until: i64,
     session_timeout_ms: i64,
@@ -87,6 +91,8 @@ impl MemberSession {
             in_flight: None,
             request_seq: 0,
             full: true,
+            awaiting: false,
+            dirty: false,
             valid_until: i64::MIN,
             session_timeout_ms,
             heartbeat_interval_ms: 1_000,
@@ -112,6 +118,20 @@ impl MemberSession {
     /// The heartbeat interval the coordinator asked for.
     pub fn heartbeat_interval_ms(&self) -> i64 {
         self.heartbeat_interval_ms
+    }
+
+    /// How long to wait before the next heartbeat. While the assignment is in flux the member reports a
+    /// change of ownership at once and polls for pending shards at a fifth of the interval, so a hand-off
+    /// takes a few round trips instead of a few intervals; a settled member waits the full interval.
+    pub fn next_heartbeat_delay_ms(&self) -> i64 {
+        match self.phase {
+            Phase::Joining => 0,
+            _ if self.dirty => 0,
+            _ if self.awaiting || self.draining().next().is_some() => {
+                (self.heartbeat_interval_ms / 5).max(1)
+            }
+            _ => self.heartbeat_interval_ms,
+        }
     }
 
     /// Shards being read now.
@@ -169,6 +189,7 @@ impl MemberSession {
             }
         };
         self.in_flight = Some((request_id.clone(), sent_at));
+        self.dirty = false;
         let epoch = match self.phase {
             Phase::Joining => JOIN_EPOCH,
             Phase::Leaving | Phase::Left => LEAVE_EPOCH,
@@ -243,6 +264,7 @@ impl MemberSession {
             return self.drop_everything_quietly();
         }
         self.epoch = resp.member_epoch;
+        self.awaiting = !resp.assignment.pending_shards.is_empty();
         if self.phase == Phase::Joining {
             self.phase = Phase::Member;
         }
@@ -281,6 +303,7 @@ impl MemberSession {
                 }
             }
         }
+        self.dirty |= !commands.is_empty();
         commands
     }
 
@@ -297,6 +320,7 @@ impl MemberSession {
     pub fn on_revoked(&mut self, shard: u32) {
         if let Some(entry) = self.revoking.get_mut(&shard) {
             *entry = (RevokeState::Revoked, 0);
+            self.dirty = true;
         }
     }
 

@@ -15,12 +15,12 @@
 //!
 //! Key layout (one Redis Cluster slot per group thanks to the hash tag): see [`GroupKeys`].
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::Script;
 
+use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
 use crate::coordinator::projection::GroupProjection;
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
@@ -222,13 +222,6 @@ impl GroupStore {
             }
             let now = self.now();
             let snapshot = self.cache.as_mut().expect("loaded above");
-            let before: BTreeMap<String, (i64, i64)> = snapshot
-                .coordinator
-                .metadata()
-                .members
-                .iter()
-                .map(|(id, m)| (id.clone(), (m.join_epoch, m.lease_deadline_ms)))
-                .collect();
             let outcome = input(&mut snapshot.coordinator, now);
             match outcome.change {
                 Change::None => return Ok(outcome.response),
@@ -241,7 +234,7 @@ impl GroupStore {
                     }
                 }
                 Change::Metadata => {
-                    if self.commit(now, &before, &outcome).await? {
+                    if self.commit(now, &outcome).await? {
                         return Ok(outcome.response);
                     }
                 }
@@ -312,28 +305,12 @@ impl GroupStore {
             return Ok(false);
         }
         // Every lease is at least the smallest one in Redis: good enough to know nobody expired yet.
-        let floor = reply[2];
-        let ids: Vec<String> = snapshot
-            .coordinator
-            .metadata()
-            .members
-            .keys()
-            .cloned()
-            .collect();
-        for id in ids {
-            let lease = snapshot.coordinator.metadata().members[&id].lease_deadline_ms;
-            snapshot.coordinator.set_lease(&id, lease.max(floor));
-        }
+        snapshot.coordinator.raise_leases(reply[2]);
         snapshot.coordinator.set_lease(member, reply[1] + session);
         Ok(true)
     }
 
-    async fn commit<R>(
-        &mut self,
-        now: i64,
-        before: &BTreeMap<String, (i64, i64)>,
-        outcome: &Outcome<R>,
-    ) -> Result<bool, StoreError> {
+    async fn commit<R>(&mut self, now: i64, outcome: &Outcome<R>) -> Result<bool, StoreError> {
         let snapshot = self.cache.as_ref().expect("loaded");
         let meta = snapshot.coordinator.metadata();
         let mut invocation = self.scripts.commit.prepare_invoke();
@@ -351,17 +328,32 @@ impl GroupStore {
                     .expect("projection serializes"),
             )
             .arg(AUDIT_MAX_LEN);
-        // Members removed or replaced by a new incarnation: the core used their lease (for holds and
-        // expiry), so it must still be the one in Redis.
-        let gone: Vec<(&String, i64)> = before
-            .iter()
-            .filter(|(id, (join_epoch, _))| {
-                meta.members
-                    .get(*id)
-                    .is_none_or(|m| m.join_epoch != *join_epoch)
-            })
-            .map(|(id, (_, lease))| (id, *lease))
-            .collect();
+        // Members the core expired or fenced: it used their lease (for expiry and for fenced holds), so
+        // it must still be the one in Redis. Members gone for good leave the leases set.
+        let mut gone: Vec<(&str, i64)> = Vec::new();
+        let mut removed: Vec<&str> = Vec::new();
+        for event in &outcome.events {
+            let (id, lease) = match event {
+                AuditEvent::MemberExpired {
+                    member_id,
+                    lease_deadline_ms,
+                    ..
+                }
+                | AuditEvent::MemberFenced {
+                    member_id,
+                    lease_deadline_ms,
+                    ..
+                } => (member_id.as_str(), Some(*lease_deadline_ms)),
+                AuditEvent::MemberLeft { member_id } => (member_id.as_str(), None),
+                _ => continue,
+            };
+            if let Some(lease) = lease {
+                gone.push((id, lease));
+            }
+            if !meta.members.contains_key(id) {
+                removed.push(id);
+            }
+        }
         invocation.arg(gone.len());
         for (id, lease) in &gone {
             invocation.arg(*id).arg(*lease);
@@ -370,10 +362,6 @@ impl GroupStore {
         for (id, m) in &meta.members {
             invocation.arg(id).arg(m.lease_deadline_ms);
         }
-        let removed: Vec<&String> = before
-            .keys()
-            .filter(|id| !meta.members.contains_key(*id))
-            .collect();
         invocation.arg(removed.len());
         for id in &removed {
             invocation.arg(*id);
