@@ -4,7 +4,7 @@
 //!
 //! `cargo bench -p stream-listener --bench coordination`
 //! (`SL_BENCH_MEMBERS`: simulated members, default 64; `SL_BENCH_SECONDS`: length of each timed phase,
-//! default 5; `SL_BENCH_ONLY_JOIN`: run only variant C of the joining phase).
+//! default 5; `SL_BENCH_ONLY_JOIN`: run only the joining phase).
 //!
 //! Every simulated member is a [`MemberSession`] with its own [`GroupStore`] and its own
 //! `ConnectionManager`, driven by its own tokio task on a 2-worker multi-thread runtime. There is no
@@ -17,15 +17,12 @@
 //! 3. **Baselines** from the same number of tasks, each on its own connection: `PING`, `EVALSHA` of a
 //!    trivial script, and the store's own `renew.lua` invoked directly (the server side of a steady
 //!    heartbeat without any client-side coordinator work).
-//! 4. **Joining at once**: the members join a fresh group (heartbeat interval 100 ms, session 3 s) and the
-//!    time until the projection is STABLE with every member and a spread of at most one shard is measured,
-//!    with the milestones on the way and the number of compare-and-set refusals. Three pacings: A as the
-//!    issue specifies (at once only after a join response), B also at once after reporting REVOKED (as
-//!    `MemberLoop`), C = B plus a bench-side report of REVOKED for grants taken back before the member saw
-//!    them (the coordinator used to wait the whole rebalance timeout for those, then fence the member).
+//! 4. **Joining at once**: the members, each a real `MemberLoop` with a consumption layer that drains at
+//!    once, join a fresh group; measured: the time until the projection is STABLE with every member, every
+//!    shard granted and a spread of at most one shard, with the default timing (1 s heartbeats) and with
+//!    100 ms heartbeats.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,13 +30,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::{GroupProjection, GroupState};
-use stream_listener::coordinator::wire::{
-    HeartbeatResponse, HeartbeatStatus, RevokeState, RevokingShard, ShardId,
-};
-use stream_listener::member::lifecycle::ShardCommand;
+use stream_listener::coordinator::wire::{HeartbeatResponse, HeartbeatStatus};
+use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
+use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
 use stream_listener::store::GroupStore;
 use stream_listener_test_support::RedisServer;
+use tokio::sync::{mpsc, watch};
 
 const STREAM: &str = "bench";
 const SHARDS: u32 = 256;
@@ -52,7 +49,7 @@ const STEADY_CONFIG: GroupConfig = GroupConfig {
     rebalance_timeout_ms: 30_000,
 };
 
-/// The joining group, as the issue asks: 100 ms heartbeats, 3 s sessions.
+/// A joining group with a ten times shorter heartbeat than the default, to show the protocol's cost.
 const JOIN_CONFIG: GroupConfig = GroupConfig {
     heartbeat_interval_ms: 100,
     session_timeout_ms: 3_000,
@@ -495,392 +492,61 @@ async fn run_steady(
     (measured, rounds)
 }
 
-/// Milestones of the joining phase, in ms since the members started.
-#[derive(Debug, Default)]
-struct Milestones {
-    all_joined: Option<u128>,
-    all_placed: Option<u128>,
-    stable: Option<u128>,
-    /// The committing projection's store time minus the start in store time.
-    stable_store_ms: Option<i64>,
-    polls: u64,
-}
-
-/// What one joining member did until it was stopped.
-#[derive(Debug, Default, Clone)]
-struct JoinerStats {
-    heartbeats: u64,
-    errors: u64,
-    statuses: BTreeMap<String, u64>,
-    joined_at_ms: Option<u128>,
-    revokes: u64,
-    /// Shards reported REVOKED by the workaround (revocations of grants the member never saw).
-    unseen_revokes: u64,
-    /// Snapshot loads the workaround made.
-    extra_loads: u64,
-    /// Local times of the heartbeats that were accepted, to see how many a member needed.
-    last_change_ms: u128,
-    accepted_before_last_change: u64,
-}
-
-/// How the joining members pace their heartbeats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pacing {
-    /// As the issue specifies: at once only after a join response, else one interval.
-    Specified,
-    /// Also at once after reporting REVOKED, as `MemberLoop` does.
-    LikeMemberLoop,
-    /// `LikeMemberLoop`, plus a bench-side workaround for revocations of grants the member never saw: when
-    /// a response says REVOKE_PENDING but the member has nothing of its own to revoke, it reads the
-    /// coordinator's view and reports those shards REVOKED (true: it never read them).
-    WithUnseenRevokeWorkaround,
-}
-
-async fn run_join(
-    url: &str,
-    control: &mut ConnectionManager,
-    members: usize,
-    group: &str,
-    pacing: Pacing,
-) {
-    let immediate_after_revoke = pacing != Pacing::Specified;
-    let workaround = pacing == Pacing::WithUnseenRevokeWorkaround;
-    let interval = JOIN_CONFIG.heartbeat_interval_ms as u64;
-    let mut stores = Vec::new();
-    for _ in 0..members {
-        stores.push(store(url, group, JOIN_CONFIG).await);
-    }
-    let mut observer = store(url, group, JOIN_CONFIG).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    // The start in Redis time, for the store-clock elapsed time of the converging commit.
-    let t: Vec<i64> = redis::cmd("TIME")
-        .query_async::<Vec<String>>(control)
-        .await
-        .expect("TIME")
-        .iter()
-        .map(|s| s.parse().expect("number"))
-        .collect();
-    let lead = Duration::from_millis(100);
-    let start = tokio::time::Instant::now() + lead;
-    let start_store_ms = t[0] * 1_000 + t[1] / 1_000 + lead.as_millis() as i64;
-    let before = Counters::read(control).await;
-
-    let tasks: Vec<_> = stores
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut store)| {
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let mut session =
-                    session(&format!("m{i}"), JOIN_CONFIG.session_timeout_ms, i as u64);
-                let mut stats = JoinerStats::default();
-                let mut failures = 0u32;
-                let mut unseen_revokes: Vec<u32> = Vec::new();
-                tokio::time::sleep_until(start).await;
-                let local = || start.elapsed().as_millis();
-                while !stop.load(Ordering::Relaxed) {
-                    let was_joining = session.phase() == Phase::Joining;
-                    let mut request = session.heartbeat(local() as i64, 1);
-                    if session.phase() == Phase::Member {
-                        for &shard in &unseen_revokes {
-                            request.revoking_shards.push(RevokingShard {
-                                shard: ShardId::new(shard),
-                                state: RevokeState::Revoked,
-                                in_flight: 0,
-                                acked_at: None,
-                            });
-                        }
-                    }
-                    unseen_revokes.clear();
-                    stats.heartbeats += 1;
-                    let wait = match store.heartbeat(&request).await {
-                        Ok(response) => {
-                            failures = 0;
-                            *stats
-                                .statuses
-                                .entry(format!("{:?}", response.status))
-                                .or_default() += 1;
-                            let owned_before = session.owned().clone();
-                            let revoked = apply(&mut session, &response);
-                            stats.revokes += revoked as u64;
-                            if workaround
-                                && response.status == HeartbeatStatus::RevokePending
-                                && revoked == 0
-                                && session.draining().next().is_none()
-                            {
-                                stats.extra_loads += 1;
-                                if let Ok((_, coordinator)) = store.load().await {
-                                    let me = format!("m{i}");
-                                    let view = coordinator.projection(0);
-                                    if let Some(m) = view.members.iter().find(|m| m.member_id == me)
-                                    {
-                                        unseen_revokes = m
-                                            .revoking
-                                            .iter()
-                                            .copied()
-                                            .filter(|s| !session.owned().contains(s))
-                                            .collect();
-                                        stats.unseen_revokes += unseen_revokes.len() as u64;
-                                    }
-                                }
-                            }
-                            if *session.owned() != owned_before || revoked > 0 {
-                                stats.last_change_ms = local();
-                                stats.accepted_before_last_change = stats.heartbeats;
-                            }
-                            let joined = was_joining && session.phase() == Phase::Member;
-                            if joined && stats.joined_at_ms.is_none() {
-                                stats.joined_at_ms = Some(local());
-                            }
-                            if session.phase() == Phase::Joining
-                                || joined
-                                || (immediate_after_revoke
-                                    && (revoked > 0 || !unseen_revokes.is_empty()))
-                            {
-                                Duration::ZERO
-                            } else {
-                                Duration::from_millis(session.heartbeat_interval_ms() as u64)
-                            }
-                        }
-                        Err(_) => {
-                            // As the member loop: back off from 50 ms, capped at the interval.
-                            stats.errors += 1;
-                            failures += 1;
-                            Duration::from_millis(50u64 << failures.min(10))
-                                .min(Duration::from_millis(interval))
-                        }
-                    };
-                    if !wait.is_zero() {
-                        tokio::time::sleep(wait).await;
-                    }
+/// Members joining a fresh group at once, each a real [`MemberLoop`] (production pacing) with a
+/// consumption layer that drains at once. Returns the time until the group is converged.
+async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -> Option<Duration> {
+    let mut observer = store(url, group, config).await;
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    let start = Instant::now();
+    for i in 0..members {
+        let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let (status_tx, _status) = watch::channel(MemberStatus {
+            phase: Phase::Joining,
+            epoch: 0,
+            owned: vec![],
+            failures: 0,
+        });
+        tokio::spawn(async move {
+            while let Some(command) = commands_rx.recv().await {
+                if let ShardCommand::Revoke { shard } = command {
+                    let _ = reports_tx.send(ShardReport::Revoked { shard });
                 }
-                stats
-            })
-        })
-        .collect();
-
-    let mut milestones = Milestones::default();
-    let give_up = start + Duration::from_secs(30);
-    tokio::time::sleep_until(start).await;
-    let mut last_view = None;
-    while tokio::time::Instant::now() < give_up {
-        milestones.polls += 1;
-        if let Ok(Some(view)) = observer.projection().await {
-            let at = start.elapsed().as_millis();
-            let live = view
-                .members
-                .iter()
-                .filter(|m| m.lease_deadline_ms > 0)
-                .count();
-            if live == members && milestones.all_joined.is_none() {
-                milestones.all_joined = Some(at);
             }
-            if live == members
-                && view.state != GroupState::Assigning
-                && milestones.all_placed.is_none()
-            {
-                milestones.all_placed = Some(at);
-            }
-            if converged(&view, members) {
-                milestones.stable = Some(at);
-                milestones.stable_store_ms = Some(view.at_ms - start_store_ms);
-                last_view = Some(view);
+        });
+        let member = MemberLoop {
+            session: session(&format!("j{i}"), config.session_timeout_ms, i as u64),
+            store: store(url, group, config).await,
+            commands: commands_tx,
+            reports: reports_rx,
+            shutdown: stop_rx,
+            status: status_tx,
+            shutdown_timeout: Duration::from_secs(5),
+        };
+        stops.push(stop);
+        tasks.push(tokio::spawn(member.run()));
+    }
+    let deadline = start + Duration::from_secs(60);
+    let mut result = None;
+    while Instant::now() < deadline {
+        if let Ok((_, coordinator)) = observer.load().await {
+            if converged(&coordinator.projection(0), members) {
+                result = Some(start.elapsed());
                 break;
             }
-            last_view = Some(view);
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let mut joiners = Vec::new();
+    for stop in &stops {
+        let _ = stop.send(true);
+    }
     for task in tasks {
-        joiners.push(task.await.expect("task"));
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
-    let after = Counters::read(control).await;
-    let delta = before.delta(&after);
-    let (revision, _) = observer.load().await.expect("load");
-
-    let label = match pacing {
-        Pacing::Specified => "A: as specified (heartbeat at once only after a join response)",
-        Pacing::LikeMemberLoop => {
-            "B: also heartbeat at once after reporting REVOKED (as MemberLoop does)"
-        }
-        Pacing::WithUnseenRevokeWorkaround => {
-            "C: B + bench-side workaround reporting REVOKED for revoked grants the member never saw"
-        }
-    };
-    println!("  {label}");
-    let Some(stable) = milestones.stable else {
-        println!(
-            "    NOT converged within 30 s; last view: state {:?}, {} members",
-            last_view.as_ref().map(|v| v.state),
-            last_view.as_ref().map_or(0, |v| v.members.len())
-        );
-        if let Some(view) = &last_view {
-            for m in view
-                .members
-                .iter()
-                .filter(|m| !m.revoking.is_empty() || !m.pending.is_empty())
-                .take(8)
-            {
-                println!(
-                    "      {} {:?} epoch {}: assigned {} owned {} pending {:?} revoking {:?}",
-                    m.member_id,
-                    m.state,
-                    m.member_epoch,
-                    m.assigned.len(),
-                    m.owned.len(),
-                    m.pending,
-                    m.revoking
-                );
-            }
-        }
-        audit_summary(control, observer.keys().audit.clone(), start_store_ms).await;
-        return;
-    };
-    let intervals = stable as f64 / interval as f64;
-    println!(
-        "    STABLE with {members} members, spread <= 1: {stable} ms = {intervals:.1} heartbeat intervals \
-         (goal <= 3: {}); by the committing projection's store clock {} ms",
-        if intervals <= 3.0 { "met" } else { "NOT met" },
-        milestones.stable_store_ms.unwrap_or(-1),
-    );
-    println!(
-        "    milestones: all {members} in the projection at {} ms; no shard waiting for a revoke at {} ms; \
-         STABLE at {stable} ms",
-        milestones.all_joined.map_or("-".into(), |t| t.to_string()),
-        milestones.all_placed.map_or("-".into(), |t| t.to_string()),
-    );
-    let mut joined: Vec<u128> = joiners.iter().filter_map(|j| j.joined_at_ms).collect();
-    joined.sort_unstable();
-    let mut last_change: Vec<u128> = joiners.iter().map(|j| j.last_change_ms).collect();
-    last_change.sort_unstable();
-    let mut needed: Vec<u64> = joiners
-        .iter()
-        .map(|j| j.accepted_before_last_change)
-        .collect();
-    needed.sort_unstable();
-    let pct = |v: &[u128], p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-    println!(
-        "    join response received: first {} ms, median {} ms, last {} ms",
-        pct(&joined, 0.0),
-        pct(&joined, 0.5),
-        pct(&joined, 1.0)
-    );
-    println!(
-        "    last ownership change per member: median {} ms, last {} ms; heartbeats a member sent up to it: \
-         min {}, median {}, max {}",
-        pct(&last_change, 0.5),
-        pct(&last_change, 1.0),
-        needed[0],
-        needed[needed.len() / 2],
-        needed[needed.len() - 1],
-    );
-    let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
-    for j in &joiners {
-        for (k, v) in &j.statuses {
-            *statuses.entry(k.clone()).or_default() += v;
-        }
-    }
-    let heartbeats: u64 = joiners.iter().map(|j| j.heartbeats).sum();
-    let errors: u64 = joiners.iter().map(|j| j.errors).sum();
-    let revokes: u64 = joiners.iter().map(|j| j.revokes).sum();
-    let unseen: u64 = joiners.iter().map(|j| j.unseen_revokes).sum();
-    let extra_loads: u64 = joiners.iter().map(|j| j.extra_loads).sum();
-    println!(
-        "    heartbeats sent {heartbeats} (until the members were stopped, a few ms after STABLE was seen), \
-         store errors {errors}, statuses {statuses:?}, shards revoked {revokes}, unseen grants reported \
-         REVOKED by the workaround {unseen}"
-    );
-    audit_summary(control, observer.keys().audit.clone(), start_store_ms).await;
-    // Every script reads TIME once; load.lua reads GET twice, renew.lua and commit.lua once each. So
-    // loads = GET - TIME - observer's GETs of the projection; each refused renew/commit forces a reload, and
-    // each member's very first heartbeat loads too.
-    let scripts = delta.get("time");
-    let loads = delta.get("get") - scripts - milestones.polls as i64 - extra_loads as i64;
-    let attempts = scripts - loads;
-    let commits = delta.get("incr");
-    println!(
-        "    store: {commits} commits (revision now {revision}), {attempts} renew/commit attempts, {loads} \
-         snapshot loads (not counting {extra_loads} by the workaround) => about {} compare-and-set refusals \
-         (loads - {members} first loads - 1 final check)",
-        loads - members as i64 - 1
-    );
+    result
 }
-
-/// Audit events by type, and every fence or expiry with its reason, relative to the start (store clock).
-async fn audit_summary(control: &mut ConnectionManager, key: String, start_store_ms: i64) {
-    let audit: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&key)
-        .arg("-")
-        .arg("+")
-        .query_async(control)
-        .await
-        .expect("XRANGE");
-    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
-    let mut notable = Vec::new();
-    for (_, fields) in &audit {
-        let field = |name: &str| {
-            fields
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
-        let Some(event) =
-            field("event").and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
-        else {
-            continue;
-        };
-        let kind = event["type"].as_str().unwrap_or("?").to_string();
-        let at = field("at").and_then(|a| a.parse::<i64>().ok()).unwrap_or(0) - start_store_ms;
-        if matches!(
-            kind.as_str(),
-            "MEMBER_FENCED" | "MEMBER_EXPIRED" | "HOLDS_RELEASED"
-        ) {
-            notable.push(format!(
-                "{at} ms {kind} {} {}",
-                event["memberId"].as_str().unwrap_or("?"),
-                event["reason"].as_str().unwrap_or("")
-            ));
-        }
-        *kinds.entry(kind).or_default() += 1;
-    }
-    println!("    audit events: {kinds:?}");
-    // The story of the first fenced member, as the audit tells it.
-    let fenced = audit.iter().find_map(|(_, fields)| {
-        let event: serde_json::Value =
-            serde_json::from_str(&fields.iter().find(|(k, _)| k == "event")?.1).ok()?;
-        (event["type"] == "MEMBER_FENCED")
-            .then(|| event["memberId"].as_str().unwrap_or("?").to_string())
-    });
-    if let Some(member) = fenced {
-        println!("    audit trail of {member} (the first member fenced):");
-        for (_, fields) in &audit {
-            let field = |name: &str| {
-                fields
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.as_str())
-            };
-            let Some(event) = field("event") else {
-                continue;
-            };
-            if event.contains(&format!("\"{member}\"")) {
-                let at =
-                    field("at").and_then(|a| a.parse::<i64>().ok()).unwrap_or(0) - start_store_ms;
-                let rev = field("revision").unwrap_or("?");
-                println!("      {at} ms rev {rev}: {event}");
-            }
-        }
-    }
-    for line in notable.iter().take(12) {
-        println!("      {line}");
-    }
-    if notable.len() > 12 {
-        println!("      ... {} more", notable.len() - 12);
-    }
-}
-
 fn main() {
     let members = env_or("SL_BENCH_MEMBERS", 64) as usize;
     let seconds = env_or("SL_BENCH_SECONDS", 5);
@@ -905,7 +571,7 @@ fn main() {
         let url = redis.url();
         let mut control = connect(&url).await;
         if std::env::var("SL_BENCH_ONLY_JOIN").is_ok() {
-            run_join(&url, &mut control, members, "join-c", Pacing::WithUnseenRevokeWorkaround).await;
+            join_phase(&url, members).await;
             return;
         }
 
@@ -957,15 +623,30 @@ fn main() {
             100.0 * steady.per_second() / renew.per_second()
         );
 
-        println!(
-            "\n4. {members} members joining a fresh group at once ({SHARDS} shards, heartbeat {} ms, session {} ms, \
-             rebalance timeout {} ms)",
-            JOIN_CONFIG.heartbeat_interval_ms,
-            JOIN_CONFIG.session_timeout_ms,
-            JOIN_CONFIG.rebalance_timeout_ms
-        );
-        run_join(&url, &mut control, members, "join-a", Pacing::Specified).await;
-        run_join(&url, &mut control, members, "join-b", Pacing::LikeMemberLoop).await;
-        run_join(&url, &mut control, members, "join-c", Pacing::WithUnseenRevokeWorkaround).await;
+        join_phase(&url, members).await;
     });
+}
+
+/// Part 4: joining at once, with the default timing and with a ten times shorter interval.
+async fn join_phase(url: &str, members: usize) {
+    println!("\n4. {members} members (real heartbeat loops) joining a fresh group at once ({SHARDS} shards)");
+    for (i, config) in [GroupConfig::default(), JOIN_CONFIG]
+        .into_iter()
+        .enumerate()
+    {
+        let interval = config.heartbeat_interval_ms;
+        match run_join(url, members, &format!("join-{i}"), config).await {
+            Some(took) => {
+                let intervals = took.as_millis() as f64 / interval as f64;
+                println!(
+                    "  heartbeat {interval} ms, session {} ms: converged (STABLE, every shard granted, spread <= 1) \
+                     in {} ms = {intervals:.1} heartbeat intervals (goal <= 3: {})",
+                    config.session_timeout_ms,
+                    took.as_millis(),
+                    if intervals <= 3.0 { "met" } else { "NOT met" }
+                );
+            }
+            None => println!("  heartbeat {interval} ms: did not converge within 60 s"),
+        }
+    }
 }
