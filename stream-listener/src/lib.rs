@@ -1,4 +1,45 @@
-//! stream-listener: Kafka-style consumer groups for sharded Redis Streams.
+//! Kafka-style consumer groups for sharded Redis Streams: balanced, fenced, at-least-once, per-key
+//! ordered, with no server to run beyond Redis.
+//!
+//! # Quickstart
+//!
+//! ```no_run
+//! use serde::Deserialize;
+//! use stream_listener::{stream_listener, Message};
+//!
+//! #[derive(Deserialize)]
+//! struct Order {
+//!     id: u64,
+//! }
+//!
+//! // Four logical members in this process, each with its own heartbeat, member epoch and shards.
+//! #[stream_listener(stream = "orders", group = "billing", concurrency = 4)]
+//! async fn on_order(msg: Message<Order>) -> Result<(), std::io::Error> {
+//!     println!("order {} (key {}, shard {}, token {:?})", msg.payload.id, msg.key, msg.shard, msg.token);
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), stream_listener::RuntimeError> {
+//!     // Every #[stream_listener] of the binary, Redis from REDIS_URL, until SIGTERM or ctrl-c.
+//!     stream_listener::Runtime::from_env().run().await
+//! }
+//! ```
+//!
+//! Producers route by key with [`Producer`]; one explicitly registered member with local workers is a
+//! [`ConsumerBuilder`].
+//!
+//! # Layers
+//!
+//! * [`coordinator`]: the pure, deterministic group coordinator (epochs, sticky assignment,
+//!   revoke-before-assign, fencing); `now` is an argument.
+//! * [`store`]: the coordinator persisted in Redis under a store-revision compare-and-set.
+//! * [`member`]: the member's side of the protocol and its heartbeat loop.
+//! * [`consumer`], [`producer`], [`topology`], [`routing`]: reading, handling, acknowledging, writing.
+//! * [`runtime`], [`registry`], [`stream_listener`]: the bootstrap, the builder and the attribute.
+//!
+//! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
+#![warn(missing_docs)]
 
 pub mod consumer;
 pub mod coordinator;
@@ -27,3 +68,8 @@ pub mod __private {
     pub use crate::registry::{ListenerRegistration, PayloadKind};
     pub use inventory;
 }
+
+/// The README's examples, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

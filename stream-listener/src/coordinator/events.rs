@@ -14,63 +14,116 @@ use serde::{Deserialize, Serialize};
 pub enum AuditEvent {
     /// A new memberId joined.
     MemberJoined {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
     },
     /// A known memberId joined again (restart, or recovery after UNKNOWN_MEMBER_ID); the previous
     /// incarnation was fenced.
     MemberRejoined {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
+        /// The epoch of the incarnation it replaced.
         previous_epoch: i64,
     },
     /// The same memberId keeps rejoining: two processes are probably configured alike.
     DuplicateMemberIdSuspected {
+        /// The member concerned.
         member_id: String,
+        /// Rejoins seen within the window.
         rejoins: u32,
+        /// The window, in ms.
         window_ms: i64,
     },
     /// A member reconciled for the first time.
     MemberStable {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
     },
     /// A member asked to leave; its shards are being revoked.
-    MemberLeaving { member_id: String },
+    MemberLeaving {
+        /// The member concerned.
+        member_id: String,
+    },
     /// A leaving member gave everything back and was removed.
-    MemberLeft { member_id: String },
+    MemberLeft {
+        /// The member concerned.
+        member_id: String,
+    },
     /// A member's lease passed.
     MemberExpired {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
+        /// Its lease deadline (store clock, ms).
         lease_deadline_ms: i64,
     },
     /// A member was fenced; its shards stay held until `lease_deadline_ms`.
     MemberFenced {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
+        /// Its lease deadline (store clock, ms).
         lease_deadline_ms: i64,
+        /// Why, in words.
         reason: String,
     },
     /// The target assignment changed.
     TargetAssignmentChanged {
+        /// The new assignment epoch.
         assignment_epoch: i64,
+        /// Shards whose target owner changed.
         moved_shards: u32,
     },
     /// Shards were removed from a member's assignment: it must revoke them.
-    ShardsRevokeRequested { member_id: String, shards: Vec<u32> },
+    ShardsRevokeRequested {
+        /// The member concerned.
+        member_id: String,
+        /// The shards.
+        shards: Vec<u32>,
+    },
     /// A member reported REVOKED: the shards may be handed on.
-    ShardsRevoked { member_id: String, shards: Vec<u32> },
+    ShardsRevoked {
+        /// The member concerned.
+        member_id: String,
+        /// The shards.
+        shards: Vec<u32>,
+    },
     /// Shards were granted to a member (revoke-before-assign step 6).
     ShardsAssigned {
+        /// The member concerned.
         member_id: String,
+        /// Its member epoch.
         member_epoch: i64,
+        /// The shards.
         shards: Vec<u32>,
     },
     /// A fenced member's lease passed: its held shards are free.
-    HoldsReleased { member_id: String, shards: Vec<u32> },
+    HoldsReleased {
+        /// The member concerned.
+        member_id: String,
+        /// The shards.
+        shards: Vec<u32>,
+    },
     /// The shard count changed.
-    ShardCountChanged { from: u32, to: u32 },
+    ShardCountChanged {
+        /// Shard count before.
+        from: u32,
+        /// Shard count after.
+        to: u32,
+    },
     /// The last shard count change was rolled back.
-    ReshardingRolledBack { from: u32, to: u32 },
+    ReshardingRolledBack {
+        /// Shard count before.
+        from: u32,
+        /// Shard count after.
+        to: u32,
+    },
 }
