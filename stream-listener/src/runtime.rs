@@ -23,6 +23,7 @@ use crate::consumer::{
     AckPolicy, BoxedHandler, Consumer, ConsumerConfig, ConsumerError, FailurePolicy, Handler,
 };
 use crate::coordinator::metadata::GroupConfig;
+use crate::coordinator::AdminCommand;
 use crate::member::heartbeat::{MemberLoop, MemberStatus};
 use crate::member::identity;
 use crate::member::session::{MemberIdentity, MemberSession, Phase};
@@ -278,6 +279,12 @@ impl Runtime {
         }
         let client = redis::Client::open(self.redis_url.as_str())?;
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut groups: Vec<(String, String)> = plans
+            .iter()
+            .map(|p| (p.consumer.stream_prefix.clone(), p.consumer.group.clone()))
+            .collect();
+        groups.sort();
+        groups.dedup();
         let mut members = Vec::new();
         for plan in plans {
             members.push(
@@ -285,9 +292,25 @@ impl Runtime {
                     .await?,
             );
         }
+        let mut followers = Vec::new();
+        for (stream, group) in groups {
+            let conn = ConnectionManager::new(client.clone()).await?;
+            let store = GroupStore::new(conn.clone(), &stream, &group, 1, self.group_config)?;
+            let period =
+                Duration::from_millis(self.group_config.heartbeat_interval_ms.max(200) as u64 * 5);
+            followers.push(tokio::spawn(follow_topology(
+                conn,
+                store,
+                stream,
+                group,
+                period,
+                shutdown_rx.clone(),
+            )));
+        }
         Ok(RunningRuntime {
             shutdown,
             members,
+            followers,
             timeout: self.shutdown_timeout,
         })
     }
@@ -440,6 +463,7 @@ struct RunningMember {
 pub struct RunningRuntime {
     shutdown: watch::Sender<bool>,
     members: Vec<RunningMember>,
+    followers: Vec<JoinHandle<()>>,
     timeout: Duration,
 }
 
@@ -461,6 +485,9 @@ impl RunningRuntime {
     /// reports REVOKED and leaves the group; bounded by the shutdown timeout.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        for follower in self.followers {
+            follower.abort();
+        }
         let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
         for member in self.members {
             if tokio::time::timeout_at(deadline, member.heartbeat_task)
@@ -476,6 +503,58 @@ impl RunningRuntime {
             {
                 tracing::warn!(member = %member.member_id, "consumer did not stop in time");
             }
+        }
+    }
+}
+
+/// Keeps a group's shard count equal to its stream's: the shard count belongs to the stream (its topology
+/// record), so when the stream is resized every group reading it must follow, or entries routed to new
+/// shards would never be read. Every process runs one of these per group it reads; the command is
+/// idempotent, so racing processes agree.
+async fn follow_topology(
+    mut conn: ConnectionManager,
+    mut store: GroupStore,
+    stream: String,
+    group: String,
+    period: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+        let topology = match Topology::load(&mut conn, &stream).await {
+            Ok(topology) => topology,
+            Err(error) => {
+                tracing::warn!(%stream, %error, "cannot read the stream's topology");
+                continue;
+            }
+        };
+        let current = match store.load().await {
+            Ok((_, coordinator)) => coordinator.metadata().shard_count,
+            Err(error) => {
+                tracing::warn!(%stream, %group, %error, "cannot read the group's metadata");
+                continue;
+            }
+        };
+        if current == topology.shard_count() {
+            continue;
+        }
+        tracing::info!(%stream, %group, from = current, to = topology.shard_count(), "stream resized: following");
+        if let Err(error) =
+            Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await
+        {
+            tracing::warn!(%stream, %group, %error, "cannot create the group on the new shards");
+            continue;
+        }
+        match store
+            .command(AdminCommand::SetShardCount(topology.shard_count()))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%stream, %group, %error, "shard count change refused"),
+            Err(error) => tracing::warn!(%stream, %group, %error, "shard count change failed"),
         }
     }
 }

@@ -69,6 +69,23 @@ pub enum TopologyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A shrink would strand entries that some group has not consumed yet.
+    #[error(
+        "cannot shrink stream `{prefix}`: group `{group}` has not consumed shard stream `{stream}` \
+         ({lag} unread, {pending} pending); drain it first"
+    )]
+    ShrinkWouldStrand {
+        /// The stream prefix.
+        prefix: String,
+        /// The shard stream that would be removed.
+        stream: String,
+        /// A group that still has work in it.
+        group: String,
+        /// Entries the group has not read (or an unknown lag, reported as `u64::MAX`).
+        lag: u64,
+        /// Entries the group read but did not acknowledge.
+        pending: u64,
+    },
     /// A Redis command failed.
     #[error("redis error: {0}")]
     Redis(#[from] RedisError),
@@ -271,6 +288,23 @@ impl Topology {
         if current.shard_count == shard_count {
             return Ok(current);
         }
+        // Shrinking must not strand a backlog: every group must have read and acknowledged everything in
+        // the shards that go away. (Producers that have not refreshed their topology yet may still write
+        // there for up to their refresh interval: stop or refresh them first.)
+        for index in shard_count..current.shard_count {
+            let stream = current.stream_key(index);
+            for (group, lag, pending) in group_backlogs(conn, &stream).await? {
+                if lag != 0 || pending != 0 {
+                    return Err(TopologyError::ShrinkWouldStrand {
+                        prefix: prefix.to_string(),
+                        stream,
+                        group,
+                        lag,
+                        pending,
+                    });
+                }
+            }
+        }
         let target = Topology {
             shard_count,
             ..current.clone()
@@ -413,6 +447,37 @@ where
                 .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
         })
         .filter(|name| name != BOOTSTRAP_GROUP)
+        .collect())
+}
+
+/// `(group, lag, pending)` of every consumer group of `stream`; an unknown lag (nil) counts as `u64::MAX`.
+async fn group_backlogs<C>(
+    conn: &mut C,
+    stream: &str,
+) -> Result<Vec<(String, u64, u64)>, TopologyError>
+where
+    C: ConnectionLike + Send,
+{
+    let exists: bool = redis::cmd("EXISTS").arg(stream).query_async(conn).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(conn)
+        .await?;
+    let number = |g: &std::collections::HashMap<String, Value>, field: &str| {
+        g.get(field)
+            .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
+            .unwrap_or(u64::MAX)
+    };
+    Ok(groups
+        .iter()
+        .filter_map(|g| {
+            let name = redis::from_redis_value::<String>(g.get("name")?.clone()).ok()?;
+            (name != BOOTSTRAP_GROUP).then(|| (name, number(g, "lag"), number(g, "pending")))
+        })
         .collect())
 }
 

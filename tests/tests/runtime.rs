@@ -242,3 +242,79 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
         "nothing left pending"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_entries() {
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "grown", 4, 10, 10).await;
+    let member = ConsumerBuilder::new("grown", "g")
+        .member_id("solo")
+        .handler(|msg: Message<Order>| async move {
+            SEEN.lock()
+                .unwrap()
+                .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
+            Ok::<(), String>(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(member)
+        .start()
+        .await
+        .unwrap();
+    wait_until("the first 100", Duration::from_secs(30), || {
+        SEEN.lock().unwrap().len() == 100
+    })
+    .await;
+    let mut conn = connect(&url).await;
+    Topology::resize(&mut conn, "grown", 8).await.unwrap();
+    // A fresh producer routes over 8 shards; the group must follow or half of these are never read.
+    let producer = Producer::new(conn.clone(), "grown").await.unwrap();
+    let batch: Vec<(String, Order)> = (0..100)
+        .map(|i| {
+            (
+                format!("n{i}"),
+                Order {
+                    key: format!("n{i}"),
+                    seq: 0,
+                },
+            )
+        })
+        .collect();
+    let receipts = producer.send_batch(&batch).await.unwrap();
+    assert!(
+        receipts.iter().any(|r| r.shard >= 4),
+        "some keys moved to the new shards"
+    );
+    wait_until("every order handled", Duration::from_secs(30), || {
+        SEEN.lock().unwrap().len() == 200
+    })
+    .await;
+    assert_eq!(projection(&url, "grown", "g").await.shard_count, 8);
+    runtime.shutdown().await;
+
+    // With nobody reading, entries in shards that a shrink would remove block the shrink.
+    let stranded: Vec<(String, Order)> = (0..50)
+        .map(|i| {
+            (
+                format!("s{i}"),
+                Order {
+                    key: format!("s{i}"),
+                    seq: 0,
+                },
+            )
+        })
+        .collect();
+    producer.send_batch(&stranded).await.unwrap();
+    let err = Topology::resize(&mut conn, "grown", 4).await.unwrap_err();
+    assert!(err.to_string().contains("cannot shrink"), "{err}");
+    assert_eq!(
+        Topology::load(&mut conn, "grown")
+            .await
+            .unwrap()
+            .shard_count(),
+        8
+    );
+}
