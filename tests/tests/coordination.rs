@@ -437,3 +437,45 @@ async fn graceful_shutdown_leaves_the_group() {
     assert!(ledger.lock().unwrap().overlaps.is_empty());
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_writes_nothing_and_leaves_nothing_behind_in_the_cache() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "broken", 4).await;
+    let audit = s.keys().audit.clone();
+    // Someone put a string where the audit stream belongs: the commit must refuse before writing.
+    let _: () = redis::cmd("SET")
+        .arg(&audit)
+        .arg("not a stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = s
+        .heartbeat(&session("a").heartbeat(0, 1))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&audit),
+        "the error names the key: {err}"
+    );
+    let meta: Option<String> = redis::cmd("GET")
+        .arg(&s.keys().meta)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(meta, None, "nothing was written");
+    // Once repaired, the next input starts from Redis, not from the refused join.
+    let _: () = redis::cmd("DEL")
+        .arg(&audit)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut b = session("b");
+    let r = s.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
+    assert!(r.status.is_accepted());
+    let (revision, coordinator) = s.load().await.unwrap();
+    assert_eq!(revision, 1);
+    let members: Vec<&String> = coordinator.metadata().members.keys().collect();
+    assert_eq!(members, ["b"]);
+}

@@ -7,6 +7,14 @@
 --       n removed, memberId*n
 --       n events, event*n
 -- Returns {1, now, new revision} or {0, now} on conflict.
+-- Refuse before writing anything: Redis does not roll back a script that fails half-way.
+local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[5], 'string'}}
+for _, pair in ipairs(expected) do
+  local kind = redis.call('TYPE', pair[1])['ok']
+  if kind ~= 'none' and kind ~= pair[2] then
+    return redis.error_reply('WRONGTYPE key ' .. pair[1] .. ' holds a ' .. kind .. ', expected a ' .. pair[2])
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return {0, now} end

@@ -221,23 +221,22 @@ impl GroupStore {
                 self.reload().await?;
             }
             let now = self.now();
-            let snapshot = self.cache.as_mut().expect("loaded above");
+            // The snapshot leaves the cache while the write is in flight and comes back only once Redis
+            // accepted it: a failed, refused or abandoned (dropped future) write can never leave an
+            // uncommitted state in the cache for the next input to build on.
+            let mut snapshot = self.cache.take().expect("loaded above");
             let outcome = input(&mut snapshot.coordinator, now);
-            match outcome.change {
-                Change::None => return Ok(outcome.response),
+            let written = match outcome.change {
+                Change::None => true,
                 Change::Lease => {
-                    if self
-                        .renew(sender.expect("only heartbeats renew leases"))
-                        .await?
-                    {
-                        return Ok(outcome.response);
-                    }
+                    let member = sender.expect("only heartbeats renew leases");
+                    self.renew(&mut snapshot, member).await?
                 }
-                Change::Metadata => {
-                    if self.commit(now, &outcome).await? {
-                        return Ok(outcome.response);
-                    }
-                }
+                Change::Metadata => self.commit(&mut snapshot, now, &outcome).await?,
+            };
+            if written {
+                self.cache = Some(snapshot);
+                return Ok(outcome.response);
             }
         }
         self.cache = None;
@@ -283,8 +282,7 @@ impl GroupStore {
         Ok(())
     }
 
-    async fn renew(&mut self, member: &str) -> Result<bool, StoreError> {
-        let snapshot = self.cache.as_ref().expect("loaded");
+    async fn renew(&mut self, snapshot: &mut Snapshot, member: &str) -> Result<bool, StoreError> {
         let timer = snapshot.coordinator.next_timer().unwrap_or(-1);
         let session = snapshot.coordinator.metadata().config.session_timeout_ms;
         let reply: Vec<i64> = self
@@ -299,9 +297,7 @@ impl GroupStore {
             .invoke_async(&mut self.conn)
             .await?;
         self.observe_time(reply[1]);
-        let snapshot = self.cache.as_mut().expect("loaded");
         if reply[0] != 1 {
-            self.cache = None;
             return Ok(false);
         }
         // Every lease is at least the smallest one in Redis: good enough to know nobody expired yet.
@@ -310,8 +306,12 @@ impl GroupStore {
         Ok(true)
     }
 
-    async fn commit<R>(&mut self, now: i64, outcome: &Outcome<R>) -> Result<bool, StoreError> {
-        let snapshot = self.cache.as_ref().expect("loaded");
+    async fn commit<R>(
+        &mut self,
+        snapshot: &mut Snapshot,
+        now: i64,
+        outcome: &Outcome<R>,
+    ) -> Result<bool, StoreError> {
         let meta = snapshot.coordinator.metadata();
         let mut invocation = self.scripts.commit.prepare_invoke();
         invocation
@@ -373,10 +373,9 @@ impl GroupStore {
         let reply: Vec<i64> = invocation.invoke_async(&mut self.conn).await?;
         self.observe_time(reply[1]);
         if reply[0] != 1 {
-            self.cache = None;
             return Ok(false);
         }
-        self.cache.as_mut().expect("loaded").revision = reply[2];
+        snapshot.revision = reply[2];
         Ok(true)
     }
 }
