@@ -1,0 +1,8 @@
+//! One module per command; each command is one small function that returns the text to print.
+
+pub mod admin;
+pub mod audit;
+pub mod dead_letters;
+pub mod reshard;
+pub mod shards;
+pub mod status;

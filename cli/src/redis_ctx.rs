@@ -1,0 +1,140 @@
+//! The connection every command uses, and the Redis reads the library has no call for.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Value;
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::store::{GroupKeys, GroupStore};
+
+use crate::error::CliError;
+
+/// A connection to the Redis the group lives in.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The connection (cheap to clone).
+    pub conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx").finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    /// Connects, failing fast when Redis is unreachable.
+    pub async fn connect(url: &str) -> Result<Self, CliError> {
+        let connect_error = |source| CliError::Connect {
+            url: url.to_string(),
+            source,
+        };
+        let client = redis::Client::open(url).map_err(connect_error)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(connect_error)?;
+        Ok(Self { conn })
+    }
+
+    /// Redis time in milliseconds: the clock leases are measured with.
+    pub async fn now_ms(&mut self) -> Result<i64, CliError> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// A store handle on an existing group; [`CliError::UnknownGroup`] if it has no metadata (the store
+    /// would otherwise create the group on its first write).
+    pub async fn existing_group(
+        &mut self,
+        stream: &str,
+        group: &str,
+    ) -> Result<GroupStore, CliError> {
+        // Validates the names before they become keys.
+        let store = GroupStore::new(self.conn.clone(), stream, group, 1, GroupConfig::default())?;
+        let key = GroupKeys::new(stream, group).meta;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut self.conn)
+            .await?;
+        if !exists {
+            return Err(CliError::UnknownGroup {
+                stream: stream.to_string(),
+                group: group.to_string(),
+                key,
+            });
+        }
+        Ok(store)
+    }
+
+    /// Whether `key` exists.
+    pub async fn exists(&mut self, key: &str) -> Result<bool, CliError> {
+        Ok(redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await?)
+    }
+
+    /// `XINFO GROUPS key`, one map per consumer group (empty if the stream does not exist).
+    pub async fn consumer_groups(&mut self, key: &str) -> Result<Vec<ConsumerGroupInfo>, CliError> {
+        if !self.exists(key).await? {
+            return Ok(Vec::new());
+        }
+        let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(groups.iter().map(ConsumerGroupInfo::from_fields).collect())
+    }
+
+    /// `XLEN key`.
+    pub async fn stream_len(&mut self, key: &str) -> Result<u64, CliError> {
+        Ok(redis::cmd("XLEN")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await?)
+    }
+}
+
+/// One consumer group of one shard stream, from `XINFO GROUPS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerGroupInfo {
+    /// Group name.
+    pub name: String,
+    /// Entries delivered and not acknowledged.
+    pub pending: Option<u64>,
+    /// Entries not delivered yet (nil when Redis cannot tell).
+    pub lag: Option<u64>,
+    /// Last id delivered to the group.
+    pub last_delivered_id: Option<String>,
+}
+
+impl ConsumerGroupInfo {
+    fn from_fields(fields: &HashMap<String, Value>) -> Self {
+        let text = |name: &str| fields.get(name).and_then(value_text);
+        Self {
+            name: text("name").unwrap_or_default(),
+            pending: text("pending").and_then(|v| v.parse().ok()),
+            lag: text("lag").and_then(|v| v.parse().ok()),
+            last_delivered_id: text("last-delivered-id"),
+        }
+    }
+}
+
+/// A scalar reply as text; `None` for nil and aggregates.
+pub fn value_text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Double(d) => Some(d.to_string()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::BigNumber(n) => Some(String::from_utf8_lossy(n).into_owned()),
+        _ => None,
+    }
+}
