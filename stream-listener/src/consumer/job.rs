@@ -1,8 +1,22 @@
 //! One turn of one shard on a worker: fetch a batch (claim or read), run the handler on each entry in
 //! order, then acknowledge / dead-letter the batch.
+//!
+//! # Order across a resize
+//!
+//! Before an entry is handled, its key is placed with [`Topology::placement`](crate::topology::Topology::placement)
+//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`](super::ops::LAYOUT_REFRESH), and
+//! at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
+//! that moved here with the last resize waits until the group has consumed the key's old shard below
+//! `min(entry id, cut)`. Until then the job stops at that entry (later entries of the shard wait too, so
+//! per-key order holds within the shard), acknowledges what it finished, and hands the rest of the batch
+//! back to the scheduler, which retries the shard after a short delay, starting with those entries. They
+//! stay pending in Redis under this consumer, so a revoke or crash hands them to the next owner as usual;
+//! they are kept in memory rather than re-claimed so that waiting does not raise their delivery count
+//! (every `XAUTOCLAIM` adds one, and enough of them would dead-letter an entry that never failed).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
@@ -11,7 +25,8 @@ use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, Lease};
-use super::ops::{Entry, Shared};
+use super::ops::{Entry, Layout, Shared, HOLD_RETRY};
+use crate::topology::Placement;
 
 /// Where a shard's reads are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +54,8 @@ pub(crate) struct JobSpec {
     pub(crate) conn: Option<MultiplexedConnection>,
     /// Shards ready but waiting for a free worker (kept by the scheduler).
     pub(crate) waiting: Arc<AtomicUsize>,
+    /// Entries an earlier job held back (a moved key waiting for its old shard): handled first.
+    pub(crate) held: Vec<Entry>,
 }
 
 /// What came of a job.
@@ -52,6 +69,10 @@ pub(crate) struct JobOutcome {
     pub(crate) left_pending: usize,
     pub(crate) error: Option<RedisError>,
     pub(crate) conn: Option<MultiplexedConnection>,
+    /// Entries held back, in order, from the first one whose key waits for its old shard.
+    pub(crate) held: Vec<Entry>,
+    /// Set with `held`: when to try the shard again.
+    pub(crate) hold_for: Option<Duration>,
 }
 
 /// The fate of one entry.
@@ -77,9 +98,12 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
     // Acks of the previous batch, to go out in one pipeline with the next read.
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
+    let mut refreshed = false;
     loop {
         turns += 1;
-        let fetched = if carried.is_empty() {
+        let fetched = if !spec.held.is_empty() {
+            Ok((std::mem::take(&mut spec.held), spec.phase.clone()))
+        } else if carried.is_empty() {
             fetch(&shared, &mut spec).await
         } else {
             let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
@@ -88,7 +112,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 .await
                 .map(|entries| (entries, Phase::Live))
         };
-        let (entries, next_phase) = match fetched {
+        let (mut entries, next_phase) = match fetched {
             Ok(fetched) => fetched,
             Err(error) => {
                 outcome.error = Some(error);
@@ -119,9 +143,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
         let mut last_done: Option<&str> = None;
         let mut stopped = false;
-        for entry in &entries {
+        let mut hold: Option<(usize, Duration)> = None;
+        for (index, entry) in entries.iter().enumerate() {
             if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
                 stopped = true;
+                break;
+            }
+            if let Some(delay) = gate(&shared, spec.shard, &mut refreshed, entry).await {
+                tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
+                hold = Some((index, delay));
                 break;
             }
             let fate = handle(&shared, &spec, entry).await;
@@ -146,6 +176,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         // Keep the shard while it is busy and no other shard waits for a worker: saves the hand-back and
         // lets the acks ride along with the next read.
         let keep = !stopped
+            && hold.is_none()
             && letters.is_empty()
             && next_phase == Phase::Live
             && entries.len() >= shared.config.batch_size
@@ -163,7 +194,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         }
 
         outcome.conn = spec.conn.take();
-        if let Err(error) = finish(&shared, &spec, &acks, &letters).await {
+        let finished = finish(&shared, &spec, &acks, &letters).await;
+        let last_done = last_done.map(str::to_owned);
+        if let Err(error) = finished {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
@@ -173,10 +206,53 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             return outcome;
         }
         if let Some(last) = last_done {
-            outcome.last_acked = Some(last.to_owned());
+            outcome.last_acked = Some(last);
+        }
+        if let Some((index, delay)) = hold {
+            outcome.held = entries.split_off(index);
+            outcome.hold_for = Some(delay);
         }
         outcome.next_phase = Some(spec.phase.clone());
         return outcome;
+    }
+}
+
+/// The order barrier of a resize: `None` if `entry` may be handled now, else how long to hold it (see the
+/// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
+/// entry is placed; `refreshed` limits forced re-reads to one per job.
+async fn gate(
+    shared: &Shared,
+    shard: u32,
+    refreshed: &mut bool,
+    entry: &Entry,
+) -> Option<Duration> {
+    let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
+        return None;
+    };
+    let mut layout: Option<Layout> = shared.layout(false).await;
+    loop {
+        let view = layout.as_ref()?;
+        match view.topology.placement(key, shard, entry_ms) {
+            Placement::Current | Placement::Previous => return None,
+            Placement::Misrouted => {
+                // Newer than our read: routed by a topology we have not seen yet. Re-read it once.
+                if *refreshed || entry_ms < view.read_ms {
+                    return None;
+                }
+                *refreshed = true;
+                layout = shared.layout(true).await;
+            }
+            Placement::Moved { from, before_ms } => {
+                let version = view.topology.version();
+                return match shared.old_shard_consumed(version, from, before_ms).await {
+                    Ok(wait) => wait,
+                    Err(error) => {
+                        tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; holding");
+                        Some(HOLD_RETRY)
+                    }
+                };
+            }
+        }
     }
 }
 

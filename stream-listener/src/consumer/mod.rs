@@ -33,6 +33,12 @@
 //! running handler finish, acknowledges what is done (the rest of the batch stays pending for the next
 //! owner to claim), then reports [`ShardReport::Revoked`]. On [`ShardCommand::Fence`] it aborts everything
 //! at once and acknowledges nothing more.
+//!
+//! # Order across a resize
+//!
+//! After [`Topology::resize`](crate::topology::Topology::resize), an entry of a key that moved to another
+//! shard waits until the group has consumed the key's old shard up to the resize's cut; the shard's job
+//! stops at it and the scheduler retries the shard shortly after (see the `job` module).
 
 mod config;
 mod job;
@@ -58,7 +64,7 @@ use crate::member::lifecycle::{FencingToken, ShardCommand, ShardReport};
 
 use job::{JobOutcome, JobSpec, Phase};
 use message::Lease;
-use ops::Shared;
+use ops::{Entry, Shared};
 
 /// Why a consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +185,8 @@ struct ShardState {
     last_acked: Option<String>,
     pending: u64,
     dirty: bool,
+    /// Entries a job held back (a moved key waiting for its old shard after a resize), for the next job.
+    held: Vec<Entry>,
 }
 
 struct JobMeta {
@@ -330,6 +338,7 @@ impl Scheduler {
                 last_acked: None,
                 pending: 0,
                 dirty: true,
+                held: Vec::new(),
             },
         );
         if !waiting {
@@ -443,6 +452,7 @@ impl Scheduler {
                 in_flight: state.in_flight.clone(),
                 conn: if block { self.slots[slot].take() } else { None },
                 waiting: self.waiting.clone(),
+                held: std::mem::take(&mut state.held),
             };
             let generation = state.generation;
             let abort = jobs.spawn(job::run(self.shared.clone(), spec));
@@ -499,7 +509,8 @@ impl Scheduler {
             state.last_acked = Some(acked);
             state.dirty = true;
         }
-        state.pending = outcome.left_pending as u64;
+        state.held = std::mem::take(&mut outcome.held);
+        state.pending = (outcome.left_pending + state.held.len()) as u64;
         if state.mode == Mode::Revoking {
             self.finish_revoke(shard);
             return;
@@ -520,6 +531,12 @@ impl Scheduler {
             return;
         }
         state.error_backoff = Duration::ZERO;
+        if let Some(delay) = outcome.hold_for {
+            // A moved key waits for its old shard: try again later, starting with the held entries.
+            self.delayed
+                .push((Instant::now() + delay, shard, state.generation));
+            return;
+        }
         if outcome.fetched > 0 || meta.block {
             // Data found, or a blocking read just waited: poll the whole rotation again before blocking.
             self.idle_streak = 0;

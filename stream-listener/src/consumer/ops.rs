@@ -1,13 +1,42 @@
 //! The Redis side of consumption: connections, reply parsing, reads, claims, acks, dead letters, cleanup.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, RedisResult, Script, Value};
 
 use super::config::{AckPolicy, ConsumerConfig};
 use super::message::BoxedHandler;
+use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
+
+/// How old the cached topology may get before a job re-reads it. It must stay below the smallest grace
+/// period of a resize ([`crate::topology::DEFAULT_RESIZE_GRACE`] is 2 s): a second resize waits for the
+/// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
+/// moved-key rule detects (see [`Topology::placement`]).
+pub(crate) const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
+/// Retry delay of a shard held behind a moved key whose old shard is not consumed yet.
+pub(crate) const HOLD_RETRY: Duration = Duration::from_millis(50);
+
+/// The stream's topology as this consumer last read it.
+#[derive(Clone)]
+pub(crate) struct Layout {
+    pub(crate) topology: Arc<Topology>,
+    /// Redis time (ms) taken just before the read: any entry with an older id was written by a producer
+    /// whose topology was at most this one.
+    pub(crate) read_ms: u64,
+}
+
+#[derive(Default)]
+struct LayoutCache {
+    /// `None`: not read yet, or the stream has no topology record (then no order barrier applies).
+    view: Option<Layout>,
+    read_at: Option<Instant>,
+    /// Old shard -> bound (ms) below which the group is known to have consumed it, for `view`'s version.
+    /// Consumption below a bound never goes back, so this only grows.
+    consumed: HashMap<u32, u64>,
+}
 
 /// Field of an entry holding the partition key (written by the producer).
 pub const KEY_FIELD: &str = "k";
@@ -154,6 +183,7 @@ pub(crate) struct Shared {
     pub(crate) dead_letter_key: String,
     ack_delete_script: Script,
     cleanup_script: Script,
+    layout: Mutex<LayoutCache>,
 }
 
 impl Shared {
@@ -185,7 +215,109 @@ impl Shared {
             handler,
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
             cleanup_script: Script::new(CLEANUP_SCRIPT),
+            layout: Mutex::new(LayoutCache::default()),
         })
+    }
+
+    fn layout_cache(&self) -> std::sync::MutexGuard<'_, LayoutCache> {
+        // Plain data: a panic elsewhere cannot leave it half-updated.
+        self.layout
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stream's topology, re-read when older than [`LAYOUT_REFRESH`] or when `force` is set. `None`
+    /// when the stream has no topology record. A failed read keeps the last one (and is logged).
+    pub(crate) async fn layout(&self, force: bool) -> Option<Layout> {
+        {
+            let cache = self.layout_cache();
+            if !force
+                && cache
+                    .read_at
+                    .is_some_and(|at| at.elapsed() < LAYOUT_REFRESH)
+            {
+                return cache.view.clone();
+            }
+        }
+        let mut conn = self.conn.clone();
+        let read = async {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            let topology = Topology::load(&mut conn, &self.config.stream_prefix).await;
+            Ok::<_, redis::RedisError>((secs * 1000 + micros / 1000, topology))
+        }
+        .await;
+        let mut cache = self.layout_cache();
+        cache.read_at = Some(Instant::now());
+        match read {
+            Ok((read_ms, Ok(topology))) => {
+                let version = cache.view.as_ref().map(|l| l.topology.version());
+                if version != Some(topology.version()) {
+                    cache.consumed.clear();
+                }
+                cache.view = Some(Layout {
+                    topology: Arc::new(topology),
+                    read_ms,
+                });
+            }
+            Ok((_, Err(TopologyError::Missing { .. }))) => cache.view = None,
+            Ok((_, Err(error))) => {
+                tracing::warn!(stream = %self.config.stream_prefix, %error, "cannot read the stream's topology")
+            }
+            Err(error) => {
+                tracing::warn!(stream = %self.config.stream_prefix, %error, "cannot read the stream's topology")
+            }
+        }
+        cache.view.clone()
+    }
+
+    /// Whether the group consumed old shard `from` below `before_ms` (see
+    /// [`crate::topology::consumed_before`]): `None` if so, else how long to hold the entry waiting on it.
+    /// Positive answers are cached for the topology `version`.
+    pub(crate) async fn old_shard_consumed(
+        &self,
+        version: u64,
+        from: u32,
+        before_ms: u64,
+    ) -> Result<Option<Duration>, TopologyError> {
+        let cached = |cache: &LayoutCache| {
+            cache
+                .view
+                .as_ref()
+                .is_some_and(|l| l.topology.version() == version)
+        };
+        {
+            let cache = self.layout_cache();
+            if cached(&cache) && cache.consumed.get(&from).is_some_and(|&b| b >= before_ms) {
+                return Ok(None);
+            }
+        }
+        let stream = self.config.shard_key(from);
+        let answer = consumed_before(
+            &mut self.conn.clone(),
+            &stream,
+            Some(&self.config.group),
+            before_ms,
+        )
+        .await?;
+        match answer {
+            ConsumedBefore::Yes => {
+                let mut cache = self.layout_cache();
+                if cached(&cache) {
+                    let bound = cache.consumed.entry(from).or_insert(0);
+                    *bound = (*bound).max(before_ms);
+                }
+                Ok(None)
+            }
+            // Old-layout entries may still be written: wait for the bound itself.
+            ConsumedBefore::No {
+                now_ms,
+                group: None,
+            } => Ok(Some(
+                Duration::from_millis(before_ms.saturating_sub(now_ms))
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            )),
+            ConsumedBefore::No { .. } => Ok(Some(HOLD_RETRY)),
+        }
     }
 
     /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
@@ -412,6 +544,16 @@ impl Entry {
             .iter()
             .find(|(n, _)| n.as_slice() == name.as_bytes())
             .map(|(_, v)| v.as_slice())
+    }
+
+    /// The partition key's bytes, if the entry has one.
+    pub(crate) fn raw_key(&self) -> Option<&[u8]> {
+        self.field(KEY_FIELD)
+    }
+
+    /// The millisecond part of the entry id.
+    pub(crate) fn id_ms(&self) -> Option<u64> {
+        self.id.split_once('-')?.0.parse().ok()
     }
 
     /// The partition key; empty when the producer wrote none.
