@@ -534,6 +534,23 @@ impl Topology {
         if current.shard_count == shard_count {
             return Ok(current);
         }
+        // Shrinking must not strand a backlog: every group must have read and acknowledged everything in
+        // the shards that go away. (Producers that have not refreshed their topology yet may still write
+        // there for up to their refresh interval: stop or refresh them first.)
+        for index in shard_count..current.shard_count {
+            let stream = current.stream_key(index);
+            for (group, lag, pending) in group_backlogs(conn, &stream).await? {
+                if lag != 0 || pending != 0 {
+                    return Err(TopologyError::ShrinkWouldStrand {
+                        prefix: prefix.to_string(),
+                        stream,
+                        group,
+                        lag,
+                        pending,
+                    });
+                }
+            }
+        }
         // Consumers only know the last migration: the previous one must be finished for every group.
         if let Some(migration) = current.migration {
             let cut_ms = migration.cut_ms();
@@ -549,23 +566,6 @@ impl Topology {
                             Some(group) => format!("group `{group}` has not consumed `{stream}`"),
                             None => "its grace period has not passed".to_owned(),
                         },
-                    });
-                }
-            }
-        }
-        // Shrinking must not strand a backlog: every group must have read and acknowledged everything in
-        // the shards that go away. (Producers that have not refreshed their topology yet may still write
-        // there for up to their refresh interval: stop or refresh them first.)
-        for index in shard_count..current.shard_count {
-            let stream = current.stream_key(index);
-            for (group, lag, pending) in group_backlogs(conn, &stream).await? {
-                if lag != 0 || pending != 0 {
-                    return Err(TopologyError::ShrinkWouldStrand {
-                        prefix: prefix.to_string(),
-                        stream,
-                        group,
-                        lag,
-                        pending,
                     });
                 }
             }
@@ -701,10 +701,12 @@ impl Topology {
                     grace_ms,
                 })
             }
-            _ => return Err(corrupt(format!(
+            _ => {
+                return Err(corrupt(format!(
                 "`{PREVIOUS_SHARD_COUNT_FIELD}`, `{RESIZED_AT_FIELD}` and `{GRACE_FIELD}` must be \
                      present together"
-            ))),
+            )))
+            }
         };
         Ok(Topology {
             prefix: prefix.to_string(),
