@@ -508,8 +508,10 @@ impl Topology {
     /// `grace` is how long producers may keep writing the old layout: at least the longest
     /// [`ProducerConfig::refresh_interval`](crate::producer::ProducerConfig::refresh_interval) of any
     /// producer of the stream, plus a margin for writes in flight (and clock skew between Redis Cluster
-    /// nodes). Consumers hold entries of moved keys until their old shard is consumed up to the cut,
-    /// `resize time + grace`, so a longer grace delays moved keys after a resize by that much.
+    /// nodes). Consumers hold an entry of a moved key until the group has consumed the key's old shard
+    /// below `min(entry id, cut)`, the cut being `resize time + grace` (see [`Topology::placement`]); a
+    /// longer grace delays the next resize (refused until the cut has passed and every group consumed the
+    /// old shards below it), not the moved keys.
     ///
     /// Before the record changes, the new shard streams are created and every consumer group found on shard
     /// 0 is created on each of them at `0`, so producers that pick up the new count find streams that all
