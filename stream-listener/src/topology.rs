@@ -577,7 +577,11 @@ impl Topology {
             ..current.clone()
         };
         target.create_streams(conn).await?;
-        let groups = group_names(conn, &current.stream_key(0)).await?;
+        let groups: Vec<String> = group_backlogs(conn, &current.stream_key(0))
+            .await?
+            .into_iter()
+            .map(|(group, _, _)| group)
+            .collect();
         for stream in target.stream_keys() {
             for group in &groups {
                 create_group(conn, &stream, group, StartFrom::Earliest.id()).await?;
@@ -742,30 +746,6 @@ where
         Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The names of the consumer groups of `stream` (`XINFO GROUPS`), empty if the stream does not exist.
-async fn group_names<C>(conn: &mut C, stream: &str) -> Result<Vec<String>, TopologyError>
-where
-    C: ConnectionLike + Send,
-{
-    let exists: bool = redis::cmd("EXISTS").arg(stream).query_async(conn).await?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await?;
-    Ok(groups
-        .into_iter()
-        .filter_map(|g| {
-            g.get("name")
-                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
-        })
-        .filter(|name| name != BOOTSTRAP_GROUP)
-        .collect())
 }
 
 /// `(group, lag, pending)` of every consumer group of `stream`; an unknown lag (nil) counts as `u64::MAX`.
