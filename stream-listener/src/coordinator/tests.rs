@@ -160,23 +160,27 @@ fn future_member_epoch_is_rejected() {
     assert_eq!(c, before);
 }
 
-#[test]
-fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
+/// a owned 4 shards; b joined and a has revoked 2 of them, so b was granted them (a new epoch for b).
+/// Returns the group, b's previous epoch, a's remaining shards, and the shards that moved.
+fn handed_over_to_b() -> (Coordinator, i64, Vec<u32>, Vec<u32>) {
     let mut c = group(4);
     let ea = join_and_settle(&mut c, "a", 0);
-    // b joins: a must revoke 2 shards; b gets them after a's REVOKED, which bumps b's epoch.
     let eb = join_and_settle(&mut c, "b", 0);
     let a_resp = c.heartbeat(&req("a", ea, "a1"), 10).response;
     let a_keeps = shards(&a_resp.assignment.assigned_shards);
     let gone: Vec<u32> = (0..4).filter(|s| !a_keeps.contains(s)).collect();
-    c.heartbeat(
-        &revoked(
-            owned(req("a", ea, "a2"), &a_keeps),
-            &gone,
-            RevokeState::Revoked,
-        ),
-        20,
+    let revoke = revoked(
+        owned(req("a", ea, "a2"), &a_keeps),
+        &gone,
+        RevokeState::Revoked,
     );
+    c.heartbeat(&revoke, 20);
+    (c, eb, a_keeps, gone)
+}
+
+#[test]
+fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
+    let (mut c, eb, _a_keeps, gone) = handed_over_to_b();
     // b's grant response is lost: b still sends its previous epoch, owning nothing new.
     let grant = member(&c, "b").member_epoch;
     assert!(grant > eb);
@@ -190,20 +194,7 @@ fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
 
 #[test]
 fn lost_response_previous_epoch_claiming_foreign_shard_is_fenced() {
-    let mut c = group(4);
-    let ea = join_and_settle(&mut c, "a", 0);
-    let eb = join_and_settle(&mut c, "b", 0);
-    let a_resp = c.heartbeat(&req("a", ea, "a1"), 10).response;
-    let a_keeps = shards(&a_resp.assignment.assigned_shards);
-    let gone: Vec<u32> = (0..4).filter(|s| !a_keeps.contains(s)).collect();
-    c.heartbeat(
-        &revoked(
-            owned(req("a", ea, "a2"), &a_keeps),
-            &gone,
-            RevokeState::Revoked,
-        ),
-        20,
-    );
+    let (mut c, eb, a_keeps, _gone) = handed_over_to_b();
     let out = c
         .heartbeat(&owned(req("b", eb, "b-lagging"), &[a_keeps[0]]), 30)
         .response;
