@@ -1,6 +1,7 @@
 //! A seeded, deterministic simulation of a group: the real coordinator core and the real member session
 //! state machine, virtual time, and a hostile world (joins, graceful leaves, crashes, pauses past the lease,
-//! lost, duplicated and late responses, slow drains, shard count changes). After every step it checks that
+//! lost, duplicated, late and slow responses, slow drains, shard count changes, the store losing the group's
+//! metadata). After every step it checks that
 //! no shard is readable by two members, that epochs and fencing tokens only grow, and that the core's own
 //! invariants hold; once the world calms down, that the group converges (every shard granted to a live
 //! member, max - min <= 1, all members STABLE).
@@ -10,10 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use stream_listener::coordinator::events::AuditEvent;
 use stream_listener::coordinator::metadata::{GroupConfig, MemberState};
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::coordinator::wire::HeartbeatResponse;
-use stream_listener::coordinator::{AdminCommand, Coordinator};
+use stream_listener::coordinator::{AdminCommand, Coordinator, Creation};
 use stream_listener::member::lifecycle::ShardCommand;
 use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
 
@@ -197,6 +199,18 @@ impl World {
                 self.coordinator
                     .command(AdminCommand::RollbackResharding, self.now);
             }
+            27 => {
+                // The store lost the snapshot (DEL, a failover): it recreates the group from nothing.
+                let meta = self.coordinator.metadata();
+                self.coordinator = Coordinator::create(
+                    "sim",
+                    meta.shard_count,
+                    meta.config,
+                    self.now,
+                    Creation::AfterLoss,
+                );
+                self.last_epochs = (0, 0, 0);
+            }
             _ => {}
         }
     }
@@ -239,7 +253,22 @@ impl World {
             }
             p.next_heartbeat = now + p.session.next_heartbeat_delay_ms();
             let request = p.session.heartbeat(now, 1);
-            let response = self.coordinator.heartbeat(&request, now).response;
+            let outcome = self.coordinator.heartbeat(&request, now);
+            // Every simulated member is honest: an ownership report that fences it is a coordinator bug
+            // (a duplicate REVOKED after a re-grant once did exactly that).
+            for event in &outcome.events {
+                if let AuditEvent::MemberFenced {
+                    member_id, reason, ..
+                } = event
+                {
+                    assert!(
+                        !reason.contains("claimed shard") && !reason.contains("reported shard"),
+                        "seed {}: at {now} honest member {member_id} was fenced: {reason}",
+                        self.seed
+                    );
+                }
+            }
+            let response = outcome.response;
             if response.status.is_accepted() && response.member_epoch > 0 {
                 let issued = self.issued.entry(id.clone()).or_default();
                 assert!(
@@ -249,7 +278,11 @@ impl World {
                 *issued = response.member_epoch;
             }
             match rng.below(1000) {
-                n if hostile && n < 50 => {} // lost
+                n if hostile && n < 30 => {} // lost
+                n if hostile && n < 50 => {
+                    // lost after a long wait (a response timeout, then backoff): the retry comes late
+                    p.next_heartbeat = now + rng.below(SESSION as u64 / 2) as i64;
+                }
                 n if hostile && n < 80 => {
                     // duplicated: the second copy must change nothing
                     let commands = p.session.on_response(&response);

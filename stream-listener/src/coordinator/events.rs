@@ -126,4 +126,12 @@ pub enum AuditEvent {
         /// Shard count after.
         to: u32,
     },
+    /// The store lost writes (or the whole group): no grant until every member of the lost state has
+    /// self-fenced.
+    MetadataLossDetected {
+        /// What showed it.
+        reason: String,
+        /// Grants resume at this store time.
+        grants_paused_until_ms: i64,
+    },
 }

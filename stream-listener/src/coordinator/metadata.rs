@@ -257,6 +257,15 @@ pub struct GroupMetadata {
     /// The last shard count change.
     #[serde(default)]
     pub resharding: Option<Resharding>,
+    /// No shard is granted before this store time (0: no such wait). Set when the metadata is created and
+    /// when a heartbeat shows that the store lost writes: a member of the lost state may still be reading
+    /// until its lease runs out, and nothing in the store remembers which shards it holds.
+    #[serde(default)]
+    pub grants_paused_until_ms: i64,
+    /// Store time at which this metadata was created. Member epochs issued since are at least
+    /// `created_at_ms * 1000`, so an epoch below that comes from a lost predecessor.
+    #[serde(default)]
+    pub created_at_ms: i64,
 }
 
 impl GroupMetadata {
@@ -275,6 +284,8 @@ impl GroupMetadata {
             holds: BTreeMap::new(),
             tombstones: Vec::new(),
             resharding: None,
+            grants_paused_until_ms: 0,
+            created_at_ms: 0,
         }
     }
 

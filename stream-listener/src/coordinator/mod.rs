@@ -55,6 +55,18 @@ pub struct Outcome<R> {
     pub events: Vec<AuditEvent>,
 }
 
+/// How the store found the group when it created its metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// No trace of the group in the store. It may still be a group whose keys were all lost (`FLUSHDB`, a
+    /// restart without persistence), so grants wait two heartbeat intervals: long enough for every live
+    /// member of a lost state to heartbeat and reveal it (see [`Coordinator::heartbeat`]).
+    Fresh,
+    /// The snapshot is missing but the store revision or leases exist: it was lost. Grants wait a whole
+    /// session timeout, until every member that may still be reading has self-fenced.
+    AfterLoss,
+}
+
 /// Operator commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminCommand {
@@ -148,6 +160,27 @@ impl Coordinator {
         }
     }
 
+    /// A new group created by the store at store time `now`. Unlike [`Coordinator::new`] it does not trust
+    /// the store to be the group's first: it pauses grants (see [`Creation`]) and starts member epochs at
+    /// `now * 1000`, above every epoch a lost predecessor issued, so fencing tokens never go backwards.
+    pub fn create(
+        group: impl Into<String>,
+        shard_count: u32,
+        config: GroupConfig,
+        now: i64,
+        creation: Creation,
+    ) -> Self {
+        let mut c = Self::new(group, shard_count, config);
+        c.meta.created_at_ms = now;
+        c.meta.last_member_epoch = epoch_floor(now);
+        let pause = match creation {
+            Creation::Fresh => (2 * config.heartbeat_interval_ms).min(config.session_timeout_ms),
+            Creation::AfterLoss => config.session_timeout_ms,
+        };
+        c.meta.grants_paused_until_ms = now + pause;
+        c
+    }
+
     /// Resumes from stored metadata.
     pub fn from_metadata(meta: GroupMetadata) -> Result<Self, MetadataError> {
         if meta.schema_version != SCHEMA_VERSION {
@@ -197,7 +230,9 @@ impl Coordinator {
             .values()
             .flat_map(|m| m.revoking.values().map(|r| r.deadline_ms));
         let holds = self.meta.holds.values().map(|h| h.until_ms);
-        revocations.chain(holds).min()
+        let pause =
+            (self.meta.grants_paused_until_ms > 0).then_some(self.meta.grants_paused_until_ms);
+        revocations.chain(holds).chain(pause).min()
     }
 
     /// Applies expiry, rebalance timeouts and fenced holds that are due at `now`.
@@ -270,6 +305,7 @@ impl Coordinator {
         if !is_well_formed(req) {
             return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
         }
+        self.detect_loss(req, now, cx);
         match req.member_epoch {
             LEAVE_EPOCH => self.leave(req, now, cx),
             JOIN_EPOCH => self.join(req, now, cx),
@@ -316,6 +352,54 @@ impl Coordinator {
         }
     }
 
+    /// A member that has seen metadata this store never wrote proves that the store lost writes: a metadata
+    /// version above the store's, an epoch above any issued, or (from a member the store does not know)
+    /// an epoch from before this metadata was created. Whatever that member, or any other member of the
+    /// lost state, was granted may still be read until its lease passes: grants pause for a session
+    /// timeout, and epochs and versions move above what was reported so they never go backwards.
+    fn detect_loss(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) {
+        let known = self.meta.members.contains_key(&req.member_id)
+            || self
+                .meta
+                .tombstones
+                .iter()
+                .any(|t| t.member_id == req.member_id);
+        let reason = if req.metadata_version > self.meta.metadata_version {
+            format!(
+                "{} reported metadata version {}, the store is at {}",
+                req.member_id, req.metadata_version, self.meta.metadata_version
+            )
+        } else if req.member_epoch > self.meta.last_member_epoch {
+            format!(
+                "{} reported member epoch {}, above any the store issued ({})",
+                req.member_id, req.member_epoch, self.meta.last_member_epoch
+            )
+        } else if !known
+            && req.member_epoch > 0
+            && req.member_epoch < epoch_floor(self.meta.created_at_ms)
+        {
+            format!(
+                "unknown member {} reported member epoch {}, issued before this metadata was created",
+                req.member_id, req.member_epoch
+            )
+        } else {
+            return;
+        };
+        let meta = &mut self.meta;
+        meta.metadata_version = meta.metadata_version.max(req.metadata_version);
+        meta.last_member_epoch = meta.last_member_epoch.max(req.member_epoch);
+        let until = now + meta.config.session_timeout_ms;
+        if until > meta.grants_paused_until_ms {
+            meta.grants_paused_until_ms = until;
+            cx.event(AuditEvent::MetadataLossDetected {
+                reason,
+                grants_paused_until_ms: until,
+            });
+        } else {
+            cx.changed = true;
+        }
+    }
+
     fn join(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
         let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
         if owns_something || !req.revoking_shards.is_empty() {
@@ -357,7 +441,7 @@ impl Coordinator {
                 previous_epoch = Some(tomb.member_epoch);
             }
         }
-        let epoch = self.next_member_epoch();
+        let epoch = self.next_member_epoch(now);
         if let Some(previous_epoch) = previous_epoch {
             let window = FLAP_WINDOW_SESSIONS * session;
             rejoins.retain(|&t| now - t < window);
@@ -457,6 +541,11 @@ impl Coordinator {
                 continue;
             }
             if member.assigned.contains(&shard) && !leaving {
+                // Rule 6 again: a REVOKED report sent before the shard was granted back (its response was
+                // lost and the member repeats it under its previous epoch) was accepted already.
+                if report.state == RevokeState::Revoked && req.member_epoch < member.member_epoch {
+                    continue;
+                }
                 // Rule 2: revoking shards must match shards removed from its assignment.
                 return Err(Violation::RevokingNotRemoved(shard));
             }
@@ -579,6 +668,10 @@ impl Coordinator {
     // ---- timers ----
 
     fn run_timers(&mut self, now: i64, cx: &mut Cx) {
+        if self.meta.grants_paused_until_ms > 0 && self.meta.grants_paused_until_ms <= now {
+            self.meta.grants_paused_until_ms = 0;
+            cx.changed = true;
+        }
         let expired: Vec<String> = self
             .meta
             .members
@@ -767,7 +860,7 @@ impl Coordinator {
                 });
             }
         }
-        self.grant(cx, sender);
+        self.grant(now, cx, sender);
         for (id, m) in self.meta.members.iter_mut() {
             if m.state == MemberState::Joining && m.is_reconciled() {
                 m.state = MemberState::Stable;
@@ -859,7 +952,10 @@ impl Coordinator {
     /// shards gets nothing new until it has finished (as Kafka's reconciliation does), so it is never more
     /// than one member epoch behind what it acted on. Each grant gives the member a fresh epoch, so fencing
     /// tokens of successive owners of a shard only grow.
-    fn grant(&mut self, cx: &mut Cx, sender: Option<&str>) {
+    fn grant(&mut self, now: i64, cx: &mut Cx, sender: Option<&str>) {
+        if now < self.meta.grants_paused_until_ms {
+            return;
+        }
         let mut held: BTreeSet<u32> = self.meta.holds.keys().copied().collect();
         for m in self.meta.members.values() {
             held.extend(m.held());
@@ -879,7 +975,7 @@ impl Coordinator {
             }
         }
         for (id, shards) in grants {
-            let epoch = self.next_member_epoch();
+            let epoch = self.next_member_epoch(now);
             let m = self.meta.members.get_mut(&id).expect("live member");
             m.assigned.extend(shards.iter().copied());
             m.member_epoch = epoch;
@@ -915,8 +1011,11 @@ impl Coordinator {
         }
     }
 
-    fn next_member_epoch(&mut self) -> i64 {
-        self.meta.last_member_epoch += 1;
+    /// Epochs are unique and increasing, and never below `now * 1000`: a group recreated after losing its
+    /// metadata issues epochs above its predecessor's (unless that one issued more than a thousand epochs
+    /// per millisecond on average, or the store's clock went back).
+    fn next_member_epoch(&mut self, now: i64) -> i64 {
+        self.meta.last_member_epoch = (self.meta.last_member_epoch + 1).max(epoch_floor(now));
         self.meta.last_member_epoch
     }
 
@@ -956,6 +1055,11 @@ impl Coordinator {
         }
         violations
     }
+}
+
+/// The lowest member epoch issued at store time `now`.
+fn epoch_floor(now: i64) -> i64 {
+    now.saturating_mul(1000)
 }
 
 /// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids.

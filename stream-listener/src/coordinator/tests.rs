@@ -154,10 +154,18 @@ fn stale_member_epoch_is_fenced_without_touching_the_live_member() {
 fn future_member_epoch_is_rejected() {
     let mut c = group(2);
     let e = join_and_settle(&mut c, "a", 0);
-    let before = c.clone();
+    let before = member(&c, "a").clone();
     let out = c.heartbeat(&owned(req("a", e + 1, "x"), &[0, 1]), 10);
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
-    assert_eq!(c, before);
+    // The live member is untouched; an epoch nobody issued is also evidence of lost writes.
+    assert_eq!(member(&c, "a"), &before);
+    assert!(loss_detected(&out.events));
+}
+
+fn loss_detected(events: &[AuditEvent]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MetadataLossDetected { .. }))
 }
 
 /// a owned 4 shards; b joined and a has revoked 2 of them, so b was granted them (a new epoch for b).
@@ -204,9 +212,142 @@ fn lost_response_previous_epoch_claiming_foreign_shard_is_fenced() {
 #[test]
 fn unknown_member_with_positive_epoch_gets_unknown_member_id() {
     let mut c = group(2);
-    let out = c.heartbeat(&req("ghost", 5, "x"), 0);
+    join_and_settle(&mut c, "a", 0);
+    let issued = c.metadata().last_member_epoch;
+    let out = c.heartbeat(&req("ghost", issued, "x"), 0);
     assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
     assert_eq!(out.change, Change::None);
+}
+
+// ---- duplicate REVOKED after a re-grant (issue: a healthy member was fenced) ----
+
+#[test]
+fn ownership_rule_6_duplicate_revoked_after_the_shard_was_granted_back_is_ignored() {
+    let mut c = group(2);
+    let ea = join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    let moving: Vec<u32> = member(&c, "a").revoking.keys().copied().collect();
+    let keep: Vec<u32> = member(&c, "a").assigned.iter().copied().collect();
+    let report = revoked(
+        owned(req("a", ea, "a1"), &keep),
+        &moving,
+        RevokeState::Revoked,
+    );
+    assert!(c.heartbeat(&report, 10).response.status.is_accepted());
+    // The response is lost. b expires, so the shard goes back to a at an epoch a has not seen yet.
+    c.tick(SESSION);
+    assert!(!c.metadata().members.contains_key("b"));
+    let regranted = member(&c, "a").member_epoch;
+    assert!(regranted > ea);
+    assert!(moving.iter().all(|s| member(&c, "a").assigned.contains(s)));
+    // a repeats its report under its previous epoch: a duplicate, not a violation.
+    let out = c.heartbeat(&report, SESSION + 5);
+    assert!(out.response.status.is_accepted(), "{:?}", out.events);
+    assert_eq!(out.response.member_epoch, regranted);
+    assert_eq!(shards(&out.response.assignment.assigned_shards), vec![0, 1]);
+    assert!(c.invariant_violations().is_empty());
+}
+
+// ---- recovery after the store lost metadata ----
+
+fn created(creation: Creation, now: i64) -> Coordinator {
+    let config = GroupConfig {
+        heartbeat_interval_ms: HB,
+        session_timeout_ms: SESSION,
+        rebalance_timeout_ms: REBALANCE,
+    };
+    Coordinator::create("g", 4, config, now, creation)
+}
+
+#[test]
+fn recovery_a_group_recreated_after_loss_grants_nothing_for_a_session_timeout() {
+    let t0 = 1_000_000;
+    let mut c = created(Creation::AfterLoss, t0);
+    let r = c.heartbeat(&req("a", 0, "a-join"), t0).response;
+    assert!(r.status.is_accepted());
+    assert!(r.assignment.assigned_shards.is_empty());
+    assert_eq!(r.assignment.pending_shards.len(), 4);
+    assert_eq!(c.next_timer(), Some(t0 + SESSION));
+    let before = c.heartbeat(
+        &owned(req("a", r.member_epoch, "a1"), &[]),
+        t0 + SESSION - 1,
+    );
+    assert!(before.response.assignment.assigned_shards.is_empty());
+    let after = c.heartbeat(&owned(req("a", r.member_epoch, "a2"), &[]), t0 + SESSION);
+    assert_eq!(after.response.assignment.assigned_shards.len(), 4);
+    assert_eq!(c.metadata().grants_paused_until_ms, 0);
+    assert_eq!(c.next_timer(), None);
+}
+
+#[test]
+fn recovery_a_fresh_group_waits_two_heartbeat_intervals_before_its_first_grant() {
+    let t0 = 1_000_000;
+    let mut c = created(Creation::Fresh, t0);
+    let r = c.heartbeat(&req("a", 0, "a-join"), t0).response;
+    assert!(r.assignment.assigned_shards.is_empty());
+    let out = c.heartbeat(&owned(req("a", r.member_epoch, "a1"), &[]), t0 + 2 * HB);
+    assert_eq!(out.response.assignment.assigned_shards.len(), 4);
+}
+
+#[test]
+fn recovery_epochs_of_a_recreated_group_are_above_its_predecessors() {
+    let mut old = created(Creation::Fresh, 1_000_000);
+    let t = 1_000_000 + 2 * HB;
+    let e_old = join_and_settle(&mut old, "a", t);
+    // Many epochs in one millisecond still stay below the next millisecond's floor.
+    for i in 0..50 {
+        join_and_settle(&mut old, &format!("m{i}"), t);
+    }
+    let last_old = old.metadata().last_member_epoch;
+    assert!(last_old > e_old);
+    let mut new = created(Creation::AfterLoss, t + 1);
+    let r = new.heartbeat(&req("b", 0, "b-join"), t + 1).response;
+    assert!(
+        r.member_epoch > last_old,
+        "{} <= {last_old}",
+        r.member_epoch
+    );
+}
+
+#[test]
+fn recovery_a_member_of_the_lost_state_reveals_the_loss_and_extends_the_pause() {
+    let t0 = 1_000_000;
+    let mut old = created(Creation::Fresh, t0);
+    let e = join_and_settle(&mut old, "a", t0 + 2 * HB);
+    let version = old.metadata().metadata_version;
+    // Everything was lost (FLUSHDB): the store sees no trace and creates a fresh group.
+    let t1 = t0 + 60_000;
+    let mut c = created(Creation::Fresh, t1);
+    let mut hb = owned(req("a", e, "a-old"), &[0, 1, 2, 3]);
+    hb.metadata_version = version;
+    let out = c.heartbeat(&hb, t1 + HB);
+    assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
+    assert!(loss_detected(&out.events));
+    assert_eq!(out.change, Change::Metadata);
+    assert_eq!(c.metadata().grants_paused_until_ms, t1 + HB + SESSION);
+    assert!(c.metadata().metadata_version > version);
+    // A new member that joins meanwhile gets nothing until a's lease has surely run out.
+    let r = c.heartbeat(&req("b", 0, "b-join"), t1 + 2 * HB).response;
+    let eb = r.member_epoch;
+    assert!(eb > e);
+    let early = c.heartbeat(&owned(req("b", eb, "b1"), &[]), t1 + HB + SESSION - 1);
+    assert!(early.response.assignment.assigned_shards.is_empty());
+    let late = c.heartbeat(&owned(req("b", eb, "b2"), &[]), t1 + HB + SESSION);
+    assert_eq!(late.response.assignment.assigned_shards.len(), 4);
+}
+
+#[test]
+fn recovery_a_metadata_version_the_store_never_wrote_pauses_grants() {
+    let mut c = group(2);
+    let e = join_and_settle(&mut c, "a", 0);
+    let mut hb = owned(req("a", e, "a-ahead"), &[0, 1]);
+    hb.metadata_version = c.metadata().metadata_version + 5;
+    let out = c.heartbeat(&hb, 100);
+    assert!(loss_detected(&out.events));
+    assert_eq!(c.metadata().grants_paused_until_ms, 100 + SESSION);
+    // The member itself keeps what it has: only new grants wait.
+    assert!(out.response.status.is_accepted());
+    assert_eq!(shards(&out.response.assignment.assigned_shards), vec![0, 1]);
 }
 
 #[test]
