@@ -59,6 +59,9 @@ fn session(id: &str) -> MemberSession {
 struct Ledger {
     readers: BTreeMap<u32, String>,
     overlaps: Vec<String>,
+    /// Highest fencing token (member epoch) granted per shard, and every grant that went below it.
+    tokens: BTreeMap<u32, i64>,
+    backwards: Vec<String>,
 }
 
 type SharedLedger = Arc<Mutex<Ledger>>;
@@ -91,7 +94,15 @@ async fn spawn_member(
         while let Some(command) = commands_rx.recv().await {
             let mut ledger = ledger.lock().unwrap();
             match command {
-                ShardCommand::Assign { shard, .. } => {
+                ShardCommand::Assign { shard, token } => {
+                    let epoch = token.member_epoch;
+                    if let Some(last) = ledger.tokens.insert(shard, epoch) {
+                        if last >= epoch {
+                            ledger.backwards.push(format!(
+                                "shard {shard}: token {epoch} to {member} after {last}"
+                            ));
+                        }
+                    }
                     if let Some(other) = ledger.readers.insert(shard, member.clone()) {
                         ledger.overlaps.push(format!(
                             "shard {shard} given to {member} while {other} reads it"
@@ -195,9 +206,16 @@ async fn silent_member_expires_and_its_shards_move_without_overlap() {
     let mut a = session("a");
     let start = Instant::now();
     let local = || start.elapsed().as_millis() as i64;
-    let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
-    let granted = a.on_response(&response);
-    assert_eq!(granted.len(), 4, "the first member gets everything");
+    // A new group grants nothing for two heartbeat intervals (members of a lost state would show up).
+    let grant_deadline = Instant::now() + Duration::from_secs(10);
+    let mut granted = 0;
+    while granted < 4 {
+        assert!(Instant::now() < grant_deadline, "a got nothing");
+        let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+        granted += a.on_response(&response).len();
+        tokio::time::sleep(Duration::from_millis(HB as u64 / 5)).await;
+    }
+    assert_eq!(a.owned().len(), 4, "the first member gets everything");
     let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
     a.on_response(&response);
     let a_valid_until = start + Duration::from_millis(a.valid_until() as u64);
@@ -303,7 +321,7 @@ async fn stale_snapshot_commit_is_rejected_and_nothing_is_lost() {
     let mut one = store(&redis.url(), "race", 4).await;
     let mut two = store(&redis.url(), "race", 4).await;
     // One reads the group, then two commits a join behind its back.
-    let (rev_before, _) = one.load().await.unwrap();
+    let (rev_before, before) = one.load().await.unwrap();
     let mut b = session("b");
     two.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
     // One applies a join on its stale snapshot: the compare-and-set refuses, it reloads and re-applies.
@@ -311,7 +329,12 @@ async fn stale_snapshot_commit_is_rejected_and_nothing_is_lost() {
     let response = one.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
     assert!(response.status.is_accepted());
     let (rev_after, coordinator) = two.load().await.unwrap();
-    assert_eq!(rev_after, rev_before + 2, "exactly two commits");
+    assert!(rev_after > rev_before);
+    assert_eq!(
+        coordinator.metadata().metadata_version,
+        before.metadata().metadata_version + 2,
+        "exactly two commits"
+    );
     let members: Vec<&String> = coordinator.metadata().members.keys().collect();
     assert_eq!(members, ["a", "b"], "neither join was overwritten");
     let mut conn = connect(&redis.url()).await;
@@ -500,7 +523,98 @@ async fn a_failed_commit_writes_nothing_and_leaves_nothing_behind_in_the_cache()
     let r = s.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
     assert!(r.status.is_accepted());
     let (revision, coordinator) = s.load().await.unwrap();
-    assert_eq!(revision, 1);
+    assert!(revision > 0);
+    assert_eq!(coordinator.metadata().metadata_version, 1, "one commit");
     let members: Vec<&String> = coordinator.metadata().members.keys().collect();
     assert_eq!(members, ["b"]);
+}
+
+/// Loses the group's metadata while four members own its shards, by `lose`, and checks that the group
+/// rebuilds itself without ever giving a shard to two members and without fencing tokens going back.
+async fn lose_metadata_while_owned(group: &str, lose: impl FnOnce(&GroupStore) -> redis::Cmd) {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let mut members = Vec::new();
+    for i in 0..4 {
+        members.push(spawn_member(&redis.url(), group, 8, &format!("m{i}"), ledger.clone()).await);
+    }
+    let mut observer = store(&redis.url(), group, 8).await;
+    wait_for(&mut observer, Duration::from_secs(20), converged(4, 8)).await;
+    let before: BTreeMap<u32, i64> = ledger.lock().unwrap().tokens.clone();
+    let mut conn = connect(&redis.url()).await;
+    let _: () = lose(&observer).query_async(&mut conn).await.unwrap();
+    // The members notice (unknown member ids), drop everything, rejoin, and get shards back only after
+    // every member of the lost state has surely stopped reading.
+    let regranted = |ledger: &Ledger| (0..8).all(|s| ledger.tokens.get(&s) > before.get(&s));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !regranted(&ledger.lock().unwrap()) {
+        assert!(Instant::now() < deadline, "shards were not granted again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&mut observer, Duration::from_secs(20), converged(4, 8)).await;
+    let ledger = ledger.lock().unwrap();
+    assert!(
+        ledger.overlaps.is_empty(),
+        "two owners: {:?}",
+        ledger.overlaps
+    );
+    assert!(
+        ledger.backwards.is_empty(),
+        "tokens went back: {:?}",
+        ledger.backwards
+    );
+    drop(ledger);
+    for m in &members {
+        assert_eq!(m.status.borrow().phase, Phase::Member);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_metadata_never_gives_a_shard_two_owners_nor_moves_tokens_back() {
+    lose_metadata_while_owned("lost", |s| {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(&s.keys().meta);
+        cmd
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_store_never_gives_a_shard_two_owners_nor_moves_tokens_back() {
+    lose_metadata_while_owned("flushed", |_| redis::cmd("FLUSHALL")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_refused_once_the_snapshot_is_gone() {
+    let redis = RedisServer::start();
+    let mut s = store(&redis.url(), "gone", 2).await;
+    let mut a = session("a");
+    let start = Instant::now();
+    let local = || start.elapsed().as_millis() as i64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.owned().len() < 2 {
+        assert!(Instant::now() < deadline);
+        let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+        a.on_response(&response);
+        tokio::time::sleep(Duration::from_millis(HB as u64 / 5)).await;
+    }
+    // Settled: the next heartbeat is a plain lease renewal.
+    for _ in 0..2 {
+        let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+        a.on_response(&response);
+    }
+    let mut conn = connect(&redis.url()).await;
+    let _: () = redis::cmd("DEL")
+        .arg(&s.keys().meta)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The revision and a's lease survived, but a steady heartbeat must not renew on lost metadata.
+    let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
+    assert_eq!(
+        response.status,
+        HeartbeatStatus::UnknownMemberId,
+        "{response:?}"
+    );
+    assert_eq!(a.on_response(&response), vec![ShardCommand::Fence]);
 }

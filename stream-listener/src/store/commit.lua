@@ -7,6 +7,8 @@
 --       n removed, memberId*n
 --       n events, event*n
 -- Returns {1, now, new revision} or {0, now} on conflict.
+-- The revision is max(previous + 1, now * 1000): it never repeats, even after the store lost the revision
+-- key or rolled back to an older one (a failover), so a process caching an old snapshot can never match it.
 -- Refuse before writing anything: Redis does not roll back a script that fails half-way.
 local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[5], 'string'}}
 for _, pair in ipairs(expected) do
@@ -27,7 +29,8 @@ for _ = 1, n do
   i = i + 2
 end
 redis.call('SET', KEYS[1], ARGV[3])
-local rev = redis.call('INCR', KEYS[2])
+local rev = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now * 1000)
+redis.call('SET', KEYS[2], string.format('%d', rev))
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('ZADD', KEYS[3], 'GT', ARGV[i + 1], ARGV[i])
@@ -40,7 +43,7 @@ for _ = 1, n do
 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[i], 'revision', rev, 'at', now)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[i], 'revision', string.format('%d', rev), 'at', now)
   i = i + 1
 end
 redis.call('SET', KEYS[5], ARGV[4])

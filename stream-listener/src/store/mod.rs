@@ -11,7 +11,18 @@
 //!   revision, moves leases, appends the audit events to a capped stream and writes the monitoring
 //!   projection, all or nothing. It refuses if the revision moved, if the core's `now` is ahead of Redis
 //!   time, or if a member the core removed renewed its lease meanwhile (its fenced hold would be too short).
+//! * **One writer at a time.** A process that must commit first takes the group's writer lock (a short
+//!   `SET NX PX`); processes that find it taken wait in Redis (`BLPOP` on a turn list that the holder pushes
+//!   to when it releases), in arrival order, instead of reloading and colliding. A join storm of `n`
+//!   members therefore costs `O(n)` loads and commits, not `O(n^2)`. The lock is for speed only: the
+//!   revision compare-and-set stays the safety guard, so a holder that paused past the lock's expiry is
+//!   refused at commit like any stale writer.
 //! * On any refusal the store reloads and applies the input again: bounded retries with jitter.
+//! * **Lost metadata.** A missing snapshot is never trusted to mean a new group: the store creates it with
+//!   [`Coordinator::create`], which pauses grants until members of a lost state have self-fenced
+//!   ([`Creation::AfterLoss`] when the revision or leases survived, [`Creation::Fresh`] otherwise), and
+//!   starts member epochs above any earlier ones. Revisions are `max(previous + 1, now * 1000)`, so they
+//!   never repeat after a loss or a rollback and a stale cache can never match them.
 //!
 //! Key layout (one Redis Cluster slot per group thanks to the hash tag): see [`GroupKeys`].
 
@@ -24,12 +35,16 @@ use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
 use crate::coordinator::projection::GroupProjection;
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
-use crate::coordinator::{AdminCommand, Change, CommandError, Coordinator, Outcome};
+use crate::coordinator::{AdminCommand, Change, CommandError, Coordinator, Creation, Outcome};
 
 /// Attempts of one input before giving up with [`StoreError::Contention`].
 const MAX_ATTEMPTS: u32 = 16;
 /// Audit entries kept (approximately).
 const AUDIT_MAX_LEN: u64 = 10_000;
+/// How long the writer lock lives if its holder never releases it (crashed or paused).
+const WRITER_LOCK_MS: u64 = 500;
+/// How long one wait for the writer lock blocks in Redis before trying again.
+const WRITER_WAIT_S: f64 = 0.05;
 
 /// The Redis keys of one group.
 ///
@@ -40,6 +55,8 @@ const AUDIT_MAX_LEN: u64 = 10_000;
 /// | `sl:{<stream>/<group>}:leases` | sorted set | memberId scored by lease deadline (Redis ms) |
 /// | `sl:{<stream>/<group>}:audit` | stream | audit events, capped at about 10,000 |
 /// | `sl:{<stream>/<group>}:projection` | string | the monitoring projection (JSON) |
+/// | `sl:{<stream>/<group>}:writer` | string | the writer lock (holder's token, expires after 500 ms) |
+/// | `sl:{<stream>/<group>}:turn` | list | wakes one waiting writer when the lock is released |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupKeys {
     /// Snapshot.
@@ -52,6 +69,10 @@ pub struct GroupKeys {
     pub audit: String,
     /// Monitoring projection.
     pub projection: String,
+    /// Writer lock.
+    pub writer: String,
+    /// Writer wake-ups.
+    pub turn: String,
 }
 
 impl GroupKeys {
@@ -64,6 +85,8 @@ impl GroupKeys {
             leases: format!("{base}:leases"),
             audit: format!("{base}:audit"),
             projection: format!("{base}:projection"),
+            writer: format!("{base}:writer"),
+            turn: format!("{base}:turn"),
         }
     }
 }
@@ -88,6 +111,79 @@ pub enum StoreError {
     /// A stream or group name that cannot be used in a key.
     #[error("invalid name {0:?}: must be non-empty and contain no '{{', '}}' or '/'")]
     InvalidName(String),
+    /// A script answered something this build does not understand (another version wrote the scripts?).
+    #[error("unexpected reply from {script}: {reply:?}")]
+    Reply {
+        /// The script.
+        script: &'static str,
+        /// What it answered.
+        reply: Vec<i64>,
+    },
+}
+
+/// What this process's stores did, summed over all of them (for benchmarks and monitoring).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Snapshots loaded.
+    pub loads: u64,
+    /// Bytes of snapshots loaded.
+    pub load_bytes: u64,
+    /// Commits accepted.
+    pub commits: u64,
+    /// Commits refused by the revision compare-and-set (or another check): the writer had to reload.
+    pub conflicts: u64,
+    /// Bytes sent in accepted commits (snapshot and projection).
+    pub commit_bytes: u64,
+    /// Lease renewals accepted.
+    pub renewals: u64,
+    /// Times a writer waited for the writer lock.
+    pub lock_waits: u64,
+}
+
+mod stats {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub(super) static LOADS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static LOAD_BYTES: AtomicU64 = AtomicU64::new(0);
+    pub(super) static COMMITS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static CONFLICTS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static COMMIT_BYTES: AtomicU64 = AtomicU64::new(0);
+    pub(super) static RENEWALS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static LOCK_WAITS: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// The process-wide [`StoreStats`] so far.
+pub fn stats() -> StoreStats {
+    use stats::*;
+    StoreStats {
+        loads: get(&LOADS),
+        load_bytes: get(&LOAD_BYTES),
+        commits: get(&COMMITS),
+        conflicts: get(&CONFLICTS),
+        commit_bytes: get(&COMMIT_BYTES),
+        renewals: get(&RENEWALS),
+        lock_waits: get(&LOCK_WAITS),
+    }
+}
+
+/// A script's `{ok, now, value?}` reply, decoded without indexing blindly.
+fn decode_reply(
+    script: &'static str,
+    reply: Vec<i64>,
+) -> Result<(bool, i64, Option<i64>), StoreError> {
+    match reply.as_slice() {
+        [1, now, value] => Ok((true, *now, Some(*value))),
+        [0, now] => Ok((false, *now, None)),
+        _ => Err(StoreError::Reply { script, reply }),
+    }
 }
 
 /// `load.lua`'s reply: snapshot (if any), store revision, leases, Redis time.
@@ -119,6 +215,7 @@ struct Scripts {
     load: Script,
     renew: Script,
     commit: Script,
+    release: Script,
 }
 
 impl GroupStore {
@@ -148,6 +245,7 @@ impl GroupStore {
                 load: Script::new(include_str!("load.lua")),
                 renew: Script::new(include_str!("renew.lua")),
                 commit: Script::new(include_str!("commit.lua")),
+                release: Script::new(include_str!("writer.lua")),
             },
         })
     }
@@ -210,37 +308,105 @@ impl GroupStore {
         mut input: impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
         sender: Option<&str>,
     ) -> Result<R, StoreError> {
-        for attempt in 0..MAX_ATTEMPTS {
-            if attempt > 0 {
-                self.cache = None;
-                // Jitter spreads processes that collided.
-                let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
-                tokio::time::sleep(Duration::from_millis(jitter)).await;
-            }
-            if self.cache.is_none() {
-                self.reload().await?;
-            }
-            let now = self.now();
-            // The snapshot leaves the cache while the write is in flight and comes back only once Redis
-            // accepted it: a failed, refused or abandoned (dropped future) write can never leave an
-            // uncommitted state in the cache for the next input to build on.
-            let mut snapshot = self.cache.take().expect("loaded above");
-            let outcome = input(&mut snapshot.coordinator, now);
-            let written = match outcome.change {
-                Change::None => true,
-                Change::Lease => {
-                    let member = sender.expect("only heartbeats renew leases");
-                    self.renew(&mut snapshot, member).await?
-                }
-                Change::Metadata => self.commit(&mut snapshot, now, &outcome).await?,
-            };
-            if written {
-                self.cache = Some(snapshot);
-                return Ok(outcome.response);
+        // The common case needs no lock: nothing to write, or only the sender's lease to renew.
+        if self.cache.is_some() {
+            if let Some(response) = self.attempt(&mut input, sender, false).await? {
+                return Ok(response);
             }
         }
-        self.cache = None;
-        Err(StoreError::Contention)
+        let token = self.lock().await?;
+        let result = async {
+            for attempt in 0..MAX_ATTEMPTS {
+                if attempt > 0 {
+                    // Someone wrote without the lock (it expired while we worked): spread out and retry.
+                    let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+                if let Some(response) = self.attempt(&mut input, sender, true).await? {
+                    return Ok(response);
+                }
+            }
+            Err(StoreError::Contention)
+        }
+        .await;
+        self.unlock(&token).await;
+        if result.is_err() {
+            self.cache = None;
+        }
+        result
+    }
+
+    /// Runs the input on the snapshot (reloaded first if `reload` or none is cached) and writes the
+    /// outcome. `None`: refused, the cache is dropped.
+    async fn attempt<R>(
+        &mut self,
+        input: &mut impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
+        sender: Option<&str>,
+        reload: bool,
+    ) -> Result<Option<R>, StoreError> {
+        if reload || self.cache.is_none() {
+            self.reload().await?;
+        }
+        let now = self.now();
+        // The snapshot leaves the cache while the write is in flight and comes back only once Redis
+        // accepted it: a failed, refused or abandoned (dropped future) write can never leave an
+        // uncommitted state in the cache for the next input to build on.
+        let mut snapshot = self.cache.take().expect("loaded above");
+        let outcome = input(&mut snapshot.coordinator, now);
+        let written = match outcome.change {
+            Change::None => true,
+            Change::Lease => {
+                let member = sender.expect("only heartbeats renew leases");
+                self.renew(&mut snapshot, member).await?
+            }
+            Change::Metadata => self.commit(&mut snapshot, now, &outcome).await?,
+        };
+        if !written {
+            return Ok(None);
+        }
+        self.cache = Some(snapshot);
+        Ok(Some(outcome.response))
+    }
+
+    /// Takes the writer lock, waiting in Redis for the holder to release it. Returns the token.
+    async fn lock(&mut self) -> Result<String, StoreError> {
+        let token = format!("{:x}", random_u64());
+        loop {
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&self.keys.writer)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(WRITER_LOCK_MS)
+                .query_async(&mut self.conn)
+                .await?;
+            if taken.is_some() {
+                return Ok(token);
+            }
+            stats::add(&stats::LOCK_WAITS, 1);
+            // Woken by the holder's release, or after a short while to try again (a holder that died).
+            let _: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(&self.keys.turn)
+                .arg(WRITER_WAIT_S)
+                .query_async(&mut self.conn)
+                .await?;
+        }
+    }
+
+    async fn unlock(&mut self, token: &str) {
+        let released: Result<i64, _> = self
+            .scripts
+            .release
+            .key(&self.keys.writer)
+            .key(&self.keys.turn)
+            .arg(token)
+            .arg(WRITER_LOCK_MS)
+            .invoke_async(&mut self.conn)
+            .await;
+        if let Err(error) = released {
+            // It expires by itself.
+            tracing::debug!(%error, "releasing the writer lock failed");
+        }
     }
 
     fn now(&self) -> i64 {
@@ -262,9 +428,29 @@ impl GroupStore {
             .invoke_async(&mut self.conn)
             .await?;
         self.observe_time(now);
+        stats::add(&stats::LOADS, 1);
+        stats::add(
+            &stats::LOAD_BYTES,
+            meta.as_ref().map_or(0, |m| m.len() as u64),
+        );
         let keys = &self.keys;
         let mut coordinator = match meta {
-            None => Coordinator::new(self.group.clone(), self.shard_count, self.config),
+            None => {
+                // Never trust a missing snapshot to mean a new group (see the module docs).
+                let creation = if revision > 0 || !leases.is_empty() {
+                    tracing::warn!(key = %keys.meta, revision, leases = leases.len(), "group metadata is missing but its revision or leases exist: it was lost; recreating it, with grants paused until every member of the lost state has self-fenced");
+                    Creation::AfterLoss
+                } else {
+                    Creation::Fresh
+                };
+                Coordinator::create(
+                    self.group.clone(),
+                    self.shard_count,
+                    self.config,
+                    now,
+                    creation,
+                )
+            }
             Some(bytes) => GroupMetadata::from_json(&bytes)
                 .and_then(Coordinator::from_metadata)
                 .map_err(|source| StoreError::Metadata {
@@ -290,19 +476,22 @@ impl GroupStore {
             .renew
             .key(&self.keys.rev)
             .key(&self.keys.leases)
+            .key(&self.keys.meta)
             .arg(snapshot.revision)
             .arg(member)
             .arg(session)
             .arg(timer)
             .invoke_async(&mut self.conn)
             .await?;
-        self.observe_time(reply[1]);
-        if reply[0] != 1 {
+        let (renewed, now, min_lease) = decode_reply("renew.lua", reply)?;
+        self.observe_time(now);
+        let Some(min_lease) = min_lease.filter(|_| renewed) else {
             return Ok(false);
-        }
+        };
+        stats::add(&stats::RENEWALS, 1);
         // Every lease is at least the smallest one in Redis: good enough to know nobody expired yet.
-        snapshot.coordinator.raise_leases(reply[2]);
-        snapshot.coordinator.set_lease(member, reply[1] + session);
+        snapshot.coordinator.raise_leases(min_lease);
+        snapshot.coordinator.set_lease(member, now + session);
         Ok(true)
     }
 
@@ -313,6 +502,10 @@ impl GroupStore {
         outcome: &Outcome<R>,
     ) -> Result<bool, StoreError> {
         let meta = snapshot.coordinator.metadata();
+        let meta_json = meta.to_json();
+        let projection = serde_json::to_vec(&snapshot.coordinator.projection(now))
+            .expect("projection serializes");
+        let bytes = (meta_json.len() + projection.len()) as u64;
         let mut invocation = self.scripts.commit.prepare_invoke();
         invocation
             .key(&self.keys.meta)
@@ -322,11 +515,8 @@ impl GroupStore {
             .key(&self.keys.projection)
             .arg(snapshot.revision)
             .arg(now)
-            .arg(meta.to_json())
-            .arg(
-                serde_json::to_vec(&snapshot.coordinator.projection(now))
-                    .expect("projection serializes"),
-            )
+            .arg(meta_json)
+            .arg(projection)
             .arg(AUDIT_MAX_LEN);
         // Members the core expired or fenced: it used their lease (for expiry and for fenced holds), so
         // it must still be the one in Redis. Members gone for good leave the leases set.
@@ -371,11 +561,15 @@ impl GroupStore {
             invocation.arg(serde_json::to_string(event).expect("events serialize"));
         }
         let reply: Vec<i64> = invocation.invoke_async(&mut self.conn).await?;
-        self.observe_time(reply[1]);
-        if reply[0] != 1 {
+        let (committed, now, revision) = decode_reply("commit.lua", reply)?;
+        self.observe_time(now);
+        let Some(revision) = revision.filter(|_| committed) else {
+            stats::add(&stats::CONFLICTS, 1);
             return Ok(false);
-        }
-        snapshot.revision = reply[2];
+        };
+        stats::add(&stats::COMMITS, 1);
+        stats::add(&stats::COMMIT_BYTES, bytes);
+        snapshot.revision = revision;
         Ok(true)
     }
 }
