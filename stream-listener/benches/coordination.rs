@@ -524,6 +524,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
             shutdown: stop_rx,
             status: status_tx,
             shutdown_timeout: Duration::from_secs(5),
+            deadline: stream_listener::member::lifecycle::OwnershipDeadline::new(),
         };
         stops.push(stop);
         tasks.push(tokio::spawn(member.run()));

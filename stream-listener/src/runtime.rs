@@ -26,6 +26,7 @@ use crate::coordinator::metadata::GroupConfig;
 use crate::coordinator::AdminCommand;
 use crate::member::heartbeat::{MemberLoop, MemberStatus};
 use crate::member::identity;
+use crate::member::lifecycle::OwnershipDeadline;
 use crate::member::session::{MemberIdentity, MemberSession, Phase};
 use crate::registry::{registrations, ListenerRegistration};
 use crate::store::{GroupStore, StoreError};
@@ -389,7 +390,13 @@ impl Runtime {
             self.group_config,
         )?;
         let runtime_max_concurrency = plan.consumer.runtime_max_concurrency as u32;
-        let consumer = Consumer::connect(client.clone(), plan.consumer, plan.handler).await?;
+        let mut consumer_config = plan.consumer;
+        consumer_config.reclaim_idle =
+            Duration::from_millis(self.group_config.session_timeout_ms.max(1) as u64);
+        let deadline = OwnershipDeadline::new();
+        let consumer = Consumer::connect(client.clone(), consumer_config, plan.handler)
+            .await?
+            .with_deadline(deadline.clone());
         let identity = MemberIdentity {
             member_id: plan.member_id.as_str().into(),
             member_name: Some(plan.label.clone()),
@@ -437,6 +444,7 @@ impl Runtime {
                 shutdown,
                 status: status_tx,
                 shutdown_timeout: self.shutdown_timeout,
+                deadline,
             }
             .run(),
         );

@@ -14,7 +14,9 @@ use stream_listener::consumer::{
     dead_letter_fields, AckPolicy, BoxedHandler, Consumer, ConsumerConfig, DeleteRef, HandlerError,
     Message, OnExhausted, RawMessage,
 };
-use stream_listener::member::lifecycle::{FencingToken, ShardCommand, ShardReport};
+use stream_listener::member::lifecycle::{
+    FencingToken, OwnershipDeadline, ShardCommand, ShardReport,
+};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -194,9 +196,21 @@ struct Running {
 
 impl Running {
     async fn start(server: &RedisServer, config: ConsumerConfig, handler: BoxedHandler) -> Self {
+        Self::start_with_deadline(server, config, handler, OwnershipDeadline::unbounded()).await
+    }
+
+    async fn start_with_deadline(
+        server: &RedisServer,
+        config: ConsumerConfig,
+        handler: BoxedHandler,
+        deadline: Arc<OwnershipDeadline>,
+    ) -> Self {
         let member = config.consumer_name.clone();
         let client = redis::Client::open(server.url()).unwrap();
-        let consumer = Consumer::connect(client, config, handler).await.unwrap();
+        let consumer = Consumer::connect(client, config, handler)
+            .await
+            .unwrap()
+            .with_deadline(deadline);
         let (commands, command_rx) = mpsc::channel(64);
         let (report_tx, mut report_rx) = mpsc::channel(64);
         let reports = Arc::new(Mutex::new(Vec::new()));
@@ -1328,5 +1342,224 @@ async fn consumer_recovers_after_a_redis_restart() {
     })
     .await;
     assert!(!running.task.is_finished());
+    running.stop().await;
+}
+
+// ---- the member's self-fencing deadline, checked at every command ----
+
+/// Calls of the commands that touch a shard, from `INFO commandstats`.
+async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let touching = [
+        "xreadgroup",
+        "xack",
+        "xautoclaim",
+        "xclaim",
+        "xackdel",
+        "evalsha",
+        "xadd",
+    ];
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            touching.contains(&name).then_some(())?;
+            rest.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A frozen process resumes past its lease before its heartbeat task could deliver a fence: the consumer
+/// itself must see the deadline has passed and send nothing for the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "frozen", 0..2).await;
+    let deadline = OwnershipDeadline::new();
+    deadline.set(deadline.local_ms() + 60_000);
+    let log = Log::default();
+    let running = Running::start_with_deadline(
+        &server,
+        config("frozen", "m0"),
+        recording_handler(&log),
+        deadline.clone(),
+    )
+    .await;
+    running.assign(0..2).await;
+    produce(&mut conn, "frozen", 0, 0, 5).await;
+    wait_until("first entries handled", Duration::from_secs(10), || async {
+        log.count() == 5
+    })
+    .await;
+    // The lease runs out; no Fence command arrives (the heartbeat task has not run yet).
+    deadline.set(deadline.local_ms() - 1);
+    // Let a read already on the wire come back: it was sent before the deadline.
+    let settle = shard_commands(&mut conn).await;
+    wait_until("in-flight reads ended", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { shard_commands(&mut conn).await == settle }
+    })
+    .await;
+    let before = shard_commands(&mut conn).await;
+    produce(&mut conn, "frozen", 0, 5, 5).await;
+    produce(&mut conn, "frozen", 1, 10, 5).await;
+    let produced = shard_commands(&mut conn).await;
+    assert_eq!(produced, before + 10, "only our ten XADDs ran");
+    // Several scheduling rounds (block_ms is 50 ms): nothing may reach Redis for the shards.
+    let window = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < window {
+        assert_eq!(
+            shard_commands(&mut conn).await,
+            produced,
+            "a command touched a shard past the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(log.count(), 5, "no handler started past the deadline");
+    assert_eq!(
+        pending_count(&mut conn, "frozen:0", GROUP).await,
+        0,
+        "nothing was read"
+    );
+    // A renewed lease (the heartbeat got through) resumes consumption.
+    deadline.set(deadline.local_ms() + 60_000);
+    wait_until("the rest handled", Duration::from_secs(10), || async {
+        log.count() == 15
+    })
+    .await;
+    running.stop().await;
+}
+
+/// Entries another consumer read after it lost the shard (a zombie) stay in its pending list; the owner
+/// must claim them periodically, not only when it takes the shard over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "zombie", 0..1).await;
+    let log = Log::default();
+    // The owner's handler holds entry 2 until told, so the owner reads nothing meanwhile.
+    let gate = Arc::new(AtomicBool::new(true));
+    let entered = Arc::new(AtomicBool::new(false));
+    let handler = {
+        let (log, gate, entered) = (log.clone(), gate.clone(), entered.clone());
+        BoxedHandler::json(move |msg: Message<Order>| {
+            let (log, gate, entered) = (log.clone(), gate.clone(), entered.clone());
+            async move {
+                if msg.payload.n == 2 {
+                    entered.store(true, Ordering::Release);
+                    let until = Instant::now() + Duration::from_secs(10);
+                    while gate.load(Ordering::Acquire) && Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                log.record(&msg);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let mut cfg = config("zombie", "owner");
+    cfg.reclaim_idle = Duration::from_millis(300);
+    let running = Running::start(&server, cfg, handler).await;
+    running.assign([0]).await;
+    produce(&mut conn, "zombie", 0, 0, 3).await;
+    wait_until(
+        "owner busy with entry 2",
+        Duration::from_secs(10),
+        || async { entered.load(Ordering::Acquire) },
+    )
+    .await;
+    // A zombie (an earlier owner that resumed) reads three new entries and never acks them.
+    let ids = produce(&mut conn, "zombie", 0, 3, 3).await;
+    let read: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("zombie-member")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg("zombie:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_ne!(read, Value::Nil, "the zombie read them");
+    gate.store(false, Ordering::Release);
+    wait_until(
+        "the zombie's entries handled by the owner",
+        Duration::from_secs(10),
+        || async { log.count() == 6 },
+    )
+    .await;
+    for id in &ids {
+        assert!(log.ids().contains(&(0, id.clone())));
+    }
+    wait_until("nothing pending", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { pending_count(&mut conn, "zombie:0", GROUP).await == 0 }
+    })
+    .await;
+    running.stop().await;
+}
+
+/// Redis restarted empty (or was flushed) while the member kept its ownership: the consumer waits until
+/// a heartbeat confirms the ownership, then creates the consumer group again and consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "flushed", 0..1).await;
+    let deadline = OwnershipDeadline::new();
+    deadline.set(deadline.local_ms() + 60_000);
+    let log = Log::default();
+    let running = Running::start_with_deadline(
+        &server,
+        config("flushed", "m0"),
+        recording_handler(&log),
+        deadline.clone(),
+    )
+    .await;
+    running.assign([0]).await;
+    produce(&mut conn, "flushed", 0, 0, 3).await;
+    wait_until("first entries handled", Duration::from_secs(10), || async {
+        log.count() == 3
+    })
+    .await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    produce(&mut conn, "flushed", 0, 3, 4).await; // the stream comes back, its group does not
+    let groups = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg("flushed:0")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            groups.len()
+        }
+    };
+    // Not recreated before a heartbeat confirmed ownership: a zombie must not resurrect the group.
+    let window = Instant::now() + Duration::from_millis(400);
+    while Instant::now() < window {
+        assert_eq!(
+            groups(&mut conn).await,
+            0,
+            "recreated without a confirmation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    deadline.confirm();
+    wait_until(
+        "entries after the flush handled",
+        Duration::from_secs(10),
+        || async { log.count() == 7 },
+    )
+    .await;
+    assert_eq!(groups(&mut conn).await, 1);
     running.stop().await;
 }

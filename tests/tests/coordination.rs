@@ -62,6 +62,8 @@ struct Ledger {
     /// Highest fencing token (member epoch) granted per shard, and every grant that went below it.
     tokens: BTreeMap<u32, i64>,
     backwards: Vec<String>,
+    /// Every grant, in order.
+    grants: Vec<u32>,
 }
 
 type SharedLedger = Arc<Mutex<Ledger>>;
@@ -96,6 +98,7 @@ async fn spawn_member(
             match command {
                 ShardCommand::Assign { shard, token } => {
                     let epoch = token.member_epoch;
+                    ledger.grants.push(shard);
                     if let Some(last) = ledger.tokens.insert(shard, epoch) {
                         if last >= epoch {
                             ledger.backwards.push(format!(
@@ -126,6 +129,7 @@ async fn spawn_member(
             shutdown: shutdown_rx,
             status: status_tx,
             shutdown_timeout: Duration::from_secs(5),
+            deadline: stream_listener::member::lifecycle::OwnershipDeadline::new(),
         }
         .run(),
     );
@@ -540,12 +544,12 @@ async fn lose_metadata_while_owned(group: &str, lose: impl FnOnce(&GroupStore) -
     }
     let mut observer = store(&redis.url(), group, 8).await;
     wait_for(&mut observer, Duration::from_secs(20), converged(4, 8)).await;
-    let before: BTreeMap<u32, i64> = ledger.lock().unwrap().tokens.clone();
+    let mark = ledger.lock().unwrap().grants.len();
     let mut conn = connect(&redis.url()).await;
     let _: () = lose(&observer).query_async(&mut conn).await.unwrap();
     // The members notice (unknown member ids), drop everything, rejoin, and get shards back only after
     // every member of the lost state has surely stopped reading.
-    let regranted = |ledger: &Ledger| (0..8).all(|s| ledger.tokens.get(&s) > before.get(&s));
+    let regranted = |ledger: &Ledger| (0..8).all(|s| ledger.grants[mark..].contains(&s));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !regranted(&ledger.lock().unwrap()) {
         assert!(Instant::now() < deadline, "shards were not granted again");

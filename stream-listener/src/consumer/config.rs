@@ -35,6 +35,11 @@ pub struct ConsumerConfig {
     /// Response timeout of non-blocking commands. redis-rs defaults to 500 ms; we pick ours on purpose, and
     /// blocking reads get `block_ms` plus this.
     pub response_timeout: Duration,
+    /// Entries that another consumer of the group has held pending for longer than this (a zombie owner
+    /// that read after it lost the shard, a lost ack) are claimed by the current owner, checked about as
+    /// often. The runtime sets it to the group's session timeout: by then any earlier owner has
+    /// self-fenced.
+    pub reclaim_idle: Duration,
 }
 
 impl ConsumerConfig {
@@ -56,6 +61,7 @@ impl ConsumerConfig {
             dead_letter_stream: None,
             progress_interval: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
+            reclaim_idle: Duration::from_secs(10),
         }
     }
 

@@ -56,6 +56,11 @@ pub(crate) struct JobSpec {
     pub(crate) waiting: Arc<AtomicUsize>,
     /// Entries an earlier job held back (a moved key waiting for its old shard): handled first.
     pub(crate) held: Vec<Entry>,
+    /// Look for entries other consumers of the group have left pending too long, and claim them first.
+    pub(crate) reclaim: bool,
+    /// The shard's consumer group was found missing and the member's ownership was confirmed since:
+    /// create it again before reading.
+    pub(crate) recreate_group: bool,
 }
 
 /// What came of a job.
@@ -73,6 +78,10 @@ pub(crate) struct JobOutcome {
     pub(crate) held: Vec<Entry>,
     /// Set with `held`: when to try the shard again.
     pub(crate) hold_for: Option<Duration>,
+    /// The job stopped because the member's self-fencing deadline had passed.
+    pub(crate) expired: bool,
+    /// The shard's consumer group (or the stream) is missing: the store lost it.
+    pub(crate) missing_group: bool,
 }
 
 /// The fate of one entry.
@@ -99,8 +108,34 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
     let mut refreshed = false;
+    if spec.recreate_group {
+        match shared
+            .recreate_group(&spec.key, spec.shard, &spec.lease)
+            .await
+        {
+            Ok(()) => {}
+            Err(error) => {
+                outcome.error = Some(error);
+                outcome.next_phase = Some(spec.phase.clone());
+                return outcome;
+            }
+        }
+    }
     loop {
         turns += 1;
+        // The deadline is read right before every command this job sends: a process frozen past its
+        // lease sends nothing when it resumes.
+        if !spec.lease.is_active() {
+            outcome.expired = true;
+            // If the lease comes back (the heartbeat got through late), start over from our own pending
+            // entries: some may have been read and then stopped at the deadline.
+            outcome.next_phase = Some(Phase::Claim {
+                cursor: "0-0".to_owned(),
+            });
+            outcome.conn = spec.conn.take();
+            // Acks carried over are not sent: the next owner re-handles those entries (at least once).
+            return outcome;
+        }
         let fetched = if !spec.held.is_empty() {
             Ok((std::mem::take(&mut spec.held), spec.phase.clone()))
         } else if carried.is_empty() {
@@ -114,6 +149,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         };
         let (mut entries, next_phase) = match fetched {
             Ok(fetched) => fetched,
+            Err(error) if is_missing_group(&error) => {
+                shared.warn_missing_group(&spec.key);
+                outcome.missing_group = true;
+                outcome.next_phase = Some(Phase::Claim {
+                    cursor: "0-0".to_owned(),
+                });
+                outcome.conn = spec.conn.take();
+                return outcome;
+            }
             Err(error) => {
                 outcome.error = Some(error);
                 // Unknown whether carried acks went through: re-deliver our own pending entries.
@@ -257,6 +301,14 @@ async fn gate(
 }
 
 async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase), RedisError> {
+    if spec.reclaim {
+        spec.reclaim = false;
+        let entries = shared.reclaim_stale(&spec.key).await?;
+        if !entries.is_empty() {
+            tracing::warn!(shard = spec.shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
+            return Ok((entries, spec.phase.clone()));
+        }
+    }
     match &spec.phase {
         Phase::Claim { cursor } => {
             let (next, entries) = shared.claim(&spec.key, cursor).await?;
@@ -283,14 +335,23 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
             if spec.conn.is_none() {
                 spec.conn = Some(shared.blocking_connection().await?);
             }
-            let result = shared.read_new(&spec.key, spec.conn.as_mut()).await;
+            // Never block past the deadline: Redis could hand entries to a read that outlived it.
+            let block = spec.lease.remaining().unwrap_or_default();
+            let result = shared
+                .read_new_blocking(&spec.key, spec.conn.as_mut(), block)
+                .await;
             if result.is_err() {
                 // The connection may be broken; a fresh one is made next time.
                 spec.conn = None;
             }
             Ok((result?, Phase::Live))
         }
-        Phase::Live => Ok((shared.read_new(&spec.key, None).await?, Phase::Live)),
+        Phase::Live => Ok((
+            shared
+                .read_new_blocking(&spec.key, None, Duration::ZERO)
+                .await?,
+            Phase::Live,
+        )),
     }
 }
 
@@ -412,4 +473,9 @@ async fn finish(
             }
         }
     }
+}
+
+/// `NOGROUP`: the shard stream or its consumer group does not exist (Redis restarted empty, a flush).
+fn is_missing_group(error: &RedisError) -> bool {
+    error.code() == Some("NOGROUP")
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
-use crate::member::lifecycle::FencingToken;
+use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
 use super::ops::Shared;
 
@@ -98,20 +98,32 @@ pub enum AckError {
 }
 
 /// Whether a member still owns a shard; shared with messages so their acks stop when ownership ends.
+/// Ownership ends when the shard is revoked or fenced, and also, read at the moment of asking, when the
+/// member's self-fencing deadline has passed.
 #[derive(Debug)]
 pub(crate) struct Lease {
     active: AtomicBool,
+    deadline: Arc<OwnershipDeadline>,
 }
 
 impl Lease {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(deadline: Arc<OwnershipDeadline>) -> Arc<Self> {
         Arc::new(Self {
             active: AtomicBool::new(true),
+            deadline,
         })
     }
 
     pub(crate) fn is_active(&self) -> bool {
-        self.active.load(Ordering::Acquire)
+        self.active.load(Ordering::Acquire) && self.deadline.is_valid()
+    }
+
+    /// How long the shard may still be touched, if it may be now.
+    pub(crate) fn remaining(&self) -> Option<std::time::Duration> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        self.deadline.remaining()
     }
 
     pub(crate) fn end(&self) {

@@ -60,11 +60,11 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::coordinator::wire::{ShardId, ShardProgress};
-use crate::member::lifecycle::{FencingToken, ShardCommand, ShardReport};
+use crate::member::lifecycle::{FencingToken, OwnershipDeadline, ShardCommand, ShardReport};
 
 use job::{JobOutcome, JobSpec, Phase};
 use message::Lease;
-use ops::{Entry, Shared};
+use ops::{Entry, Shared, HOLD_RETRY};
 
 /// Why a consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +83,7 @@ pub enum ConsumerError {
 #[derive(Clone)]
 pub struct Consumer {
     shared: Arc<Shared>,
+    deadline: Arc<OwnershipDeadline>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -128,7 +129,16 @@ impl Consumer {
         }
         Ok(Self {
             shared: Arc::new(shared),
+            deadline: OwnershipDeadline::unbounded(),
         })
+    }
+
+    /// Ties the consumer to its member's self-fencing deadline: no read, claim, ack, dead letter or
+    /// handler start happens once it has passed, whatever the commands say (without one, only commands
+    /// end ownership).
+    pub fn with_deadline(mut self, deadline: Arc<OwnershipDeadline>) -> Self {
+        self.deadline = deadline;
+        self
     }
 
     /// The configuration in effect.
@@ -154,7 +164,9 @@ impl Consumer {
         commands: mpsc::Receiver<ShardCommand>,
         reports: mpsc::Sender<ShardReport>,
     ) {
-        Scheduler::new(self.shared).run(commands, reports).await;
+        Scheduler::new(self.shared, self.deadline)
+            .run(commands, reports)
+            .await;
     }
 }
 
@@ -187,6 +199,11 @@ struct ShardState {
     dirty: bool,
     /// Entries a job held back (a moved key waiting for its old shard after a resize), for the next job.
     held: Vec<Entry>,
+    /// When entries left pending by other consumers were last looked for.
+    reclaimed_at: Instant,
+    /// The shard's consumer group was missing (the store lost it): the number of accepted heartbeats at
+    /// that moment. The shard is not touched again until a later heartbeat confirmed the ownership.
+    missing_group: Option<u64>,
 }
 
 struct JobMeta {
@@ -199,6 +216,7 @@ struct JobMeta {
 
 struct Scheduler {
     shared: Arc<Shared>,
+    deadline: Arc<OwnershipDeadline>,
     shards: HashMap<u32, ShardState>,
     ready: VecDeque<u32>,
     delayed: Vec<(Instant, u32, u64)>,
@@ -219,10 +237,11 @@ struct Scheduler {
 const OUTBOX_PROGRESS_LIMIT: usize = 4096;
 
 impl Scheduler {
-    fn new(shared: Arc<Shared>) -> Self {
+    fn new(shared: Arc<Shared>, deadline: Arc<OwnershipDeadline>) -> Self {
         let workers = shared.config.runtime_max_concurrency;
         Self {
             shared,
+            deadline,
             shards: HashMap::new(),
             ready: VecDeque::new(),
             delayed: Vec::new(),
@@ -323,7 +342,7 @@ impl Scheduler {
                 generation: self.next_generation,
                 key: self.shared.config.shard_key(shard).into(),
                 token,
-                lease: Lease::new(),
+                lease: Lease::new(self.deadline.clone()),
                 mode: Mode::Owned,
                 phase: Some(Phase::Claim {
                     cursor: "0-0".to_owned(),
@@ -339,6 +358,8 @@ impl Scheduler {
                 pending: 0,
                 dirty: true,
                 held: Vec::new(),
+                reclaimed_at: Instant::now(),
+                missing_group: None,
             },
         );
         if !waiting {
@@ -433,9 +454,22 @@ impl Scheduler {
             if state.running || state.mode != Mode::Owned {
                 continue;
             }
+            if let Some(seen) = state.missing_group {
+                if self.deadline.confirmations() <= seen {
+                    // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
+                    self.delayed
+                        .push((Instant::now() + HOLD_RETRY, shard, state.generation));
+                    continue;
+                }
+            }
             let Some(phase) = state.phase.take() else {
                 continue;
             };
+            let reclaim = phase == Phase::Live
+                && state.reclaimed_at.elapsed() >= self.shared.config.reclaim_idle / 2;
+            if reclaim {
+                state.reclaimed_at = Instant::now();
+            }
             let block = phase == Phase::Live && self.idle_streak >= owned;
             let Some(slot) = self.free_slots.pop() else {
                 return;
@@ -453,6 +487,8 @@ impl Scheduler {
                 conn: if block { self.slots[slot].take() } else { None },
                 waiting: self.waiting.clone(),
                 held: std::mem::take(&mut state.held),
+                reclaim,
+                recreate_group: state.missing_group.take().is_some(),
             };
             let generation = state.generation;
             let abort = jobs.spawn(job::run(self.shared.clone(), spec));
@@ -511,6 +547,9 @@ impl Scheduler {
         }
         state.held = std::mem::take(&mut outcome.held);
         state.pending = (outcome.left_pending + state.held.len()) as u64;
+        if outcome.missing_group {
+            state.missing_group = Some(self.deadline.confirmations());
+        }
         if state.mode == Mode::Revoking {
             self.finish_revoke(shard);
             return;
@@ -531,6 +570,12 @@ impl Scheduler {
             return;
         }
         state.error_backoff = Duration::ZERO;
+        if outcome.expired || outcome.missing_group {
+            // Past the self-fencing deadline (a fence is on its way), or waiting for a confirmation.
+            self.delayed
+                .push((Instant::now() + HOLD_RETRY, shard, state.generation));
+            return;
+        }
         if let Some(delay) = outcome.hold_for {
             // A moved key waits for its old shard: try again later, starting with the held entries.
             self.delayed

@@ -184,6 +184,7 @@ pub(crate) struct Shared {
     ack_delete_script: Script,
     cleanup_script: Script,
     layout: Mutex<LayoutCache>,
+    warned_missing_group: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -216,6 +217,7 @@ impl Shared {
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
             cleanup_script: Script::new(CLEANUP_SCRIPT),
             layout: Mutex::new(LayoutCache::default()),
+            warned_missing_group: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -332,35 +334,138 @@ impl Shared {
             .await
     }
 
-    fn read_cmd(&self, key: &str, block: bool) -> redis::Cmd {
+    /// `XREADGROUP`, blocking for `block_ms` (`Some(0)` would block forever: never sent).
+    fn read_cmd(&self, key: &str, block_ms: Option<u64>) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
             .arg(self.config.batch_size);
-        if block {
-            cmd.arg("BLOCK").arg(self.config.block_ms);
+        if let Some(ms) = block_ms.filter(|&ms| ms > 0) {
+            cmd.arg("BLOCK").arg(ms);
         }
         cmd.arg("STREAMS").arg(key).arg(">");
         cmd
     }
 
-    /// `XREADGROUP ... STREAMS key >`: new entries, blocking for `block_ms` when `blocking` is given.
-    pub(crate) async fn read_new(
+    /// `XREADGROUP ... STREAMS key >`: new entries. With a `blocking` connection the read blocks for
+    /// `block_ms`, but never longer than `at_most` (what is left of the member's lease).
+    pub(crate) async fn read_new_blocking(
         &self,
         key: &str,
         blocking: Option<&mut MultiplexedConnection>,
+        at_most: Duration,
     ) -> RedisResult<Vec<Entry>> {
         let reply: Value = match blocking {
-            Some(conn) => self.read_cmd(key, true).query_async(conn).await?,
+            Some(conn) => {
+                let ms = self
+                    .config
+                    .block_ms
+                    .min(at_most.as_millis().min(u128::from(u64::MAX)) as u64);
+                self.read_cmd(key, Some(ms)).query_async(conn).await?
+            }
             None => {
-                self.read_cmd(key, false)
+                self.read_cmd(key, None)
                     .query_async(&mut self.conn.clone())
                     .await?
             }
         };
         Ok(parse_read_reply(reply))
+    }
+
+    /// Claims entries that other consumers of the group have left pending for longer than
+    /// `reclaim_idle` (a zombie owner that read after it lost the shard, an ack that never arrived): so
+    /// nothing stays pending for good. Our own pending entries are left alone (held or left on purpose).
+    pub(crate) async fn reclaim_stale(&self, key: &str) -> RedisResult<Vec<Entry>> {
+        let idle = self.config.reclaim_idle.as_millis() as u64;
+        let mut conn = self.conn.clone();
+        let pending: Value = redis::cmd("XPENDING")
+            .arg(key)
+            .arg(&self.config.group)
+            .arg("IDLE")
+            .arg(idle)
+            .arg("-")
+            .arg("+")
+            .arg(self.config.batch_size)
+            .query_async(&mut conn)
+            .await?;
+        let stale: Vec<String> = parse_pending(pending)
+            .into_iter()
+            .filter(|(_, consumer, _)| *consumer != self.config.consumer_name)
+            .map(|(id, _, _)| id)
+            .collect();
+        if stale.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claimed: Value = redis::cmd("XCLAIM")
+            .arg(key)
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg(idle)
+            .arg(&stale)
+            .query_async(&mut conn)
+            .await?;
+        let mut entries: Vec<Entry> = parse_entries(claimed)
+            .into_iter()
+            .filter(|e| !e.deleted)
+            .collect();
+        if let (Some(first), Some(last)) = (entries.first(), entries.last()) {
+            let counts: Value = redis::cmd("XPENDING")
+                .arg(key)
+                .arg(&self.config.group)
+                .arg(&first.id)
+                .arg(&last.id)
+                .arg(entries.len())
+                .arg(&self.config.consumer_name)
+                .query_async(&mut conn)
+                .await?;
+            let counts = parse_pending_counts(counts);
+            for entry in &mut entries {
+                entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Creates the shard's consumer group again after the store lost it, at `0`: every entry still in
+    /// the stream is delivered again, which keeps at-least-once (entries that were acknowledged before the
+    /// loss are handled twice). Only called once a heartbeat confirmed the member still owns the shard.
+    pub(crate) async fn recreate_group(
+        &self,
+        key: &str,
+        shard: u32,
+        lease: &super::message::Lease,
+    ) -> RedisResult<()> {
+        if !lease.is_active() {
+            return Ok(());
+        }
+        let created: RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(key)
+            .arg(&self.config.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match created {
+            Ok(()) => {
+                tracing::warn!(shard, stream = key, group = %self.config.group, "consumer group recreated at 0: entries still in the stream are delivered again");
+                Ok(())
+            }
+            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Says once per consumer that a shard's consumer group is missing (not once per shard per retry).
+    pub(crate) fn warn_missing_group(&self, key: &str) {
+        if !self
+            .warned_missing_group
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            tracing::warn!(stream = key, group = %self.config.group, "the shard's consumer group is missing (Redis restarted empty or was flushed?): waiting for the coordinator to confirm ownership, then recreating it");
+        }
     }
 
     /// Acknowledge the previous batch and read the next one in a single round trip (a pipeline: the ack
@@ -373,11 +478,11 @@ impl Shared {
     ) -> RedisResult<Vec<Entry>> {
         let Some(ack) = self.ack_cmd(key, ids) else {
             self.ack(key, ids).await?;
-            return self.read_new(key, None).await;
+            return self.read_new_blocking(key, None, Duration::ZERO).await;
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(key, false));
+        pipe.add_command(self.read_cmd(key, None));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
@@ -654,23 +759,28 @@ fn bytes_of(value: Value) -> Vec<u8> {
 
 /// Extended `XPENDING` reply: `[[id, consumer, idle, deliveries], ...]`.
 fn parse_pending_counts(value: Value) -> HashMap<String, u32> {
+    parse_pending(value)
+        .into_iter()
+        .map(|(id, _, count)| (id, count))
+        .collect()
+}
+
+/// Extended `XPENDING` rows `[id, consumer, idle, deliveries]`; malformed rows are skipped.
+fn parse_pending(value: Value) -> Vec<(String, String, u32)> {
     let Value::Array(rows) = value else {
-        return HashMap::new();
+        return Vec::new();
     };
     rows.into_iter()
         .filter_map(|row| {
-            let Value::Array(mut row) = row else {
+            let Value::Array(row) = row else {
                 return None;
             };
-            if row.len() < 4 {
-                return None;
-            }
-            let count = match row.swap_remove(3) {
+            let [id, consumer, _idle, count] = <[Value; 4]>::try_from(row).ok()?;
+            let count = match count {
                 Value::Int(n) => u32::try_from(n).ok()?,
                 _ => return None,
             };
-            let id = value_string(row.swap_remove(0))?;
-            Some((id, count))
+            Some((value_string(id)?, value_string(consumer)?, count))
         })
         .collect()
 }

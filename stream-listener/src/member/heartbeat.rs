@@ -13,7 +13,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::member::lifecycle::{ShardCommand, ShardReport};
+use std::sync::Arc;
+
+use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 use crate::member::session::{MemberSession, Phase};
 use crate::store::GroupStore;
 
@@ -47,13 +49,17 @@ pub struct MemberLoop {
     pub status: watch::Sender<MemberStatus>,
     /// How long a graceful leave may wait for drains.
     pub shutdown_timeout: Duration,
+    /// The self-fencing deadline the consumption layer checks before every command; this loop moves it.
+    /// Its origin is the loop's local clock.
+    pub deadline: Arc<OwnershipDeadline>,
 }
 
 impl MemberLoop {
     /// Runs until the member has left (after shutdown) or the shutdown deadline passed.
     pub async fn run(mut self) {
-        let start = Instant::now();
-        let local = move || start.elapsed().as_millis() as i64;
+        let start = Instant::from_std(self.deadline.origin());
+        let deadline = self.deadline.clone();
+        let local = move || deadline.local_ms();
         let mut next_heartbeat = Instant::now();
         let mut failures = 0u32;
         let mut leave_deadline: Option<Instant> = None;
@@ -93,7 +99,10 @@ impl MemberLoop {
             if let Some(deadline) = leave_deadline {
                 if Instant::now() >= deadline {
                     tracing::warn!(member = %self.session.member_id(), "shutdown deadline passed before the leave completed");
-                    self.send(vec![ShardCommand::Fence]);
+                    self.deadline.set(i64::MIN);
+                    for command in [ShardCommand::Fence] {
+                        let _ = self.commands.send(command);
+                    }
                     break;
                 }
             }
@@ -113,6 +122,9 @@ impl MemberLoop {
                         tracing::info!(member = %self.session.member_id(), status = ?response.status, "ownership invalid: rejoining");
                     }
                     let commands = self.session.on_response(&response);
+                    if response.status.is_accepted() {
+                        self.deadline.confirm();
+                    }
                     self.send(commands);
                     next_heartbeat = Instant::now()
                         + Duration::from_millis(self.session.next_heartbeat_delay_ms() as u64);
@@ -165,7 +177,10 @@ impl MemberLoop {
         }
     }
 
+    /// Publishes the session's deadline first (a grant must find it valid, a fence must find it gone),
+    /// then hands the commands down.
     fn send(&self, commands: Vec<ShardCommand>) {
+        self.deadline.set(self.session.valid_until());
         for command in commands {
             // A consumption layer that is gone cannot read either.
             let _ = self.commands.send(command);

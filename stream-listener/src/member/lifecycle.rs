@@ -58,3 +58,84 @@ pub enum ShardReport {
     /// Progress of an owned shard, reported in heartbeats for monitoring.
     Progress(ShardProgress),
 }
+
+/// The member's self-fencing deadline on the local monotonic clock, shared by the heartbeat loop (which
+/// moves it after every accepted heartbeat) and the consumption layer (which reads it right before every
+/// read, claim, ack, dead letter and handler start).
+///
+/// Checking the clock at the command, rather than waiting for a [`ShardCommand::Fence`] from the heartbeat
+/// task, is what keeps a process that was frozen past its lease (SIGSTOP, a long GC-like stall, a throttled
+/// container) from touching a shard after it resumes: the monotonic clock kept running while it was frozen,
+/// so the first check after the resume fails, before any command leaves the process.
+#[derive(Debug)]
+pub struct OwnershipDeadline {
+    origin: std::time::Instant,
+    /// Milliseconds after `origin`; `i64::MIN`: nothing may be touched, `i64::MAX`: no deadline.
+    until_ms: std::sync::atomic::AtomicI64,
+    /// Heartbeats accepted so far: a consumer that saw the store lose state waits for the next one.
+    confirmations: std::sync::atomic::AtomicU64,
+}
+
+impl OwnershipDeadline {
+    /// A deadline that has already passed: nothing may be touched until the heartbeat loop moves it.
+    pub fn new() -> Arc<Self> {
+        Self::with_until(i64::MIN)
+    }
+
+    /// No deadline at all, for a consumer driven without a heartbeat loop (tests, embedding).
+    pub fn unbounded() -> Arc<Self> {
+        Self::with_until(i64::MAX)
+    }
+
+    fn with_until(until_ms: i64) -> Arc<Self> {
+        Arc::new(Self {
+            origin: std::time::Instant::now(),
+            until_ms: std::sync::atomic::AtomicI64::new(until_ms),
+            confirmations: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// The instant local times (as [`MemberSession`](crate::member::session::MemberSession) uses them)
+    /// count from.
+    pub fn origin(&self) -> std::time::Instant {
+        self.origin
+    }
+
+    /// Local time now, in milliseconds after [`origin`](Self::origin).
+    pub fn local_ms(&self) -> i64 {
+        self.origin.elapsed().as_millis() as i64
+    }
+
+    /// Moves the deadline to local time `until_ms` (the session's `valid_until`).
+    pub fn set(&self, until_ms: i64) {
+        self.until_ms
+            .store(until_ms, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Counts a heartbeat the coordinator accepted.
+    pub fn confirm(&self) {
+        self.confirmations
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Heartbeats accepted so far.
+    pub fn confirmations(&self) -> u64 {
+        self.confirmations
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// How long ownership may still be trusted, read now; `None` once it may not.
+    pub fn remaining(&self) -> Option<std::time::Duration> {
+        let until = self.until_ms.load(std::sync::atomic::Ordering::Acquire);
+        if until == i64::MAX {
+            return Some(std::time::Duration::MAX);
+        }
+        let left = until.saturating_sub(self.local_ms());
+        (left > 0).then(|| std::time::Duration::from_millis(left as u64))
+    }
+
+    /// Whether ownership may be trusted at this moment.
+    pub fn is_valid(&self) -> bool {
+        self.remaining().is_some()
+    }
+}
