@@ -123,9 +123,11 @@ impl Fixture {
         self.redis.url()
     }
 
-    /// Heartbeats every session in turn, revoking at once, until the group is stable.
+    /// Heartbeats every session in turn, revoking at once, until the group is stable (a new group grants
+    /// nothing for its first two heartbeat intervals, hence the deadline rather than a round count).
     async fn converge(&mut self, sessions: &mut [MemberSession]) {
-        for _ in 0..50 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
             for s in sessions.iter_mut() {
                 let response = self.store.heartbeat(&s.heartbeat(0, 2)).await.unwrap();
                 for command in s.on_response(&response) {
@@ -139,6 +141,7 @@ impl Fixture {
             if view.state == GroupState::Stable && assigned == SHARDS as usize {
                 return;
             }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         panic!("group did not converge: {:#?}", self.view().await);
     }

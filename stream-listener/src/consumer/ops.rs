@@ -862,3 +862,59 @@ mod tests {
         assert!(s.ends_with('Z'));
     }
 }
+
+#[cfg(test)]
+mod decode_tests {
+    //! Stream replies come from a server we do not control (another version, a proxy, a bug): decoding
+    //! must never panic, whatever the shape.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::BulkString),
+            "[a-z0-9-]{0,8}".prop_map(Value::SimpleString),
+            Just(Value::Okay),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn stream_reply_decoders_never_panic(reply in value()) {
+            let _ = parse_read_reply(reply.clone());
+            let _ = parse_entries(reply.clone());
+            let _ = parse_pending(reply.clone());
+            let _ = parse_pending_counts(reply);
+        }
+    }
+
+    #[test]
+    fn pending_rows_of_the_wrong_shape_are_skipped() {
+        let row = |id: &str, consumer: &str, count: i64| {
+            Value::Array(vec![
+                Value::BulkString(id.into()),
+                Value::BulkString(consumer.into()),
+                Value::Int(5),
+                Value::Int(count),
+            ])
+        };
+        let reply = Value::Array(vec![
+            row("1-0", "a", 2),
+            Value::Array(vec![Value::BulkString("2-0".into())]),
+            row("3-0", "b", -1),
+            row("4-0", "c", 1),
+        ]);
+        assert_eq!(
+            parse_pending(reply),
+            vec![("1-0".into(), "a".into(), 2), ("4-0".into(), "c".into(), 1)]
+        );
+    }
+}

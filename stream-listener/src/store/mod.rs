@@ -586,3 +586,47 @@ pub(crate) fn random_u64() -> u64 {
     );
     hasher.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Script replies and stored JSON come from Redis: a wrong shape is an error, never a panic.
+        #[test]
+        fn script_replies_decode_or_fail_cleanly(reply in proptest::collection::vec(any::<i64>(), 0..6)) {
+            match decode_reply("renew.lua", reply.clone()) {
+                Ok((true, now, Some(v))) => prop_assert_eq!(reply, vec![1, now, v]),
+                Ok((false, now, None)) => prop_assert_eq!(reply, vec![0, now]),
+                Ok(other) => prop_assert!(false, "impossible decode {:?}", other),
+                Err(StoreError::Reply { reply: r, .. }) => prop_assert_eq!(r, reply),
+                Err(other) => prop_assert!(false, "wrong error {}", other),
+            }
+        }
+
+        #[test]
+        fn metadata_json_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = GroupMetadata::from_json(&bytes);
+        }
+
+        #[test]
+        fn heartbeat_json_never_panics(text in ".{0,200}") {
+            let _ = serde_json::from_str::<HeartbeatRequest>(&text);
+            let _ = serde_json::from_str::<HeartbeatResponse>(&text);
+        }
+
+        /// Valid JSON of a plausible shape with wrong values must still only fail.
+        #[test]
+        fn mangled_metadata_never_panics(
+            field in prop_oneof![Just("shardCount"), Just("members"), Just("lastMemberEpoch"), Just("holds")],
+            value in prop_oneof![Just("-1"), Just("null"), Just("\"x\""), Just("[1,2]"), Just("{\"a\":{}}"), Just("1e400")],
+        ) {
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&GroupMetadata::new("g", 4, GroupConfig::default()).to_json()).unwrap();
+            json[field] = serde_json::from_str(value).unwrap_or(serde_json::Value::Null);
+            let _ = GroupMetadata::from_json(json.to_string().as_bytes())
+                .and_then(Coordinator::from_metadata);
+        }
+    }
+}
