@@ -54,7 +54,7 @@ impl ConsumerConfig {
             group: group.into(),
             consumer_name: consumer_name.into(),
             batch_size: 100,
-            block_ms: 50,
+            block_ms: 450,
             runtime_max_concurrency: 1,
             ack_policy: AckPolicy::Ack,
             failure_policy: FailurePolicy::default(),

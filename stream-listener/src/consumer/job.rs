@@ -44,14 +44,10 @@ pub(crate) struct JobSpec {
     pub(crate) token: FencingToken,
     pub(crate) lease: Arc<Lease>,
     pub(crate) phase: Phase,
-    /// Block in the read (only when the rotation found every shard idle).
-    pub(crate) block: bool,
     /// Set on revoke / shutdown: finish the running handler, ack, leave the rest pending.
     pub(crate) stop: Arc<AtomicBool>,
     /// Entries of the batch not finished yet, for `Draining` reports.
     pub(crate) in_flight: Arc<AtomicU32>,
-    /// This worker's blocking connection, if it has one yet.
-    pub(crate) conn: Option<MultiplexedConnection>,
     /// Shards ready but waiting for a free worker (kept by the scheduler).
     pub(crate) waiting: Arc<AtomicUsize>,
     /// Entries an earlier job held back (a moved key waiting for its old shard): handled first.
@@ -73,7 +69,8 @@ pub(crate) struct JobOutcome {
     /// Entries left pending on purpose (failure policy, or stopped part-way).
     pub(crate) left_pending: usize,
     pub(crate) error: Option<RedisError>,
-    pub(crate) conn: Option<MultiplexedConnection>,
+    /// The idle wait's blocking connection and its client id, handed back.
+    pub(crate) conn: Option<(MultiplexedConnection, i64)>,
     /// Entries held back, in order, from the first one whose key waits for its old shard.
     pub(crate) held: Vec<Entry>,
     /// Set with `held`: when to try the shard again.
@@ -82,6 +79,8 @@ pub(crate) struct JobOutcome {
     pub(crate) expired: bool,
     /// The shard's consumer group (or the stream) is missing: the store lost it.
     pub(crate) missing_group: bool,
+    /// What an idle wait read, by shard.
+    pub(crate) woke: Vec<(u32, Vec<Entry>)>,
 }
 
 /// The fate of one entry.
@@ -132,7 +131,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             outcome.next_phase = Some(Phase::Claim {
                 cursor: "0-0".to_owned(),
             });
-            outcome.conn = spec.conn.take();
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
@@ -155,7 +153,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 outcome.next_phase = Some(Phase::Claim {
                     cursor: "0-0".to_owned(),
                 });
-                outcome.conn = spec.conn.take();
                 return outcome;
             }
             Err(error) => {
@@ -168,7 +165,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                         cursor: "0-0".to_owned(),
                     }
                 });
-                outcome.conn = spec.conn.take();
                 return outcome;
             }
         };
@@ -229,7 +225,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             && spec.lease.is_active();
         spec.phase = next_phase;
         if keep {
-            spec.block = false;
             carried = acks.iter().map(|id| (*id).to_owned()).collect();
             if carried.is_empty() {
                 outcome.last_acked = last_done.map(str::to_owned).or(outcome.last_acked.take());
@@ -237,7 +232,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             continue;
         }
 
-        outcome.conn = spec.conn.take();
         let finished = finish(&shared, &spec, &acks, &letters).await;
         let last_done = last_done.map(str::to_owned);
         if let Err(error) = finished {
@@ -331,27 +325,7 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
                 Ok((entries, Phase::Claim { cursor: next }))
             }
         }
-        Phase::Live if spec.block => {
-            if spec.conn.is_none() {
-                spec.conn = Some(shared.blocking_connection().await?);
-            }
-            // Never block past the deadline: Redis could hand entries to a read that outlived it.
-            let block = spec.lease.remaining().unwrap_or_default();
-            let result = shared
-                .read_new_blocking(&spec.key, spec.conn.as_mut(), block)
-                .await;
-            if result.is_err() {
-                // The connection may be broken; a fresh one is made next time.
-                spec.conn = None;
-            }
-            Ok((result?, Phase::Live))
-        }
-        Phase::Live => Ok((
-            shared
-                .read_new_blocking(&spec.key, None, Duration::ZERO)
-                .await?,
-            Phase::Live,
-        )),
+        Phase::Live => Ok((shared.read_new(&spec.key).await?, Phase::Live)),
     }
 }
 
@@ -476,6 +450,6 @@ async fn finish(
 }
 
 /// `NOGROUP`: the shard stream or its consumer group does not exist (Redis restarted empty, a flush).
-fn is_missing_group(error: &RedisError) -> bool {
+pub(crate) fn is_missing_group(error: &RedisError) -> bool {
     error.code() == Some("NOGROUP")
 }

@@ -118,14 +118,6 @@ impl Lease {
         self.active.load(Ordering::Acquire) && self.deadline.is_valid()
     }
 
-    /// How long the shard may still be touched, if it may be now.
-    pub(crate) fn remaining(&self) -> Option<std::time::Duration> {
-        if !self.active.load(Ordering::Acquire) {
-            return None;
-        }
-        self.deadline.remaining()
-    }
-
     pub(crate) fn end(&self) {
         self.active.store(false, Ordering::Release);
     }

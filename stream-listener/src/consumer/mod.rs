@@ -13,16 +13,17 @@
 //! * a shard is in at most one job at a time: one read loop per shard, one batch in flight, per-key order;
 //! * a member with far more shards than workers still visits every shard once per rotation: no starvation;
 //! * reads do not block while any shard may have data. Only after a whole rotation came back empty does
-//!   one read use `BLOCK block_ms`, and the rotation starts over afterwards, so a shard that becomes busy
-//!   waits at most about `block_ms` plus one rotation.
+//!   the member wait, with one blocking read over all its idle shards (the `wait` module), and the
+//!   rotation starts over afterwards, so an entry written to an idle shard is picked up within the wait
+//!   and an idle member costs a couple of commands a second, however many shards it owns.
 //!
 //! # Connections
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
-//! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. Each worker slot gets
-//! its own connection, created the first time it must block, used only for `XREADGROUP BLOCK` (redis-rs
-//! would queue every other command behind a blocking read on a shared connection). A member therefore
-//! opens at most `1 + runtime_max_concurrency` connections, however many shards it owns.
+//! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. The idle wait has a
+//! second connection of its own, used only for `XREADGROUP BLOCK` (redis-rs would queue every other
+//! command behind a blocking read on a shared connection). A member therefore opens two connections,
+//! however many shards it owns and workers it has.
 //!
 //! # Delivery
 //!
@@ -44,6 +45,7 @@ mod config;
 mod job;
 mod message;
 mod ops;
+mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
 pub use message::{AckError, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage};
@@ -210,7 +212,8 @@ struct JobMeta {
     shard: u32,
     generation: u64,
     slot: usize,
-    block: bool,
+    /// The idle wait's shards and their generations (empty for a shard's job).
+    wait: Vec<(u32, u64)>,
     abort: AbortHandle,
 }
 
@@ -223,10 +226,15 @@ struct Scheduler {
     meta: HashMap<tokio::task::Id, JobMeta>,
     /// Jobs still running per shard index, any generation: a new ownership waits for them.
     busy: HashMap<u32, usize>,
-    slots: Vec<Option<MultiplexedConnection>>,
+    /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
+    wait_conn: Option<(MultiplexedConnection, i64)>,
     free_slots: Vec<usize>,
-    /// Consecutive reads that found nothing: a full rotation of them allows one blocking read.
+    /// Consecutive reads that found nothing: a full rotation of them starts the idle wait.
     idle_streak: usize,
+    /// The idle wait, while it runs.
+    wait: Option<tokio::task::Id>,
+    /// The Redis client id of the idle wait's connection (0: not known yet).
+    wait_client: Arc<std::sync::atomic::AtomicI64>,
     outbox: VecDeque<ShardReport>,
     next_generation: u64,
     /// `ready.len()` after dispatching: shards waiting for a worker. Jobs hand their shard back early
@@ -247,9 +255,11 @@ impl Scheduler {
             delayed: Vec::new(),
             meta: HashMap::new(),
             busy: HashMap::new(),
-            slots: (0..workers).map(|_| None).collect(),
+            wait_conn: None,
             free_slots: (0..workers).rev().collect(),
             idle_streak: 0,
+            wait: None,
+            wait_client: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             outbox: VecDeque::new(),
             next_generation: 0,
             waiting: Arc::new(AtomicUsize::new(0)),
@@ -280,6 +290,7 @@ impl Scheduler {
                     Some(command) => self.on_command(command),
                     None => {
                         closing = true;
+                        self.interrupt_wait();
                         for shard in self.shards.values() {
                             shard.stop.store(true, Ordering::Release);
                         }
@@ -327,6 +338,8 @@ impl Scheduler {
     }
 
     fn assign(&mut self, shard: u32, token: FencingToken) {
+        // The new shard joins the rotation now, and the next wait.
+        self.interrupt_wait();
         if let Some(state) = self.shards.get_mut(&shard) {
             match state.mode {
                 Mode::Owned => state.token = token,
@@ -384,6 +397,13 @@ impl Scheduler {
         }
         state.mode = Mode::Revoking;
         state.stop.store(true, Ordering::Release);
+        if state.running {
+            // If the idle wait holds it, the revocation need not wait for the wait's timeout.
+            self.interrupt_wait();
+        }
+        let Some(state) = self.shards.get_mut(&shard) else {
+            return;
+        };
         self.ready.retain(|s| *s != shard);
         self.delayed.retain(|(_, s, _)| *s != shard);
         let in_flight = if state.running {
@@ -442,12 +462,149 @@ impl Scheduler {
         self.waiting.store(self.ready.len(), Ordering::Release);
     }
 
+    /// Ends the idle wait early. Aborting the task would not end the read in Redis, which could then
+    /// still hand entries to it after a revocation was reported; `CLIENT UNBLOCK` ends it there, and the
+    /// wait returns normally with whatever it read (pending under this member, reported before REVOKED).
+    fn interrupt_wait(&mut self) {
+        let Some(meta) = self.wait.and_then(|id| self.meta.get(&id)) else {
+            return;
+        };
+        let client = self.wait_client.load(Ordering::Acquire);
+        if client <= 0 {
+            // Not connected yet, so not blocking yet.
+            meta.abort.abort();
+            return;
+        }
+        let mut conn = self.shared.conn.clone();
+        tokio::spawn(async move {
+            let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(client)
+                .query_async(&mut conn)
+                .await;
+            if let Err(error) = unblocked {
+                tracing::debug!(%error, "could not interrupt the idle wait; it ends at its timeout");
+            }
+        });
+    }
+
+    /// Starts the idle wait over every ready shard that only needs new entries, if a whole rotation came
+    /// back empty.
+    fn start_wait(&mut self, jobs: &mut JoinSet<JobOutcome>) {
+        let owned = self.owned_live();
+        if self.wait.is_some() || owned == 0 || self.idle_streak < owned {
+            return;
+        }
+        let Some(&slot) = self.free_slots.last() else {
+            return;
+        };
+        let half = self.shared.config.reclaim_idle / 2;
+        let eligible = |state: &ShardState| {
+            !state.running
+                && state.mode == Mode::Owned
+                && state.phase == Some(Phase::Live)
+                && state.held.is_empty()
+                && state.missing_group.is_none()
+                && state.reclaimed_at.elapsed() < half
+        };
+        let mut shards = Vec::new();
+        let mut members = Vec::new();
+        self.ready.retain(|shard| {
+            let Some(state) = self.shards.get_mut(shard) else {
+                return false;
+            };
+            if !eligible(state) {
+                return true;
+            }
+            state.running = true;
+            shards.push((*shard, state.key.clone()));
+            members.push((*shard, state.generation));
+            false
+        });
+        if shards.is_empty() {
+            return;
+        }
+        self.free_slots.pop();
+        for (shard, _) in &members {
+            *self.busy.entry(*shard).or_insert(0) += 1;
+        }
+        let conn = self.wait_conn.take();
+        self.wait_client
+            .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
+        let spec = wait::WaitSpec {
+            shards,
+            conn,
+            client: self.wait_client.clone(),
+            deadline: self.deadline.clone(),
+        };
+        let abort = jobs.spawn(wait::run(self.shared.clone(), spec));
+        self.wait = Some(abort.id());
+        self.meta.insert(
+            abort.id(),
+            JobMeta {
+                shard: u32::MAX,
+                generation: 0,
+                slot,
+                wait: members,
+                abort,
+            },
+        );
+    }
+
+    fn on_wait_end(&mut self, meta: JobMeta, mut outcome: JobOutcome) {
+        self.wait = None;
+        self.idle_streak = 0;
+        if let Some(conn) = outcome.conn.take() {
+            self.wait_conn = Some(conn);
+        }
+        if let Some(error) = &outcome.error {
+            tracing::warn!(%error, "idle wait failed; polling the shards one by one");
+        }
+        let again = outcome.error.is_some() || outcome.expired;
+        let mut woke: HashMap<u32, Vec<Entry>> = outcome.woke.drain(..).collect();
+        for (shard, generation) in meta.wait {
+            if let Some(busy) = self.busy.get_mut(&shard) {
+                *busy -= 1;
+                if *busy == 0 {
+                    self.busy.remove(&shard);
+                }
+            }
+            let Some(state) = self.shards.get_mut(&shard) else {
+                continue;
+            };
+            if state.generation != generation {
+                if state.waiting_for_old_job && !self.busy.contains_key(&shard) && !state.running {
+                    state.waiting_for_old_job = false;
+                    self.ready.push_back(shard);
+                }
+                continue;
+            }
+            state.running = false;
+            if let Some(entries) = woke.remove(&shard).filter(|e| !e.is_empty()) {
+                state.last_delivered = entries.last().map(|e| e.id.clone());
+                state.dirty = true;
+                state.held.extend(entries);
+            }
+            if state.mode == Mode::Revoking {
+                self.finish_revoke(shard);
+            } else if again {
+                self.delayed
+                    .push((Instant::now() + HOLD_RETRY, shard, generation));
+            } else {
+                self.ready.push_back(shard);
+            }
+        }
+    }
+
     fn dispatch_ready(&mut self, jobs: &mut JoinSet<JobOutcome>) {
         while !self.free_slots.is_empty() {
+            self.start_wait(jobs);
+            if self.free_slots.is_empty() {
+                return;
+            }
             let Some(shard) = self.ready.pop_front() else {
                 return;
             };
-            let owned = self.owned_live();
             let Some(state) = self.shards.get_mut(&shard) else {
                 continue;
             };
@@ -470,7 +627,6 @@ impl Scheduler {
             if reclaim {
                 state.reclaimed_at = Instant::now();
             }
-            let block = phase == Phase::Live && self.idle_streak >= owned;
             let Some(slot) = self.free_slots.pop() else {
                 return;
             };
@@ -481,10 +637,8 @@ impl Scheduler {
                 token: state.token.clone(),
                 lease: state.lease.clone(),
                 phase,
-                block,
                 stop: state.stop.clone(),
                 in_flight: state.in_flight.clone(),
-                conn: if block { self.slots[slot].take() } else { None },
                 waiting: self.waiting.clone(),
                 held: std::mem::take(&mut state.held),
                 reclaim,
@@ -499,7 +653,7 @@ impl Scheduler {
                     shard,
                     generation,
                     slot,
-                    block,
+                    wait: Vec::new(),
                     abort,
                 },
             );
@@ -511,6 +665,10 @@ impl Scheduler {
             return;
         };
         self.free_slots.push(meta.slot);
+        if !meta.wait.is_empty() {
+            self.on_wait_end(meta, outcome.unwrap_or_default());
+            return;
+        }
         let shard = meta.shard;
         if let Some(busy) = self.busy.get_mut(&shard) {
             *busy -= 1;
@@ -519,9 +677,6 @@ impl Scheduler {
             }
         }
         let mut outcome = outcome.unwrap_or_default();
-        if let Some(conn) = outcome.conn.take() {
-            self.slots[meta.slot] = Some(conn);
-        }
         let Some(state) = self.shards.get_mut(&shard) else {
             return;
         };
@@ -582,8 +737,8 @@ impl Scheduler {
                 .push((Instant::now() + delay, shard, state.generation));
             return;
         }
-        if outcome.fetched > 0 || meta.block {
-            // Data found, or a blocking read just waited: poll the whole rotation again before blocking.
+        if outcome.fetched > 0 {
+            // Data found: poll the whole rotation again before waiting.
             self.idle_streak = 0;
         } else {
             self.idle_streak += 1;

@@ -324,54 +324,71 @@ impl Shared {
 
     /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
     /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
-    pub(crate) async fn blocking_connection(&self) -> RedisResult<MultiplexedConnection> {
+    /// Returns it with its Redis client id (for `CLIENT UNBLOCK`).
+    pub(crate) async fn blocking_connection(&self) -> RedisResult<(MultiplexedConnection, i64)> {
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(self.config.response_timeout));
-        self.client
+        let mut conn = self
+            .client
             .get_multiplexed_async_connection_with_config(&config)
-            .await
+            .await?;
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await?;
+        Ok((conn, id))
     }
 
-    /// `XREADGROUP`, blocking for `block_ms` (`Some(0)` would block forever: never sent).
-    fn read_cmd(&self, key: &str, block_ms: Option<u64>) -> redis::Cmd {
+    /// `XREADGROUP` without blocking.
+    fn read_cmd(&self, key: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size);
-        if let Some(ms) = block_ms.filter(|&ms| ms > 0) {
-            cmd.arg("BLOCK").arg(ms);
-        }
-        cmd.arg("STREAMS").arg(key).arg(">");
+            .arg(self.config.batch_size)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(">");
         cmd
     }
 
-    /// `XREADGROUP ... STREAMS key >`: new entries. With a `blocking` connection the read blocks for
-    /// `block_ms`, but never longer than `at_most` (what is left of the member's lease).
-    pub(crate) async fn read_new_blocking(
-        &self,
-        key: &str,
-        blocking: Option<&mut MultiplexedConnection>,
-        at_most: Duration,
-    ) -> RedisResult<Vec<Entry>> {
-        let reply: Value = match blocking {
-            Some(conn) => {
-                let ms = self
-                    .config
-                    .block_ms
-                    .min(at_most.as_millis().min(u128::from(u64::MAX)) as u64);
-                self.read_cmd(key, Some(ms)).query_async(conn).await?
-            }
-            None => {
-                self.read_cmd(key, None)
-                    .query_async(&mut self.conn.clone())
-                    .await?
-            }
-        };
+    /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
+    pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
+        let reply: Value = self
+            .read_cmd(key)
+            .query_async(&mut self.conn.clone())
+            .await?;
         Ok(parse_read_reply(reply))
+    }
+
+    /// The idle wait: one `XREADGROUP ... BLOCK` over several shard streams, on a blocking connection.
+    /// Returns the entries by stream key. (One multi-key command: a single Redis node only; on a cluster
+    /// the keys of one wait must share a slot.)
+    pub(crate) async fn wait_new(
+        &self,
+        keys: &[&str],
+        conn: &mut MultiplexedConnection,
+        block: Duration,
+    ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
+        let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg("COUNT")
+            .arg(self.config.batch_size)
+            .arg("BLOCK")
+            .arg(ms)
+            .arg("STREAMS")
+            .arg(keys);
+        for _ in keys {
+            cmd.arg(">");
+        }
+        let reply: Value = cmd.query_async(conn).await?;
+        Ok(parse_read_reply_by_stream(reply))
     }
 
     /// Claims entries that other consumers of the group have left pending for longer than
@@ -478,11 +495,11 @@ impl Shared {
     ) -> RedisResult<Vec<Entry>> {
         let Some(ack) = self.ack_cmd(key, ids) else {
             self.ack(key, ids).await?;
-            return self.read_new_blocking(key, None, Duration::ZERO).await;
+            return self.read_new(key).await;
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(key, None));
+        pipe.add_command(self.read_cmd(key));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
@@ -685,22 +702,30 @@ fn value_string(value: Value) -> Option<String> {
 
 /// `XREADGROUP` reply (one stream): `[[key, [[id, [f, v, ...]], ...]]]`, or nil when nothing was read.
 fn parse_read_reply(reply: Value) -> Vec<Entry> {
-    match reply {
+    parse_read_reply_by_stream(reply)
+        .into_iter()
+        .flat_map(|(_, entries)| entries)
+        .collect()
+}
+
+/// `XREADGROUP` reply over several streams, by stream key (RESP2 arrays or RESP3 maps); malformed parts
+/// are skipped.
+fn parse_read_reply_by_stream(reply: Value) -> Vec<(String, Vec<Entry>)> {
+    let pairs: Vec<(Value, Value)> = match reply {
         Value::Array(streams) => streams
             .into_iter()
-            .flat_map(|stream| match stream {
-                Value::Array(mut pair) if pair.len() == 2 => {
-                    parse_entries(pair.pop().unwrap_or(Value::Nil))
-                }
-                _ => Vec::new(),
+            .filter_map(|stream| match stream {
+                Value::Array(pair) => <[Value; 2]>::try_from(pair).ok().map(|[k, v]| (k, v)),
+                _ => None,
             })
             .collect(),
-        Value::Map(streams) => streams
-            .into_iter()
-            .flat_map(|(_, entries)| parse_entries(entries))
-            .collect(),
+        Value::Map(streams) => streams,
         _ => Vec::new(),
-    }
+    };
+    pairs
+        .into_iter()
+        .filter_map(|(key, entries)| Some((value_string(key)?, parse_entries(entries))))
+        .collect()
 }
 
 /// A list of `[id, [f, v, ...]]`; nil fields mark deleted entries.
@@ -890,6 +915,7 @@ mod decode_tests {
         #[test]
         fn stream_reply_decoders_never_panic(reply in value()) {
             let _ = parse_read_reply(reply.clone());
+            let _ = parse_read_reply_by_stream(reply.clone());
             let _ = parse_entries(reply.clone());
             let _ = parse_pending(reply.clone());
             let _ = parse_pending_counts(reply);
