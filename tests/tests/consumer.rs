@@ -151,6 +151,18 @@ async fn xreadgroup_calls(conn: &mut MultiplexedConnection) -> u64 {
         .unwrap_or(0)
 }
 
+async fn blocked_clients(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 async fn client_count(conn: &mut MultiplexedConnection) -> usize {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
@@ -425,10 +437,10 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
     cfg.runtime_max_concurrency = 1;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign(0..64).await;
-    // Let the claim phase of every shard pass so the consumer is in its idle rotation.
-    wait_until("idle rotation", Duration::from_secs(10), || {
+    // Let the claim phase of every shard pass so the consumer is in its idle wait.
+    wait_until("idle wait", Duration::from_secs(10), || {
         let mut conn = conn.clone();
-        async move { xreadgroup_calls(&mut conn).await >= 128 }
+        async move { blocked_clients(&mut conn).await == 1 }
     })
     .await;
     for round in 0..5u64 {

@@ -498,16 +498,16 @@ impl Scheduler {
         let Some(&slot) = self.free_slots.last() else {
             return;
         };
-        let half = self.shared.config.reclaim_idle / 2;
+        let half = self.shared.config.reclaim_idle;
         let eligible = |state: &ShardState| {
             !state.running
                 && state.mode == Mode::Owned
                 && state.phase == Some(Phase::Live)
                 && state.held.is_empty()
                 && state.missing_group.is_none()
-                && state.reclaimed_at.elapsed() < half
         };
         let mut shards = Vec::new();
+        let mut reclaim = Vec::new();
         let mut members = Vec::new();
         self.ready.retain(|shard| {
             let Some(state) = self.shards.get_mut(shard) else {
@@ -517,6 +517,10 @@ impl Scheduler {
                 return true;
             }
             state.running = true;
+            if state.reclaimed_at.elapsed() >= half {
+                state.reclaimed_at = Instant::now();
+                reclaim.push(*shard);
+            }
             shards.push((*shard, state.key.clone()));
             members.push((*shard, state.generation));
             false
@@ -533,6 +537,7 @@ impl Scheduler {
             .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
         let spec = wait::WaitSpec {
             shards,
+            reclaim,
             conn,
             client: self.wait_client.clone(),
             deadline: self.deadline.clone(),
@@ -553,14 +558,22 @@ impl Scheduler {
 
     fn on_wait_end(&mut self, meta: JobMeta, mut outcome: JobOutcome) {
         self.wait = None;
-        self.idle_streak = 0;
+        if outcome.fetched > 0 {
+            // Data: poll the whole rotation again before waiting. (An empty wait leaves the streak as it
+            // was, so the member simply waits again.)
+            self.idle_streak = 0;
+        }
         if let Some(conn) = outcome.conn.take() {
             self.wait_conn = Some(conn);
         }
         if let Some(error) = &outcome.error {
             tracing::warn!(%error, "idle wait failed; polling the shards one by one");
         }
-        let again = outcome.error.is_some() || outcome.expired;
+        if outcome.missing_group {
+            // Which shard lost its group is found by the shards' own reads: poll them one by one.
+            self.idle_streak = 0;
+        }
+        let again = outcome.error.is_some() || outcome.expired || outcome.missing_group;
         let mut woke: HashMap<u32, Vec<Entry>> = outcome.woke.drain(..).collect();
         for (shard, generation) in meta.wait {
             if let Some(busy) = self.busy.get_mut(&shard) {
@@ -623,7 +636,7 @@ impl Scheduler {
                 continue;
             };
             let reclaim = phase == Phase::Live
-                && state.reclaimed_at.elapsed() >= self.shared.config.reclaim_idle / 2;
+                && state.reclaimed_at.elapsed() >= self.shared.config.reclaim_idle;
             if reclaim {
                 state.reclaimed_at = Instant::now();
             }

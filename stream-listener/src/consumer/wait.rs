@@ -23,6 +23,9 @@ use super::ops::Shared;
 /// The shards to wait on, by index and stream key.
 pub(crate) struct WaitSpec {
     pub(crate) shards: Vec<(u32, Arc<str>)>,
+    /// Shards due to look for entries other consumers left pending too long: done first, without
+    /// blocking, so those shards stay watched by the wait.
+    pub(crate) reclaim: Vec<u32>,
     pub(crate) conn: Option<(MultiplexedConnection, i64)>,
     /// Where to publish the connection's client id, so the scheduler can `CLIENT UNBLOCK` it.
     pub(crate) client: Arc<AtomicI64>,
@@ -42,6 +45,30 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
                 return outcome;
             }
         }
+    }
+    for shard in std::mem::take(&mut spec.reclaim) {
+        let Some((_, key)) = spec.shards.iter().find(|(s, _)| *s == shard) else {
+            continue;
+        };
+        if !spec.deadline.is_valid() {
+            break;
+        }
+        match shared.reclaim_stale(key).await {
+            Ok(entries) if entries.is_empty() => {}
+            Ok(entries) => {
+                tracing::warn!(shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
+                outcome.fetched += entries.len();
+                outcome.woke.push((shard, entries));
+            }
+            Err(error) if is_missing_group(&error) => outcome.missing_group = true,
+            Err(error) => {
+                tracing::debug!(shard, %error, "looking for stale pending entries failed")
+            }
+        }
+    }
+    if outcome.fetched > 0 || outcome.missing_group {
+        outcome.conn = spec.conn;
+        return outcome;
     }
     // Read at the last moment: connecting may have taken a while.
     let Some(left) = spec.deadline.remaining() else {
