@@ -82,6 +82,17 @@ async fn spawn_member(
     id: &str,
     ledger: SharedLedger,
 ) -> RunningMember {
+    spawn_member_with(url, group, shards, id, ledger, CONFIG).await
+}
+
+async fn spawn_member_with(
+    url: &str,
+    group: &str,
+    shards: u32,
+    id: &str,
+    ledger: SharedLedger,
+    config: GroupConfig,
+) -> RunningMember {
     let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
     let (reports_tx, reports_rx) = mpsc::unbounded_channel();
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -123,7 +134,8 @@ async fn spawn_member(
     let task = tokio::spawn(
         MemberLoop {
             session: session(id),
-            store: store(url, group, shards).await,
+            store: GroupStore::new(connect(url).await, "orders", group, shards, config)
+                .expect("store"),
             commands: commands_tx,
             reports: reports_rx,
             shutdown: shutdown_rx,
@@ -621,4 +633,50 @@ async fn renewal_is_refused_once_the_snapshot_is_gone() {
         "{response:?}"
     );
     assert_eq!(a.on_response(&response), vec![ShardCommand::Fence]);
+}
+
+/// The scale test of the coordination issue: 256 members (64 pods x `concurrency = 4`) with real heartbeat
+/// loops joining one group at once converge: every shard granted, spread <= 1, all STABLE, no overlap.
+/// It asserts convergence, not time (the benchmark measures time: `cargo bench --bench coordination`);
+/// before the store serialized its writers, 256 members did not converge within 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_fifty_six_members_joining_at_once_converge() {
+    const MEMBERS: usize = 256;
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let config = GroupConfig {
+        heartbeat_interval_ms: 1_000,
+        session_timeout_ms: 20_000,
+        rebalance_timeout_ms: 30_000,
+    };
+    let mut members = Vec::new();
+    for i in 0..MEMBERS {
+        members.push(
+            spawn_member_with(
+                &redis.url(),
+                "scale",
+                256,
+                &format!("m{i}"),
+                ledger.clone(),
+                config,
+            )
+            .await,
+        );
+    }
+    let mut observer = GroupStore::new(connect(&redis.url()).await, "orders", "scale", 256, config)
+        .expect("store");
+    let took = wait_for(
+        &mut observer,
+        Duration::from_secs(240),
+        converged(MEMBERS, 256),
+    )
+    .await;
+    println!("{MEMBERS} members converged in {took:?}");
+    let ledger = ledger.lock().unwrap();
+    assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
+    assert!(ledger.backwards.is_empty(), "{:?}", ledger.backwards);
+    drop(ledger);
+    for m in &members {
+        let _ = m.shutdown.send(true);
+    }
 }

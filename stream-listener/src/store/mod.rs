@@ -308,27 +308,61 @@ impl GroupStore {
         mut input: impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
         sender: Option<&str>,
     ) -> Result<R, StoreError> {
-        // The common case needs no lock: nothing to write, or only the sender's lease to renew.
-        if self.cache.is_some() {
-            if let Some(response) = self.attempt(&mut input, sender, false).await? {
-                return Ok(response);
+        // The common case needs no lock: nothing to write, or only the sender's lease to renew. A real
+        // change computed on the cache is kept for the locked path below.
+        let mut prepared = None;
+        if let Some(mut snapshot) = self.cache.take() {
+            let now = self.now();
+            let outcome = input(&mut snapshot.coordinator, now);
+            match outcome.change {
+                Change::None => {
+                    self.cache = Some(snapshot);
+                    return Ok(outcome.response);
+                }
+                Change::Lease => {
+                    let member = sender.expect("only heartbeats renew leases");
+                    if self.renew(&mut snapshot, member).await? {
+                        self.cache = Some(snapshot);
+                        return Ok(outcome.response);
+                    }
+                }
+                Change::Metadata => prepared = Some((snapshot, now, outcome)),
             }
         }
         let token = self.lock().await?;
+        // If this future is dropped (the caller's timeout) while holding the lock, release it anyway:
+        // otherwise every other writer would wait for it to expire.
+        let guard = LockGuard {
+            conn: self.conn.clone(),
+            release: self.scripts.release.clone(),
+            keys: self.keys.clone(),
+            token: Some(token.clone()),
+        };
         let result = async {
+            if let Some((mut snapshot, now, outcome)) = prepared {
+                // Nobody committed since the cache was read: what was computed on it is what a reload
+                // would compute, so commit it as it is (the commit's compare-and-set still checks).
+                if self.revision().await? == snapshot.revision
+                    && self.commit(&mut snapshot, now, &outcome).await?
+                {
+                    self.cache = Some(snapshot);
+                    return Ok(outcome.response);
+                }
+            }
             for attempt in 0..MAX_ATTEMPTS {
                 if attempt > 0 {
                     // Someone wrote without the lock (it expired while we worked): spread out and retry.
                     let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
-                if let Some(response) = self.attempt(&mut input, sender, true).await? {
+                if let Some(response) = self.attempt(&mut input, sender).await? {
                     return Ok(response);
                 }
             }
             Err(StoreError::Contention)
         }
         .await;
+        guard.disarm();
         self.unlock(&token).await;
         if result.is_err() {
             self.cache = None;
@@ -336,17 +370,23 @@ impl GroupStore {
         result
     }
 
-    /// Runs the input on the snapshot (reloaded first if `reload` or none is cached) and writes the
-    /// outcome. `None`: refused, the cache is dropped.
+    /// The store revision in Redis now.
+    async fn revision(&mut self) -> Result<i64, StoreError> {
+        let revision: Option<i64> = redis::cmd("GET")
+            .arg(&self.keys.rev)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(revision.unwrap_or(0))
+    }
+
+    /// Reloads the snapshot, runs the input on it and writes the outcome. `None`: refused, the cache is
+    /// dropped.
     async fn attempt<R>(
         &mut self,
         input: &mut impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
         sender: Option<&str>,
-        reload: bool,
     ) -> Result<Option<R>, StoreError> {
-        if reload || self.cache.is_none() {
-            self.reload().await?;
-        }
+        self.reload().await?;
         let now = self.now();
         // The snapshot leaves the cache while the write is in flight and comes back only once Redis
         // accepted it: a failed, refused or abandoned (dropped future) write can never leave an
@@ -571,6 +611,42 @@ impl GroupStore {
         stats::add(&stats::COMMIT_BYTES, bytes);
         snapshot.revision = revision;
         Ok(true)
+    }
+}
+
+/// Releases the writer lock from a task of its own if the write that took it was abandoned.
+struct LockGuard {
+    conn: ConnectionManager,
+    release: Script,
+    keys: GroupKeys,
+    token: Option<String>,
+}
+
+impl LockGuard {
+    fn disarm(mut self) {
+        self.token = None;
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // It expires by itself.
+        };
+        let (mut conn, release, keys) =
+            (self.conn.clone(), self.release.clone(), self.keys.clone());
+        runtime.spawn(async move {
+            let _: Result<i64, _> = release
+                .key(&keys.writer)
+                .key(&keys.turn)
+                .arg(token)
+                .arg(WRITER_LOCK_MS)
+                .invoke_async(&mut conn)
+                .await;
+        });
     }
 }
 
