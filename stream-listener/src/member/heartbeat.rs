@@ -100,9 +100,7 @@ impl MemberLoop {
                 if Instant::now() >= deadline {
                     tracing::warn!(member = %self.session.member_id(), "shutdown deadline passed before the leave completed");
                     self.deadline.set(i64::MIN);
-                    for command in [ShardCommand::Fence] {
-                        let _ = self.commands.send(command);
-                    }
+                    let _ = self.commands.send(ShardCommand::Fence);
                     break;
                 }
             }
