@@ -11,7 +11,7 @@ pub enum CliError {
     /// Redis could not be reached.
     #[error("cannot connect to Redis at {url}: {source}")]
     Connect {
-        /// The URL given.
+        /// The URL given, redacted (`redis://user:***@host`).
         url: String,
         /// Why.
         source: redis::RedisError,
@@ -55,4 +55,10 @@ pub enum CliError {
     /// Something the operator asked for does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The command was refused before it changed anything.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Reading the operator's answer failed.
+    #[error("cannot read the confirmation: {0}")]
+    Io(#[from] std::io::Error),
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Value;
 use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
 
 use crate::error::CliError;
@@ -26,8 +27,9 @@ impl std::fmt::Debug for Ctx {
 impl Ctx {
     /// Connects, failing fast when Redis is unreachable.
     pub async fn connect(url: &str) -> Result<Self, CliError> {
+        // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
-            url: url.to_string(),
+            url: redact_url(url),
             source,
         };
         let client = redis::Client::open(url).map_err(connect_error)?;
@@ -112,6 +114,8 @@ pub struct ConsumerGroupInfo {
     pub lag: Option<u64>,
     /// Last id delivered to the group.
     pub last_delivered_id: Option<String>,
+    /// Entries the group has read (Redis >= 7; nil when Redis cannot tell).
+    pub entries_read: Option<u64>,
 }
 
 impl ConsumerGroupInfo {
@@ -122,6 +126,7 @@ impl ConsumerGroupInfo {
             pending: text("pending").and_then(|v| v.parse().ok()),
             lag: text("lag").and_then(|v| v.parse().ok()),
             last_delivered_id: text("last-delivered-id"),
+            entries_read: text("entries-read").and_then(|v| v.parse().ok()),
         }
     }
 }
