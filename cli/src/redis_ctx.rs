@@ -94,6 +94,19 @@ impl Ctx {
         Ok(groups.iter().map(ConsumerGroupInfo::from_fields).collect())
     }
 
+    /// `entries-added` of `XINFO STREAM key` (Redis >= 7; `None` before).
+    pub async fn entries_added(&mut self, key: &str) -> Result<Option<u64>, CliError> {
+        let info: HashMap<String, Value> = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(info
+            .get("entries-added")
+            .and_then(value_text)
+            .and_then(|v| v.parse().ok()))
+    }
+
     /// `XLEN key`.
     pub async fn stream_len(&mut self, key: &str) -> Result<u64, CliError> {
         Ok(redis::cmd("XLEN")

@@ -47,8 +47,21 @@ pub struct ShardStats {
     pub pending: Option<u64>,
     /// Last id delivered to the group.
     pub last_delivered_id: Option<String>,
-    /// Entries the group has read (Redis >= 7).
+    /// Entries the group has read (Redis >= 7; nil until Redis can tell).
     pub entries_read: Option<u64>,
+    /// Entries ever added to the shard stream (Redis >= 7).
+    pub entries_added: Option<u64>,
+}
+
+impl ShardStats {
+    /// Entries the group has consumed: `entries-read`, else entries added minus lag.
+    pub fn consumed(&self) -> Option<u64> {
+        self.entries_read.or_else(|| {
+            self.entries_added
+                .zip(self.lag)
+                .map(|(added, lag)| added.saturating_sub(lag))
+        })
+    }
 }
 
 impl GroupSnapshot {
@@ -88,12 +101,21 @@ impl GroupSnapshot {
         self.shards.iter().filter_map(|s| s.pending).sum()
     }
 
-    /// Total entries read, if every existing shard group reports it (Redis >= 7).
-    pub fn total_entries_read(&self) -> Option<u64> {
+    /// Total entries consumed, if every shard group can tell (Redis >= 7).
+    pub fn total_consumed(&self) -> Option<u64> {
         self.shards
             .iter()
             .filter(|s| s.has_group)
-            .map(|s| s.entries_read)
+            .map(ShardStats::consumed)
+            .sum()
+    }
+
+    /// Total entries ever added to the shard streams, if every one can tell (Redis >= 7).
+    pub fn total_added(&self) -> Option<u64> {
+        self.shards
+            .iter()
+            .filter(|s| s.exists)
+            .map(|s| s.entries_added)
             .sum()
     }
 }
@@ -107,10 +129,13 @@ pub async fn shard_stats(
 ) -> Result<ShardStats, CliError> {
     let key = shard_stream_key(stream, shard);
     let exists = ctx.exists(&key).await?;
-    let length = if exists {
-        Some(ctx.stream_len(&key).await?)
+    let (length, entries_added) = if exists {
+        (
+            Some(ctx.stream_len(&key).await?),
+            ctx.entries_added(&key).await?,
+        )
     } else {
-        None
+        (None, None)
     };
     let info = ctx
         .consumer_groups(&key)
@@ -127,6 +152,7 @@ pub async fn shard_stats(
         pending: info.as_ref().and_then(|i| i.pending),
         last_delivered_id: info.as_ref().and_then(|i| i.last_delivered_id.clone()),
         entries_read: info.and_then(|i| i.entries_read),
+        entries_added,
     })
 }
 

@@ -128,8 +128,9 @@ pub async fn list(
     let mut out = table.render();
     let of_group = group.map_or_else(String::new, |g| format!(" of group `{g}`"));
     out.push_str(&format!(
-        "\n{} dead letters{of_group} shown; {total} in {key}\n",
-        entries.len()
+        "\n{} dead letter{}{of_group} shown; {total} in {key}\n",
+        entries.len(),
+        plural(entries.len())
     ));
     Ok(out)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::commands::status::{lease_left, member_label, resharding};
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
-use crate::snapshot::{visible_members, GroupSnapshot};
+use crate::snapshot::{visible_members, GroupSnapshot, ShardStats};
 use crate::table::{label, or_dash, seconds, shard_list, utc, Table};
 
 /// ANSI: cursor home, clear screen.
@@ -64,8 +64,8 @@ pub async fn run(
 /// One frame: header (group, time, state, epochs, backlog and rates), members, then shards.
 ///
 /// Rates are per second between `previous` and `current` (Redis time): consumed from the group's
-/// `entries-read`, produced from `entries-read + lag` (the entries added to the shard streams); `-` on the
-/// first frame or when Redis (< 7) does not report `entries-read`.
+/// `entries-read` (or entries added minus lag), produced from the shard streams' `entries-added`; `-` on
+/// the first frame or when Redis (< 7) cannot tell.
 pub fn render(
     current: &GroupSnapshot,
     previous: Option<&GroupSnapshot>,
@@ -84,9 +84,6 @@ pub fn render(
             )
         }
         _ => "-".to_string(),
-    };
-    let added = |s: &GroupSnapshot| -> Option<u64> {
-        s.total_entries_read().map(|read| read + s.total_lag())
     };
     let mut out = String::new();
     let _ = writeln!(
@@ -113,10 +110,13 @@ pub fn render(
         current.total_lag(),
         current.total_pending(),
         rate(
-            current.total_entries_read(),
-            previous.and_then(GroupSnapshot::total_entries_read)
+            current.total_consumed(),
+            previous.and_then(GroupSnapshot::total_consumed)
         ),
-        rate(added(current), previous.and_then(added)),
+        rate(
+            current.total_added(),
+            previous.and_then(GroupSnapshot::total_added)
+        ),
     );
     if !view.invariant_violations.is_empty() {
         let _ = writeln!(
@@ -177,7 +177,7 @@ pub fn render(
             or_dash(stats.lag),
             or_dash(stats.pending),
             or_dash(stats.last_delivered_id.as_deref()),
-            rate(stats.entries_read, before.and_then(|b| b.entries_read)),
+            rate(stats.consumed(), before.and_then(ShardStats::consumed)),
         ]);
     }
     out.push_str(&shards.render());
@@ -187,7 +187,6 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::ShardStats;
     use stream_listener::coordinator::metadata::MemberState;
     use stream_listener::coordinator::projection::{
         GroupProjection, GroupState, MemberView, ShardView,
@@ -253,6 +252,7 @@ mod tests {
                     pending: Some(1),
                     last_delivered_id: Some(format!("1700000000000-{}", read[i])),
                     entries_read: Some(read[i]),
+                    entries_added: Some(read[i] + lag[i]),
                 })
                 .collect(),
         }
