@@ -16,6 +16,9 @@ pub enum CliError {
         /// Why.
         source: redis::RedisError,
     },
+    /// TLS files could not be read.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

@@ -32,8 +32,36 @@ struct Cli {
         global = true
     )]
     redis_url: String,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// TLS for `rediss://` URLs. Without `--tls-ca-cert` the system's root certificates are trusted.
+#[derive(Debug, Args)]
+struct TlsArgs {
+    /// PEM file of the certificate authority that signed the server's certificate.
+    #[arg(long, env = "REDIS_TLS_CA_CERT", global = true, value_name = "PEM")]
+    tls_ca_cert: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate, for servers that require one (`tls-auth-clients yes`).
+    #[arg(
+        long,
+        env = "REDIS_TLS_CERT",
+        global = true,
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(
+        long,
+        env = "REDIS_TLS_KEY",
+        global = true,
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 /// `--stream S --group G`.
@@ -265,7 +293,12 @@ fn main() -> ExitCode {
 /// Runs one command; returns what to print.
 async fn run(cli: Cli) -> Result<String, CliError> {
     use commands::dead_letters;
-    let mut ctx = Ctx::connect(&cli.redis_url).await?;
+    let tls = redis_ctx::TlsFiles {
+        ca_cert: cli.tls.tls_ca_cert,
+        cert: cli.tls.tls_cert,
+        key: cli.tls.tls_key,
+    };
+    let mut ctx = Ctx::connect(&cli.redis_url, &tls).await?;
     match cli.command {
         Command::Groups { scan_limit, output } => {
             commands::groups::run(&mut ctx, scan_limit, output.json).await

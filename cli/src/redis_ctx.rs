@@ -4,12 +4,53 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Value;
+use redis::{ClientTlsConfig, TlsCertificates, Value};
+use std::path::PathBuf;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
 
 use crate::error::CliError;
+
+/// PEM files for TLS connections.
+#[derive(Debug, Default, Clone)]
+pub struct TlsFiles {
+    /// The certificate authority to trust instead of the system's roots.
+    pub ca_cert: Option<PathBuf>,
+    /// A client certificate (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca_cert.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    fn load(&self) -> Result<TlsCertificates, CliError> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| CliError::Tls(format!("{what} {}: {e}", path.display())))
+        };
+        let root_cert = self
+            .ca_cert
+            .as_ref()
+            .map(|p| read(p, "CA certificate"))
+            .transpose()?;
+        let client_tls = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read(cert, "client certificate")?,
+                client_key: read(key, "client key")?,
+            }),
+            _ => None,
+        };
+        Ok(TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
 
 /// A connection to the Redis the group lives in.
 #[derive(Clone)]
@@ -25,14 +66,20 @@ impl std::fmt::Debug for Ctx {
 }
 
 impl Ctx {
-    /// Connects, failing fast when Redis is unreachable.
-    pub async fn connect(url: &str) -> Result<Self, CliError> {
+    /// Connects, failing fast when Redis is unreachable. A `rediss://` URL uses TLS, trusting `tls.ca_cert`
+    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given.
+    pub async fn connect(url: &str, tls: &TlsFiles) -> Result<Self, CliError> {
         // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
             url: redact_url(url),
             source,
         };
-        let client = redis::Client::open(url).map_err(connect_error)?;
+        let client = if tls.is_empty() {
+            redis::Client::open(url).map_err(connect_error)?
+        } else {
+            let certificates = tls.load()?;
+            redis::Client::build_with_tls(url, certificates).map_err(connect_error)?
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(10)))
