@@ -705,12 +705,14 @@ fn normalize(text: &str) -> String {
     let rules = [
         (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", "<TIME>"),
         (r"\b\d{13}-\d+\b", "<ID>"),
-        // Member epochs come from the store's clock.
+        // Store revisions and member epochs come from the store's clock; the metadata version counts
+        // writes, which depend on when the new group's grant pause ends.
+        (r"revision( +)\d+", "revision${1}REV"),
+        (r"metadata version \d+", "metadata version N"),
         (r"\b\d{13,}\b", "<EPOCH>"),
         (r"\b\d+\.\d/s", "<RATE>"),
         (r"\b\d+\.\ds\b", "<DUR>"),
         (r"127\.0\.0\.1:\d+", "127.0.0.1:<PORT>"),
-        (r"revision( +)\d+", "revision${1}REV"),
         (r" {2,}", "  "),
         (r" +\n", "\n"),
     ];
@@ -779,7 +781,7 @@ stream  orders
 group  billing
 state  STABLE
 store revision  REV
-epochs  group 2, assignment 2, metadata version 6
+epochs  group 2, assignment 2, metadata version N
 shard count  4
 resharding  none
 backlog  lag 40, pending 0 (all shards; `shards` has them per shard)

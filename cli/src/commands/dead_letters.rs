@@ -15,9 +15,9 @@
 //! * Consumers that do not know the field (the spec's JVM and Python clients, older builds of this library)
 //!   handle it like any entry; `--to-all-groups` makes that explicit for a replay meant for everyone.
 //! * `XCLAIM ... FORCE` of the original entry into the failed group's pending list would touch no other
-//!   group, but works only while the original still exists (not after `ack_delete` or trimming), and a
-//!   running owner only claims pending entries when it takes a shard over, so the entry would wait for the
-//!   next rebalance.
+//!   group, but works only while the original still exists (not after `ack_delete` or trimming), and the
+//!   running owner picks up another consumer's pending entry only at a takeover or once it has been idle
+//!   for a session timeout, then handles it out of order with the key's newer entries.
 //! * A per-group retry stream would need every consumer to read a second stream per shard, and would lose
 //!   the order with the key's newer entries.
 //!
