@@ -1,7 +1,8 @@
 //! The CLI over TLS (`rediss://`) against a `redis-server` with a self-signed certificate authority made by
 //! `openssl` in the test: trusted through `--tls-ca-cert`, through `SSL_CERT_FILE` (the system-roots path,
 //! which is also what the library's `Runtime` uses), with a client certificate (mutual TLS), and refused
-//! when the authority is not trusted.
+//! when the authority is not trusted; then the library itself (producer and `Runtime`) over the same
+//! `rediss://` URL.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -272,4 +273,72 @@ fn rediss_with_a_self_signed_authority() {
         String::from_utf8_lossy(&out.stderr).contains("TLS: CA certificate nope.pem"),
         "{out:?}"
     );
+
+    library_over_tls(&server);
+}
+
+/// The library over TLS: a producer and a `Runtime` member on `rediss://`, trusting the test authority
+/// through `SSL_CERT_FILE` (as a deployment would through the system's roots).
+fn library_over_tls(server: &TlsRedis) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use stream_listener::coordinator::metadata::GroupConfig;
+    use stream_listener::topology::Topology;
+    use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+
+    // Only this test runs in this binary's process, and it sets the variable before any other thread
+    // (the async runtime's) exists.
+    std::env::set_var("SSL_CERT_FILE", server.dir.join("ca.pem"));
+    let url = format!("rediss://127.0.0.1:{}/", server.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client
+            .get_connection_manager()
+            .await
+            .expect("TLS connection");
+        Topology::ensure(&mut conn, "tls", 2).await.unwrap();
+        let handled = Arc::new(AtomicUsize::new(0));
+        let counter = handled.clone();
+        let running = Runtime::new(url.clone())
+            .without_annotated_listeners()
+            .group_config(GroupConfig {
+                heartbeat_interval_ms: 200,
+                session_timeout_ms: 5_000,
+                rebalance_timeout_ms: 10_000,
+            })
+            .consumer(ConsumerBuilder::new("tls", "g").handler(
+                move |_msg: Message<serde_json::Value>| {
+                    let counter = counter.clone();
+                    async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(())
+                    }
+                },
+            ))
+            .start()
+            .await
+            .expect("the runtime starts over TLS");
+        let producer = Producer::new(conn.clone(), "tls").await.unwrap();
+        for i in 0..10 {
+            producer
+                .send(format!("k{i}"), &serde_json::json!({ "i": i }))
+                .await
+                .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while handled.load(Ordering::SeqCst) < 10 {
+            assert!(
+                Instant::now() < deadline,
+                "handled {} of 10 over TLS",
+                handled.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        running.shutdown().await;
+    });
 }
