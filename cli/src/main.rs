@@ -28,7 +28,6 @@ struct Cli {
         env = "REDIS_URL",
         hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
-        hide_default_value = false,
         global = true
     )]
     redis_url: String,

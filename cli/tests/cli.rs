@@ -630,6 +630,8 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
         vec!["audit"],
         vec!["rollback"],
         vec!["fence", "--member", "a"],
+        vec!["seek", "--to", "latest"],
+        vec!["watch", "--iterations", "1"],
     ] {
         let mut args = args;
         args.extend(["--stream", STREAM, "--group", "nope"]);
