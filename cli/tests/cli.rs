@@ -1092,6 +1092,26 @@ async fn dead_letters_filter_show_bulk_replay_and_purge() {
     )
     .await;
     let c = add_dead_letter(&mut f.conn, GROUP, "customer-3", "not json", "undecodable").await;
+    // A group that does not read the stream: its replay is refused, and the entry stays.
+    let gone = add_dead_letter(&mut f.conn, "retired", "customer-4", "{}", "old").await;
+    cli(
+        &url,
+        &["dead-letters", "replay", "--stream", STREAM, "--id", &gone],
+    )
+    .fails(1, "group `retired` has no consumer group on orders:");
+    cli(
+        &url,
+        &[
+            "dead-letters",
+            "purge",
+            "--stream",
+            STREAM,
+            "--id",
+            &gone,
+            "--yes",
+        ],
+    )
+    .ok();
 
     let out = cli(
         &url,
@@ -1233,7 +1253,7 @@ replayed 2 of 2 dead letters from orders:dlq
         ],
     )
     .ok();
-    assert_eq!(out, "deleted 1 dead letters from orders:dlq\n");
+    assert_eq!(out, "deleted 1 dead letter from orders:dlq\n");
     assert_eq!(f.xlen(&dlq).await, 0);
     let out = cli(
         &url,
@@ -1415,4 +1435,71 @@ async fn credentials_never_appear_in_any_output() {
             "credentials printed: {run:#?}"
         );
     }
+}
+
+/// Runs the binary on a pseudo-terminal (util-linux `script`) with `answer` typed in; `None` without
+/// `script`. Returns the exit status and everything the terminal showed.
+fn on_terminal(url: &str, args: &[&str], answer: &str) -> Option<(Option<i32>, String)> {
+    use std::io::Write as _;
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` to make a terminal");
+        return None;
+    }
+    let mut line = format!(
+        "{} --redis-url {url}",
+        env!("CARGO_BIN_EXE_stream-listener")
+    );
+    for arg in args {
+        line.push(' ');
+        line.push_str(arg);
+    }
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_remove("REDIS_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run script");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    Some((
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_changes_ask_on_a_terminal() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let dlq = format!("{STREAM}:dlq");
+    add_dead_letter(&mut f.conn, GROUP, "customer-1", "{}", "boom").await;
+    let purge = ["dead-letters", "purge", "--stream", STREAM, "--all"];
+    let Some((code, screen)) = on_terminal(&url, &purge, "n\n") else {
+        return;
+    };
+    assert_eq!(code, Some(1), "{screen}");
+    assert!(
+        screen.contains("delete 1 dead letter from orders:dlq for good? [y/N]"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("not confirmed; nothing changed"),
+        "{screen}"
+    );
+    assert_eq!(f.xlen(&dlq).await, 1);
+
+    let (code, screen) = on_terminal(&url, &purge, "y\n").unwrap();
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(
+        screen.contains("deleted 1 dead letter from orders:dlq"),
+        "{screen}"
+    );
+    assert_eq!(f.xlen(&dlq).await, 0);
 }

@@ -269,6 +269,19 @@ async fn replay_one(
             ),
         })?;
         let target = topology.stream_key(topology.shard_for_key(&partition_key));
+        // Every other group acknowledges the replay unhandled: if this one does not read the shard,
+        // nobody would handle it.
+        if !ctx
+            .consumer_groups(&target)
+            .await?
+            .iter()
+            .any(|g| g.name == group)
+        {
+            return Err(CliError::Refused(format!(
+                "dead letter {id}: group `{group}` has no consumer group on {target}, so nothing would \
+                 handle the replay (use --to-all-groups to publish it for every group)"
+            )));
+        }
         let new_id: String = redis::cmd("XADD")
             .arg(&target)
             .arg("*")
@@ -328,7 +341,10 @@ pub async fn purge(
         }
         deleted += cmd.query_async::<u64>(&mut ctx.conn).await?;
     }
-    Ok(format!("deleted {deleted} dead letters from {key}\n"))
+    Ok(format!(
+        "deleted {deleted} dead letter{} from {key}\n",
+        plural(deleted as usize)
+    ))
 }
 
 fn nothing(key: &str, group: Option<&str>) -> String {
