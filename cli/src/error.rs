@@ -11,11 +11,14 @@ pub enum CliError {
     /// Redis could not be reached.
     #[error("cannot connect to Redis at {url}: {source}")]
     Connect {
-        /// The URL given.
+        /// The URL given, redacted (`redis://user:***@host`).
         url: String,
         /// Why.
         source: redis::RedisError,
     },
+    /// TLS files could not be read.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -55,4 +58,10 @@ pub enum CliError {
     /// Something the operator asked for does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// The command was refused before it changed anything.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// Reading the operator's answer failed.
+    #[error("cannot read the confirmation: {0}")]
+    Io(#[from] std::io::Error),
 }

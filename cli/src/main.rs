@@ -1,13 +1,14 @@
 //! `stream-listener`: the admin CLI of stream-listener groups.
 //!
 //! Every command reads and writes through the library's public API (the metadata store, the topology,
-//! the producer), so it sees and changes exactly what members see. Text output is aligned tables;
-//! `status --json` prints the monitoring projection. Failures print `error: …` on stderr and exit with 1
-//! (2 for usage errors).
+//! the producer), so it sees and changes exactly what members see. Text output is aligned tables; `--json`
+//! prints JSON instead. Failures print `error: …` on stderr and exit with 1 (2 for usage errors). The
+//! Redis URL is only ever printed redacted (`redis://user:***@host`).
 
 mod commands;
 mod error;
 mod redis_ctx;
+mod snapshot;
 mod table;
 
 use std::process::ExitCode;
@@ -21,16 +22,45 @@ use crate::redis_ctx::Ctx;
 #[derive(Debug, Parser)]
 #[command(name = "stream-listener", version, about)]
 struct Cli {
-    /// Redis to talk to.
+    /// Redis to talk to (`redis://[user[:password]@]host[:port][/db]`). Printed only redacted.
     #[arg(
         long,
         env = "REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         global = true
     )]
     redis_url: String,
+    #[command(flatten)]
+    tls: TlsArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// TLS for `rediss://` URLs. Without `--tls-ca-cert` the system's root certificates are trusted.
+#[derive(Debug, Args)]
+struct TlsArgs {
+    /// PEM file of the certificate authority that signed the server's certificate.
+    #[arg(long, env = "REDIS_TLS_CA_CERT", global = true, value_name = "PEM")]
+    tls_ca_cert: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate, for servers that require one (`tls-auth-clients yes`).
+    #[arg(
+        long,
+        env = "REDIS_TLS_CERT",
+        global = true,
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(
+        long,
+        env = "REDIS_TLS_KEY",
+        global = true,
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 /// `--stream S --group G`.
@@ -44,20 +74,66 @@ struct GroupArgs {
     group: String,
 }
 
+/// `--json`.
+#[derive(Debug, Args)]
+struct Output {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Which dead letters: `--id ID...` or `--all [--group G]`.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct DeadLetterSelection {
+    /// Dead letter entry ids in `<stream>:dlq` (repeatable).
+    #[arg(long, num_args = 1..)]
+    id: Vec<String>,
+    /// Every dead letter (of `--group` only, if given). Asks for confirmation.
+    #[arg(long)]
+    all: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Group state, epochs, resharding, members and invariant violations.
+    /// Every stream and group in this Redis (a bounded SCAN): shard count, state, live members, backlog.
+    Groups {
+        /// Visit at most about this many keys.
+        #[arg(long, default_value_t = 100_000)]
+        scan_limit: usize,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Group state, epochs, resharding, backlog, members and invariant violations.
     Status {
         #[command(flatten)]
         target: GroupArgs,
-        /// Print the monitoring projection as JSON instead.
+        #[command(flatten)]
+        output: Output,
+        /// Show expired and fenced tombstones too.
         #[arg(long)]
-        json: bool,
+        all: bool,
     },
     /// Per shard: owners, fenced hold, stream length, group lag, pending entries, last delivered id.
     Shards {
         #[command(flatten)]
         target: GroupArgs,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// A live view of a group (members, epochs, shards, lag, rates), refreshed until ctrl-c.
+    Watch {
+        #[command(flatten)]
+        target: GroupArgs,
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+        interval_ms: u64,
+        /// Stop after this many frames.
+        #[arg(long)]
+        iterations: Option<u64>,
+        /// Show expired and fenced tombstones too.
+        #[arg(long)]
+        all: bool,
     },
     /// The newest audit events of a group, oldest first.
     Audit {
@@ -66,6 +142,22 @@ enum Command {
         /// How many events.
         #[arg(long, default_value_t = 20)]
         count: usize,
+        #[command(flatten)]
+        output: Output,
+    },
+    /// Move a group's position on some or all shards (XGROUP SETID). Refused while members own them.
+    Seek {
+        #[command(flatten)]
+        target: GroupArgs,
+        /// `earliest` (read everything again), `latest` (skip the backlog), or an entry id (read what
+        /// comes after it).
+        #[arg(long, value_parser = commands::seek::Position::parse)]
+        to: commands::seek::Position,
+        /// Only these shards (repeatable) [default: all of the group's shards].
+        #[arg(long)]
+        shard: Vec<u32>,
+        #[command(flatten)]
+        output: Output,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -92,8 +184,10 @@ enum Command {
         /// The memberId.
         #[arg(long)]
         member: String,
+        #[command(flatten)]
+        output: Output,
     },
-    /// List dead letters of a stream (`<stream>:dlq`), or replay one.
+    /// List dead letters of a stream (`<stream>:dlq`); show, replay or purge them.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     DeadLetters {
         #[command(subcommand)]
@@ -101,23 +195,74 @@ enum Command {
         /// Logical stream.
         #[arg(long, required = true)]
         stream: Option<String>,
+        /// Only the dead letters of this group.
+        #[arg(long)]
+        group: Option<String>,
         /// How many entries (oldest first).
         #[arg(long, default_value_t = 20)]
         count: usize,
+        /// Show a payload column.
+        #[arg(long)]
+        payloads: bool,
+        #[command(flatten)]
+        output: Output,
     },
 }
 
 #[derive(Debug, Subcommand)]
 enum DeadLetterAction {
-    /// Publish a dead letter's original entry again (routed by its key) and delete it from the DLQ.
-    Replay {
+    /// Every field of one dead letter, the payload in full.
+    Show {
         /// Logical stream.
         #[arg(long)]
         stream: String,
         /// The dead letter's entry id in `<stream>:dlq`.
         #[arg(long)]
         id: String,
+        #[command(flatten)]
+        output: Output,
     },
+    /// Publish dead letters again, to the group that failed them only, and delete them from the DLQ.
+    Replay {
+        /// Logical stream.
+        #[arg(long)]
+        stream: String,
+        #[command(flatten)]
+        which: DeadLetterSelection,
+        /// With --all: only the dead letters of this group.
+        #[arg(long, requires = "all")]
+        group: Option<String>,
+        /// Publish as plain entries that every group of the stream handles again.
+        #[arg(long)]
+        to_all_groups: bool,
+        /// Do not ask for confirmation (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Delete dead letters for good. Asks for confirmation.
+    Purge {
+        /// Logical stream.
+        #[arg(long)]
+        stream: String,
+        #[command(flatten)]
+        which: DeadLetterSelection,
+        /// With --all: only the dead letters of this group.
+        #[arg(long, requires = "all")]
+        group: Option<String>,
+        /// Do not ask for confirmation (required when stdin is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+impl DeadLetterSelection {
+    fn selection(&self, group: Option<String>) -> commands::dead_letters::Selection {
+        if self.all {
+            commands::dead_letters::Selection::All { group }
+        } else {
+            commands::dead_letters::Selection::Ids(self.id.clone())
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -146,16 +291,63 @@ fn main() -> ExitCode {
 
 /// Runs one command; returns what to print.
 async fn run(cli: Cli) -> Result<String, CliError> {
-    let mut ctx = Ctx::connect(&cli.redis_url).await?;
+    use commands::dead_letters;
+    let tls = redis_ctx::TlsFiles {
+        ca_cert: cli.tls.tls_ca_cert,
+        cert: cli.tls.tls_cert,
+        key: cli.tls.tls_key,
+    };
+    let mut ctx = Ctx::connect(&cli.redis_url, &tls).await?;
     match cli.command {
-        Command::Status { target, json } => {
-            commands::status::run(&mut ctx, &target.stream, &target.group, json).await
+        Command::Groups { scan_limit, output } => {
+            commands::groups::run(&mut ctx, scan_limit, output.json).await
         }
-        Command::Shards { target } => {
-            commands::shards::run(&mut ctx, &target.stream, &target.group).await
+        Command::Status {
+            target,
+            output,
+            all,
+        } => commands::status::run(&mut ctx, &target.stream, &target.group, output.json, all).await,
+        Command::Shards { target, output } => {
+            commands::shards::run(&mut ctx, &target.stream, &target.group, output.json).await
         }
-        Command::Audit { target, count } => {
-            commands::audit::run(&mut ctx, &target.stream, &target.group, count).await
+        Command::Watch {
+            target,
+            interval_ms,
+            iterations,
+            all,
+        } => {
+            commands::watch::run(
+                &mut ctx,
+                &target.stream,
+                &target.group,
+                std::time::Duration::from_millis(interval_ms),
+                iterations,
+                all,
+            )
+            .await
+        }
+        Command::Audit {
+            target,
+            count,
+            output,
+        } => {
+            commands::audit::run(&mut ctx, &target.stream, &target.group, count, output.json).await
+        }
+        Command::Seek {
+            target,
+            to,
+            shard,
+            output,
+        } => {
+            commands::seek::run(
+                &mut ctx,
+                &target.stream,
+                &target.group,
+                &to,
+                &shard,
+                output.json,
+            )
+            .await
         }
         Command::Reshard {
             stream,
@@ -165,20 +357,68 @@ async fn run(cli: Cli) -> Result<String, CliError> {
         Command::Rollback { target } => {
             commands::admin::rollback(&mut ctx, &target.stream, &target.group).await
         }
-        Command::Fence { target, member } => {
-            commands::admin::fence(&mut ctx, &target.stream, &target.group, &member).await
+        Command::Fence {
+            target,
+            member,
+            output,
+        } => {
+            commands::admin::fence(
+                &mut ctx,
+                &target.stream,
+                &target.group,
+                &member,
+                output.json,
+            )
+            .await
         }
         Command::DeadLetters {
-            action: Some(DeadLetterAction::Replay { stream, id }),
+            action: Some(action),
             ..
-        } => commands::dead_letters::replay(&mut ctx, &stream, &id).await,
+        } => match action {
+            DeadLetterAction::Show { stream, id, output } => {
+                dead_letters::show(&mut ctx, &stream, &id, output.json).await
+            }
+            DeadLetterAction::Replay {
+                stream,
+                which,
+                group,
+                to_all_groups,
+                yes,
+            } => {
+                dead_letters::replay(
+                    &mut ctx,
+                    &stream,
+                    &which.selection(group),
+                    to_all_groups,
+                    yes,
+                )
+                .await
+            }
+            DeadLetterAction::Purge {
+                stream,
+                which,
+                group,
+                yes,
+            } => dead_letters::purge(&mut ctx, &stream, &which.selection(group), yes).await,
+        },
         Command::DeadLetters {
             action: None,
             stream,
+            group,
             count,
+            payloads,
+            output,
         } => {
             let stream = stream.expect("clap requires --stream without a subcommand");
-            commands::dead_letters::list(&mut ctx, &stream, count).await
+            dead_letters::list(
+                &mut ctx,
+                &stream,
+                group.as_deref(),
+                count,
+                payloads,
+                output.json,
+            )
+            .await
         }
     }
 }

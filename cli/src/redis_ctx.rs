@@ -4,11 +4,53 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Value;
+use redis::{ClientTlsConfig, TlsCertificates, Value};
+use std::path::PathBuf;
 use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
 
 use crate::error::CliError;
+
+/// PEM files for TLS connections.
+#[derive(Debug, Default, Clone)]
+pub struct TlsFiles {
+    /// The certificate authority to trust instead of the system's roots.
+    pub ca_cert: Option<PathBuf>,
+    /// A client certificate (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca_cert.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    fn load(&self) -> Result<TlsCertificates, CliError> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| CliError::Tls(format!("{what} {}: {e}", path.display())))
+        };
+        let root_cert = self
+            .ca_cert
+            .as_ref()
+            .map(|p| read(p, "CA certificate"))
+            .transpose()?;
+        let client_tls = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read(cert, "client certificate")?,
+                client_key: read(key, "client key")?,
+            }),
+            _ => None,
+        };
+        Ok(TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
 
 /// A connection to the Redis the group lives in.
 #[derive(Clone)]
@@ -24,13 +66,20 @@ impl std::fmt::Debug for Ctx {
 }
 
 impl Ctx {
-    /// Connects, failing fast when Redis is unreachable.
-    pub async fn connect(url: &str) -> Result<Self, CliError> {
+    /// Connects, failing fast when Redis is unreachable. A `rediss://` URL uses TLS, trusting `tls.ca_cert`
+    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given.
+    pub async fn connect(url: &str, tls: &TlsFiles) -> Result<Self, CliError> {
+        // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
-            url: url.to_string(),
+            url: redact_url(url),
             source,
         };
-        let client = redis::Client::open(url).map_err(connect_error)?;
+        let client = if tls.is_empty() {
+            redis::Client::open(url).map_err(connect_error)?
+        } else {
+            let certificates = tls.load()?;
+            redis::Client::build_with_tls(url, certificates).map_err(connect_error)?
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(10)))
@@ -92,6 +141,19 @@ impl Ctx {
         Ok(groups.iter().map(ConsumerGroupInfo::from_fields).collect())
     }
 
+    /// `entries-added` of `XINFO STREAM key` (Redis >= 7; `None` before).
+    pub async fn entries_added(&mut self, key: &str) -> Result<Option<u64>, CliError> {
+        let info: HashMap<String, Value> = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(info
+            .get("entries-added")
+            .and_then(value_text)
+            .and_then(|v| v.parse().ok()))
+    }
+
     /// `XLEN key`.
     pub async fn stream_len(&mut self, key: &str) -> Result<u64, CliError> {
         Ok(redis::cmd("XLEN")
@@ -112,6 +174,8 @@ pub struct ConsumerGroupInfo {
     pub lag: Option<u64>,
     /// Last id delivered to the group.
     pub last_delivered_id: Option<String>,
+    /// Entries the group has read (Redis >= 7; nil when Redis cannot tell).
+    pub entries_read: Option<u64>,
 }
 
 impl ConsumerGroupInfo {
@@ -122,6 +186,7 @@ impl ConsumerGroupInfo {
             pending: text("pending").and_then(|v| v.parse().ok()),
             lag: text("lag").and_then(|v| v.parse().ok()),
             last_delivered_id: text("last-delivered-id"),
+            entries_read: text("entries-read").and_then(|v| v.parse().ok()),
         }
     }
 }

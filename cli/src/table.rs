@@ -52,6 +52,13 @@ impl Table {
     }
 }
 
+/// Pretty JSON with a final newline.
+pub fn json_text(value: &impl serde::Serialize) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    text
+}
+
 /// `-` for nothing, else the value.
 pub fn or_dash(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".to_string(), |v| v.to_string())

@@ -96,6 +96,7 @@ struct Fixture {
     redis: RedisServer,
     conn: ConnectionManager,
     store: GroupStore,
+    sessions: Vec<MemberSession>,
 }
 
 impl Fixture {
@@ -114,8 +115,15 @@ impl Fixture {
                 .unwrap();
         }
         let store = GroupStore::new(conn.clone(), STREAM, GROUP, SHARDS, CONFIG).unwrap();
-        let mut fixture = Fixture { redis, conn, store };
-        fixture.converge(&mut [session("a"), session("b")]).await;
+        let mut fixture = Fixture {
+            redis,
+            conn,
+            store,
+            sessions: Vec::new(),
+        };
+        let mut sessions = vec![session("a"), session("b")];
+        fixture.converge(&mut sessions).await;
+        fixture.sessions = sessions;
         fixture
     }
 
@@ -144,6 +152,32 @@ impl Fixture {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         panic!("group did not converge: {:#?}", self.view().await);
+    }
+
+    /// Both members leave gracefully (revoking at once) until the group has no member left.
+    async fn leave_all(&mut self) {
+        let mut sessions = std::mem::take(&mut self.sessions);
+        for s in sessions.iter_mut() {
+            for command in s.begin_leave() {
+                if let ShardCommand::Revoke { shard } = command {
+                    s.on_revoked(shard);
+                }
+            }
+        }
+        for _ in 0..50 {
+            for s in sessions.iter_mut() {
+                let response = self.store.heartbeat(&s.heartbeat(0, 2)).await.unwrap();
+                for command in s.on_response(&response) {
+                    if let ShardCommand::Revoke { shard } = command {
+                        s.on_revoked(shard);
+                    }
+                }
+            }
+            if self.view().await.members.is_empty() {
+                return;
+            }
+        }
+        panic!("members did not leave: {:#?}", self.view().await);
     }
 
     async fn view(&mut self) -> GroupProjection {
@@ -325,12 +359,39 @@ async fn fence_fences_a_live_member_and_refuses_an_unknown_one() {
             Some("b")
         );
     }
+    // A fenced member is a tombstone: hidden by default, shown with --all.
     let status = cli(&f.url(), &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    let members = rows(&status[status.find("MEMBER").unwrap()..]);
+    assert!(members.iter().all(|row| row[0] != "b"), "{status}");
+    assert!(
+        status.contains("(1 expired or fenced tombstone hidden; --all shows them)"),
+        "{status}"
+    );
+    let status = cli(
+        &f.url(),
+        &["status", "--stream", STREAM, "--group", GROUP, "--all"],
+    )
+    .ok();
     let b = rows(&status[status.find("MEMBER").unwrap()..])
         .into_iter()
         .find(|row| row[0] == "b")
         .unwrap();
     assert_eq!(b[1], "FENCED", "{status}");
+    assert!(!status.contains("hidden"), "{status}");
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &f.url(),
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(json["hiddenTombstones"], 1, "{json}");
+    assert!(json["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["memberId"] != "b"));
 
     cli(
         &f.url(),
@@ -484,9 +545,15 @@ async fn dead_letters_list_and_replay() {
             "billing failed: card declined"
         ]
     );
-    assert!(out.contains("2 of 2 dead letters in orders:dlq"), "{out}");
+    assert!(
+        out.contains("2 dead letters shown; 2 in orders:dlq"),
+        "{out}"
+    );
     let one = cli(&url, &["dead-letters", "--stream", STREAM, "--count", "1"]).ok();
-    assert!(one.contains("1 of 2 dead letters"), "{one}");
+    assert!(
+        one.contains("1 dead letter shown; 2 in orders:dlq"),
+        "{one}"
+    );
 
     let shard = Topology::load(&mut f.conn, STREAM)
         .await
@@ -528,7 +595,9 @@ async fn dead_letters_list_and_replay() {
         newest[0].1,
         [
             ("k".to_string(), "customer-7".to_string()),
-            ("p".to_string(), r#"{"key":"customer-7"}"#.to_string())
+            ("p".to_string(), r#"{"key":"customer-7"}"#.to_string()),
+            ("sl_only_group".to_string(), GROUP.to_string()),
+            ("sl_replay_of".to_string(), ids[0].clone()),
         ]
     );
 
@@ -561,6 +630,8 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
         vec!["audit"],
         vec!["rollback"],
         vec!["fence", "--member", "a"],
+        vec!["seek", "--to", "latest"],
+        vec!["watch", "--iterations", "1"],
     ] {
         let mut args = args;
         args.extend(["--stream", STREAM, "--group", "nope"]);
@@ -624,4 +695,811 @@ async fn redis_url_comes_from_the_environment() {
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("STABLE"));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Snapshots: outputs compared as text with the volatile parts normalized.
+// ------------------------------------------------------------------------------------------------
+
+/// `text` with times, entry ids, durations, rates and ports replaced by placeholders, and runs of two or
+/// more spaces (column padding, which follows the width of volatile values) collapsed to two.
+fn normalize(text: &str) -> String {
+    let rules = [
+        (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", "<TIME>"),
+        (r"\b\d{13}-\d+\b", "<ID>"),
+        // Store revisions and member epochs come from the store's clock; the metadata version counts
+        // writes, which depend on when the new group's grant pause ends.
+        (r"revision( +)\d+", "revision${1}REV"),
+        (r"metadata version \d+", "metadata version N"),
+        (r"\b\d{13,}\b", "<EPOCH>"),
+        (r"\b\d+\.\d/s", "<RATE>"),
+        (r"\b\d+\.\ds\b", "<DUR>"),
+        (r"127\.0\.0\.1:\d+", "127.0.0.1:<PORT>"),
+        (r" {2,}", "  "),
+        (r" +\n", "\n"),
+    ];
+    let mut out = text.to_string();
+    for (pattern, with) in rules {
+        out = regex::Regex::new(pattern)
+            .unwrap()
+            .replace_all(&out, with)
+            .into_owned();
+    }
+    out
+}
+
+/// Asserts `actual`, normalized, equals `expected` (written with two-space column gaps).
+#[track_caller]
+fn assert_snapshot(actual: &str, expected: &str) {
+    let normalized = normalize(actual);
+    assert_eq!(
+        normalized, expected,
+        "\n--- normalized output ---\n{normalized}\n--- raw ---\n{actual}"
+    );
+}
+
+/// Adds a dead letter as the consumer writes it; returns its id.
+async fn add_dead_letter(
+    conn: &mut ConnectionManager,
+    group: &str,
+    key: &str,
+    payload: &str,
+    error: &str,
+) -> String {
+    redis::cmd("XADD")
+        .arg(format!("{STREAM}:dlq"))
+        .arg("*")
+        .arg("k")
+        .arg(key)
+        .arg("p")
+        .arg(payload)
+        .arg("dlq_error")
+        .arg(error)
+        .arg("dlq_delivery_count")
+        .arg(3)
+        .arg("dlq_group")
+        .arg(group)
+        .arg("dlq_shard")
+        .arg(1)
+        .arg("dlq_source_stream")
+        .arg(format!("{STREAM}:1"))
+        .arg("dlq_source_id")
+        .arg("1-1")
+        .arg("dlq_consumer")
+        .arg("a")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_text_snapshot() {
+    let f = Fixture::start().await;
+    let out = cli(&f.url(), &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    assert_snapshot(
+        &out,
+        "\
+stream  orders
+group  billing
+state  STABLE
+store revision  REV
+epochs  group 2, assignment 2, metadata version N
+shard count  4
+resharding  none
+backlog  lag 40, pending 0 (all shards; `shards` has them per shard)
+last change  <TIME> (<DUR> ago)
+
+MEMBER  STATE  EPOCH  LEASE  WEIGHT  WORKERS  ASSIGNED  PENDING  REVOKING  SHARDS  DUPLICATE?
+a  STABLE  <EPOCH>  <DUR>  1  2  2  0  0  0-1  no
+b  STABLE  <EPOCH>  <DUR>  1  2  2  0  0  2-3  no
+
+invariant violations: none
+",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_everywhere_with_lag_and_pending_per_shard() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let status: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(status["stream"], STREAM);
+    assert_eq!(status["totalLag"], MESSAGES as u64);
+    assert_eq!(status["totalPending"], 0);
+    let mut lag = 0;
+    for (i, shard) in status["shards"].as_array().unwrap().iter().enumerate() {
+        let length = f.xlen(&format!("{STREAM}:{i}")).await;
+        assert_eq!(shard["streamKey"], format!("{STREAM}:{i}"));
+        assert_eq!(shard["length"], length, "{shard}");
+        assert_eq!(shard["lag"], length, "{shard}");
+        assert_eq!(shard["pending"], 0, "{shard}");
+        assert_eq!(shard["lastDeliveredId"], "0-0", "{shard}");
+        assert!(shard["target"].is_string(), "{shard}");
+        lag += shard["lag"].as_u64().unwrap();
+    }
+    assert_eq!(lag, MESSAGES as u64);
+
+    let shards: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &["shards", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(shards.as_array().unwrap().len(), SHARDS as usize);
+    assert_eq!(shards[0]["status"], "current");
+    assert_eq!(shards[0]["stream"], "orders:0");
+    assert_eq!(shards[0]["pending"], 0);
+
+    let audit: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "audit", "--stream", STREAM, "--group", GROUP, "--count", "3", "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    let events = audit.as_array().unwrap();
+    assert_eq!(events.len(), 3);
+    assert!(events[0]["event"]["type"].is_string(), "{audit}");
+    assert!(events[0]["revision"].as_i64().unwrap() <= events[2]["revision"].as_i64().unwrap());
+
+    let fenced: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "fence", "--stream", STREAM, "--group", GROUP, "--member", "a", "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(fenced["fenced"], "a");
+    assert_eq!(fenced["heldShards"], serde_json::json!([0, 1]));
+
+    let dlq: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["dead-letters", "--stream", STREAM, "--json"]).ok())
+            .unwrap();
+    assert_eq!(dlq["total"], 0);
+    assert_eq!(dlq["entries"], serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_lists_streams_and_groups() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    // A second stream with a group created on its shards but never joined, and one without any group.
+    Topology::ensure(&mut f.conn, "payments", 2).await.unwrap();
+    Topology::ensure_group(&mut f.conn, "payments", "ledger", StartFrom::Earliest)
+        .await
+        .unwrap();
+    Topology::ensure(&mut f.conn, "idle", 1).await.unwrap();
+    // Metadata that cannot be read is reported, not fatal.
+    let _: () = redis::cmd("SET")
+        .arg("sl:{orders/broken}:meta")
+        .arg("{not json")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    let out = cli(&url, &["groups"]).ok();
+    assert_snapshot(
+        &out,
+        "\
+STREAM  SHARDS  VERSION  GROUP  STATE  MEMBERS  EPOCH  LAG  PENDING
+idle  1  1  -  -  -  -  -  -
+orders  4  1  billing  STABLE  2  2  40  0
+orders  4  1  broken  UNREADABLE  -  -  0  0
+payments  2  1  ledger  NOT_JOINED  -  -  0  0
+warning: group `broken` of `orders`: group metadata at sl:{orders/broken}:meta cannot be used: group metadata is corrupt: key must be a string at line 1 column 2
+",
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["groups", "--json"]).ok()).unwrap();
+    assert_eq!(json["truncated"], false);
+    let billing = json["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == GROUP)
+        .unwrap()
+        .clone();
+    assert_eq!(billing["stream"], STREAM);
+    assert_eq!(billing["shards"], SHARDS);
+    assert_eq!(billing["liveMembers"], 2);
+    assert_eq!(billing["lag"], MESSAGES as u64);
+
+    // The scan is bounded: with a tiny limit it stops and says so.
+    let mut pipe = redis::pipe();
+    for i in 0..3000 {
+        pipe.cmd("SET").arg(format!("filler:{i}")).arg(1).ignore();
+    }
+    let _: () = pipe.query_async(&mut f.conn).await.unwrap();
+    let out = cli(&url, &["groups", "--scan-limit", "1000"]).ok();
+    assert!(
+        out.contains("note: the scan stopped after about 1000 keys"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seek_is_refused_while_members_own_the_shards_then_moves_the_group() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let stderr = cli(
+        &url,
+        &[
+            "seek", "--stream", STREAM, "--group", GROUP, "--to", "latest",
+        ],
+    )
+    .fails(1, "still has owners on shards it would move");
+    assert!(stderr.contains("shard 0: member a (owns)"), "{stderr}");
+    assert!(stderr.contains("shard 3: member b (assigned)"), "{stderr}");
+    cli(
+        &url,
+        &["seek", "--stream", STREAM, "--group", GROUP, "--to", "soon"],
+    )
+    .fails(2, "is not `earliest`, `latest` or an entry id");
+
+    f.leave_all().await;
+    cli(
+        &url,
+        &[
+            "seek", "--stream", STREAM, "--group", GROUP, "--to", "latest", "--shard", "9",
+        ],
+    )
+    .fails(1, "shard 9 does not exist");
+
+    let out = cli(
+        &url,
+        &[
+            "seek", "--stream", STREAM, "--group", GROUP, "--to", "latest", "--shard", "1",
+        ],
+    )
+    .ok();
+    assert_snapshot(
+        &out,
+        "\
+group `billing` of `orders` moved to $ on 1 shard
+
+SHARD  STREAM  BEFORE  AFTER  LAG  PENDING
+1  orders:1  0-0  <ID>  0  0
+",
+    );
+    let shards: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &["shards", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(shards[1]["lag"], 0);
+    assert_ne!(shards[0]["lag"], 0, "other shards untouched");
+
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "seek", "--stream", STREAM, "--group", GROUP, "--to", "earliest", "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    let moved = json["shards"].as_array().unwrap();
+    assert_eq!(moved.len(), SHARDS as usize);
+    for shard in moved {
+        assert_eq!(shard["after"], "0-0", "{json}");
+    }
+    assert_ne!(moved[1]["before"], "0-0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_redraws_frames() {
+    let f = Fixture::start().await;
+    let out = cli(
+        &f.url(),
+        &[
+            "watch",
+            "--stream",
+            STREAM,
+            "--group",
+            GROUP,
+            "--interval-ms",
+            "100",
+            "--iterations",
+            "2",
+        ],
+    )
+    .ok();
+    assert!(
+        !out.contains('\x1b'),
+        "no ANSI codes when stdout is not a terminal"
+    );
+    let frames: Vec<&str> = out.split("\norders/billing").collect();
+    assert_eq!(frames.len(), 2, "{out}");
+    let frame = |text: &str| {
+        format!(
+            "\
+orders/billing  <TIME>  every <DUR>, ctrl-c quits
+state STABLE  group epoch 2  assignment epoch 2  shards 4  revision REV
+resharding none
+lag 40  pending 0  consumed {text}  produced {text}
+
+MEMBER  STATE  EPOCH  LEASE  SHARDS  PENDING  REVOKING
+a  STABLE  <EPOCH>  <DUR>  0-1  -  -
+b  STABLE  <EPOCH>  <DUR>  2-3  -  -
+
+SHARD  OWNER  LENGTH  LAG  PENDING  LAST DELIVERED  RATE
+0  a  LEN0  LEN0  0  0-0  {text}
+1  a  LEN1  LEN1  0  0-0  {text}
+2  b  LEN2  LEN2  0  0-0  {text}
+3  b  LEN3  LEN3  0  0-0  {text}
+"
+        )
+    };
+    let mut lengths = Vec::new();
+    let mut conn = f.conn.clone();
+    for i in 0..SHARDS {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(format!("{STREAM}:{i}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        lengths.push(len);
+    }
+    let expected = |text: &str| {
+        let mut e = frame(text);
+        for (i, len) in lengths.iter().enumerate() {
+            e = e.replace(&format!("LEN{i}"), &len.to_string());
+        }
+        e
+    };
+    assert_snapshot(frames[0], &expected("-"));
+    assert_snapshot(&format!("orders/billing{}", frames[1]), &expected("<RATE>"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_filter_show_bulk_replay_and_purge() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let dlq = format!("{STREAM}:dlq");
+    let a = add_dead_letter(
+        &mut f.conn,
+        GROUP,
+        "customer-1",
+        r#"{"id":1,"note":"two\nlines"}"#,
+        "billing failed: card declined",
+    )
+    .await;
+    let b = add_dead_letter(
+        &mut f.conn,
+        "shipping",
+        "customer-2",
+        r#"{"id":2}"#,
+        "no address",
+    )
+    .await;
+    let c = add_dead_letter(&mut f.conn, GROUP, "customer-3", "not json", "undecodable").await;
+    // A group that does not read the stream: its replay is refused, and the entry stays.
+    let gone = add_dead_letter(&mut f.conn, "retired", "customer-4", "{}", "old").await;
+    cli(
+        &url,
+        &["dead-letters", "replay", "--stream", STREAM, "--id", &gone],
+    )
+    .fails(1, "group `retired` has no consumer group on orders:");
+    cli(
+        &url,
+        &[
+            "dead-letters",
+            "purge",
+            "--stream",
+            STREAM,
+            "--id",
+            &gone,
+            "--yes",
+        ],
+    )
+    .ok();
+
+    let out = cli(
+        &url,
+        &[
+            "dead-letters",
+            "--stream",
+            STREAM,
+            "--group",
+            GROUP,
+            "--payloads",
+        ],
+    )
+    .ok();
+    assert_snapshot(
+        &out,
+        "\
+ID  GROUP  SHARD  SOURCE ID  DELIVERIES  KEY  ERROR  PAYLOAD
+<ID>  billing  1  1-1  3  customer-1  billing failed: card declined  {\"id\":1,\"note\":\"two\\nlines\"}
+<ID>  billing  1  1-1  3  customer-3  undecodable  not json
+
+2 dead letters of group `billing` shown; 3 in orders:dlq
+",
+    );
+    let shown = cli(
+        &url,
+        &["dead-letters", "show", "--stream", STREAM, "--id", &a],
+    )
+    .ok();
+    assert_snapshot(
+        &shown,
+        "\
+id  <ID>
+group  billing
+shard  1
+source stream  orders:1
+source id  1-1
+consumer  a
+deliveries  3
+key  customer-1
+error  billing failed: card declined
+payload
+  {
+  \"id\": 1,
+  \"note\": \"two\\nlines\"
+  }
+",
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "dead-letters",
+                "show",
+                "--stream",
+                STREAM,
+                "--id",
+                &b,
+                "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(json["payload"], serde_json::json!({"id": 2}));
+    assert_eq!(json["group"], "shipping");
+    assert_eq!(json["deliveries"], 3);
+
+    // Bulk replay and purge need confirmation: without a terminal and without --yes, nothing changes.
+    cli(
+        &url,
+        &["dead-letters", "replay", "--stream", STREAM, "--all"],
+    )
+    .fails(1, "pass --yes (stdin is not a terminal); nothing changed");
+    cli(
+        &url,
+        &["dead-letters", "purge", "--stream", STREAM, "--id", &b],
+    )
+    .fails(1, "delete 1 dead letter from orders:dlq for good?");
+    cli(
+        &url,
+        &[
+            "dead-letters",
+            "replay",
+            "--stream",
+            STREAM,
+            "--group",
+            GROUP,
+        ],
+    )
+    .fails(2, "--id");
+    assert_eq!(f.xlen(&dlq).await, 3);
+
+    let out = cli(
+        &url,
+        &[
+            "dead-letters",
+            "replay",
+            "--stream",
+            STREAM,
+            "--all",
+            "--group",
+            GROUP,
+            "--yes",
+        ],
+    )
+    .ok();
+    assert_snapshot(
+        &out,
+        &format!(
+            "\
+replayed <ID> (key customer-1) to orders:{} as <ID> for group `billing` only; deleted it from orders:dlq
+replayed <ID> (key customer-3) to orders:{} as <ID> for group `billing` only; deleted it from orders:dlq
+replayed 2 of 2 dead letters from orders:dlq
+",
+            routing(&mut f.conn, "customer-1").await,
+            routing(&mut f.conn, "customer-3").await
+        ),
+    );
+    let left: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&dlq)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, b, "the other group's dead letter stays");
+    let _ = c;
+
+    let out = cli(
+        &url,
+        &[
+            "dead-letters",
+            "purge",
+            "--stream",
+            STREAM,
+            "--all",
+            "--yes",
+        ],
+    )
+    .ok();
+    assert_eq!(out, "deleted 1 dead letter from orders:dlq\n");
+    assert_eq!(f.xlen(&dlq).await, 0);
+    let out = cli(
+        &url,
+        &["dead-letters", "purge", "--stream", STREAM, "--all"],
+    )
+    .ok();
+    assert_eq!(out, "no dead letters in orders:dlq: nothing to do\n");
+}
+
+async fn routing(conn: &mut ConnectionManager, key: &str) -> u32 {
+    Topology::load(conn, STREAM)
+        .await
+        .unwrap()
+        .shard_for_key(key.as_bytes())
+}
+
+/// The point of replaying to the failed group: a second group on the same stream does not handle the
+/// entry again, the failed group does, once. Real members (the library's runtime) consume both groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_reaches_only_the_group_that_failed() {
+    use std::sync::Mutex;
+    use stream_listener::{ConsumerBuilder, Message, Runtime};
+
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, STREAM, 2).await.unwrap();
+    let key = "customer-7";
+    let shard = routing(&mut conn, key).await;
+    // A later entry on the same shard: once a group has handled it, it has read past the replay.
+    let marker = (0..1000)
+        .map(|i| format!("marker-{i}"))
+        .find(|k| stream_listener::routing::shard_for_key(k.as_bytes(), 2) == shard)
+        .unwrap();
+    let id = add_dead_letter(&mut conn, GROUP, key, r#"{"seq":7}"#, "failed once").await;
+
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let listener = |group: &'static str| {
+        let seen = seen.clone();
+        ConsumerBuilder::new(STREAM, group).handler(move |msg: Message<serde_json::Value>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .push((group.to_string(), msg.key.clone()));
+                Ok::<_, std::io::Error>(())
+            }
+        })
+    };
+    let running = Runtime::new(url.clone())
+        .without_annotated_listeners()
+        .group_config(GroupConfig {
+            heartbeat_interval_ms: 200,
+            session_timeout_ms: 5_000,
+            rebalance_timeout_ms: 10_000,
+        })
+        .consumer(listener(GROUP))
+        .consumer(listener("shipping"))
+        .start()
+        .await
+        .unwrap();
+    // Both groups exist on the shard streams once the runtime started: replay, then publish the marker.
+    let out = cli(
+        &url,
+        &["dead-letters", "replay", "--stream", STREAM, "--id", &id],
+    )
+    .ok();
+    assert!(out.contains("for group `billing` only"), "{out}");
+    let producer = Producer::new(conn.clone(), STREAM).await.unwrap();
+    producer
+        .send(marker.as_str(), &serde_json::json!({ "marker": true }))
+        .await
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let done = {
+            let seen = seen.lock().unwrap();
+            [GROUP, "shipping"]
+                .iter()
+                .all(|g| seen.iter().any(|(sg, k)| sg == g && *k == marker))
+        };
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both groups should handle the marker: {:?}",
+            seen.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    let handled = |group: &str| seen.iter().filter(|(g, k)| g == group && k == key).count();
+    assert_eq!(handled(GROUP), 1, "{seen:?}");
+    assert_eq!(handled("shipping"), 0, "{seen:?}");
+    // The other group acknowledged it: nothing pending, no lag.
+    let shards: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "shards", "--stream", STREAM, "--group", "shipping", "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(shards[shard as usize]["pending"], 0, "{shards}");
+    assert_eq!(shards[shard as usize]["lag"], 0, "{shards}");
+}
+
+/// A password in the URL never reaches any output: errors, help, or the commands' own text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_never_appear_in_any_output() {
+    let mut f = Fixture::start().await;
+    let secret = "topsecret";
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("alice")
+        .arg("on")
+        .arg(format!(">{secret}"))
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    let port = f.redis.port();
+    let good = format!("redis://alice:{secret}@127.0.0.1:{port}/");
+    let wrong = format!("redis://alice:not-{secret}@127.0.0.1:{port}/");
+    let unreachable = format!("redis://alice:{secret}@127.0.0.1:1/");
+    let id = add_dead_letter(&mut f.conn, GROUP, "customer-1", "{}", "boom").await;
+
+    let mut outputs = Vec::new();
+    for args in [
+        vec!["status", "--stream", STREAM, "--group", GROUP],
+        vec!["groups"],
+        vec!["shards", "--stream", STREAM, "--group", GROUP],
+        vec!["dead-letters", "--stream", STREAM, "--payloads"],
+        vec!["dead-letters", "show", "--stream", STREAM, "--id", &id],
+        vec![
+            "watch",
+            "--stream",
+            STREAM,
+            "--group",
+            GROUP,
+            "--iterations",
+            "1",
+        ],
+    ] {
+        let run = cli(&good, &args);
+        assert_eq!(run.code, Some(0), "works with the password: {run:?}");
+        outputs.push(run);
+    }
+    let stderr = cli(&wrong, &["status", "--stream", STREAM, "--group", GROUP]).fails(
+        1,
+        &format!("cannot connect to Redis at redis://alice:***@127.0.0.1:{port}/"),
+    );
+    assert!(!stderr.contains("not-topsecret"), "{stderr}");
+    cli(&unreachable, &["groups"]).fails(1, "redis://alice:***@127.0.0.1:1/");
+    outputs.push(cli(&unreachable, &["groups"]));
+    outputs.push(cli("redis://alice:topsecret@", &["groups"]));
+    // `--help` shows the environment variable, never its value.
+    let help = Command::new(env!("CARGO_BIN_EXE_stream-listener"))
+        .arg("--help")
+        .env("REDIS_URL", &good)
+        .output()
+        .unwrap();
+    outputs.push(Run {
+        code: help.status.code(),
+        stdout: String::from_utf8_lossy(&help.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&help.stderr).into_owned(),
+    });
+    assert!(outputs.last().unwrap().stdout.contains("REDIS_URL"));
+    for run in &outputs {
+        assert!(
+            !run.stdout.contains(secret) && !run.stderr.contains(secret),
+            "credentials printed: {run:#?}"
+        );
+    }
+}
+
+/// Runs the binary on a pseudo-terminal (util-linux `script`) with `answer` typed in; `None` without
+/// `script`. Returns the exit status and everything the terminal showed.
+fn on_terminal(url: &str, args: &[&str], answer: &str) -> Option<(Option<i32>, String)> {
+    use std::io::Write as _;
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: no `script` to make a terminal");
+        return None;
+    }
+    let mut line = format!(
+        "{} --redis-url {url}",
+        env!("CARGO_BIN_EXE_stream-listener")
+    );
+    for arg in args {
+        line.push(' ');
+        line.push_str(arg);
+    }
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_remove("REDIS_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run script");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    Some((
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_changes_ask_on_a_terminal() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let dlq = format!("{STREAM}:dlq");
+    add_dead_letter(&mut f.conn, GROUP, "customer-1", "{}", "boom").await;
+    let purge = ["dead-letters", "purge", "--stream", STREAM, "--all"];
+    let Some((code, screen)) = on_terminal(&url, &purge, "n\n") else {
+        return;
+    };
+    assert_eq!(code, Some(1), "{screen}");
+    assert!(
+        screen.contains("delete 1 dead letter from orders:dlq for good? [y/N]"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("not confirmed; nothing changed"),
+        "{screen}"
+    );
+    assert_eq!(f.xlen(&dlq).await, 1);
+
+    let (code, screen) = on_terminal(&url, &purge, "y\n").unwrap();
+    assert_eq!(code, Some(0), "{screen}");
+    assert!(
+        screen.contains("deleted 1 dead letter from orders:dlq"),
+        "{screen}"
+    );
+    assert_eq!(f.xlen(&dlq).await, 0);
 }

@@ -194,7 +194,8 @@ struct MemberPlan {
 /// The process-wide runtime. See the [module docs](self).
 #[derive(Debug, Clone)]
 pub struct Runtime {
-    redis_url: String,
+    /// Redacted in `Debug`: the URL may carry a password.
+    redis_url: crate::redact::RedisUrl,
     base_member_id: Option<String>,
     group_config: GroupConfig,
     shard_count: u32,
@@ -207,7 +208,7 @@ impl Runtime {
     /// A runtime for the Redis at `redis_url`, running every `#[stream_listener]` of the binary.
     pub fn new(redis_url: impl Into<String>) -> Self {
         Self {
-            redis_url: redis_url.into(),
+            redis_url: crate::redact::RedisUrl::new(redis_url),
             base_member_id: None,
             group_config: GroupConfig::default(),
             shard_count: DEFAULT_SHARD_COUNT,
@@ -278,7 +279,7 @@ impl Runtime {
         if plans.is_empty() {
             return Err(RuntimeError::NoListeners);
         }
-        let client = redis::Client::open(self.redis_url.as_str())?;
+        let client = redis::Client::open(self.redis_url.expose())?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut groups: Vec<(String, String)> = plans
             .iter()

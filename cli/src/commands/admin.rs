@@ -5,7 +5,7 @@ use stream_listener::topology::{Topology, TopologyError};
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
-use crate::table::{label, seconds, shard_list};
+use crate::table::{json_text, label, seconds, shard_list};
 
 /// Rolls back the group's last shard count change (`AdminCommand::RollbackResharding`).
 pub async fn rollback(ctx: &mut Ctx, stream: &str, group: &str) -> Result<String, CliError> {
@@ -43,6 +43,7 @@ pub async fn fence(
     stream: &str,
     group: &str,
     member: &str,
+    json: bool,
 ) -> Result<String, CliError> {
     let mut store = ctx.existing_group(stream, group).await?;
     store
@@ -56,13 +57,24 @@ pub async fn fence(
         .iter()
         .filter(|(_, hold)| hold.member_id == member)
         .collect();
+    let held: Vec<u32> = holds.iter().map(|(&shard, _)| shard).collect();
+    let held_until = holds.iter().map(|(_, hold)| hold.until_ms).max();
+    if json {
+        return Ok(json_text(&serde_json::json!({
+            "fenced": member,
+            "group": group,
+            "stream": stream,
+            "heldShards": held,
+            "heldUntilMs": held_until,
+            "heldForMs": held_until.map(|until| (until - now).max(0)),
+        })));
+    }
     let mut out =
         format!("member `{member}` of group `{group}` fenced: it must rejoin with epoch 0\n");
-    if let Some(until) = holds.iter().map(|(_, hold)| hold.until_ms).max() {
-        let shards: Vec<u32> = holds.iter().map(|(&shard, _)| shard).collect();
+    if let Some(until) = held_until {
         out.push_str(&format!(
             "its shards {} stay held until its lease passes (in {})\n",
-            shard_list(&shards),
+            shard_list(&held),
             seconds((until - now).max(0))
         ));
     }

@@ -4,7 +4,7 @@ use redis::Value;
 
 use crate::error::CliError;
 use crate::redis_ctx::{value_text, Ctx};
-use crate::table::{utc, Table};
+use crate::table::{json_text, utc, Table};
 
 /// Reads the newest `count` entries of `sl:{<stream>/<group>}:audit` (fields `event`, `revision`, `at`)
 /// and prints them oldest first: time, store revision, event type, and the event's fields.
@@ -13,6 +13,7 @@ pub async fn run(
     stream: &str,
     group: &str,
     count: usize,
+    json: bool,
 ) -> Result<String, CliError> {
     let store = ctx.existing_group(stream, group).await?;
     let key = store.keys().audit.clone();
@@ -24,6 +25,11 @@ pub async fn run(
         .arg(count)
         .query_async(&mut ctx.conn)
         .await?;
+    if json {
+        let events: Vec<serde_json::Value> =
+            entries.iter().rev().map(|(id, f)| to_json(id, f)).collect();
+        return Ok(json_text(&events));
+    }
     if entries.is_empty() {
         return Ok(format!("no audit events in {key}\n"));
     }
@@ -32,6 +38,25 @@ pub async fn run(
         table.row(row(id, fields));
     }
     Ok(table.render())
+}
+
+/// One audit entry as JSON: `id`, `atMs`, `revision` and the `event` object (or its raw text).
+fn to_json(id: &str, fields: &[(String, Value)]) -> serde_json::Value {
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(f, _)| f == name)
+            .and_then(|(_, v)| value_text(v))
+    };
+    let event = field("event").map(|text| {
+        serde_json::from_str::<serde_json::Value>(&text).unwrap_or(serde_json::Value::String(text))
+    });
+    serde_json::json!({
+        "id": id,
+        "atMs": field("at").and_then(|at| at.parse::<i64>().ok()),
+        "revision": field("revision").and_then(|r| r.parse::<i64>().ok()),
+        "event": event,
+    })
 }
 
 /// One audit entry as table cells; an entry that is not what the store writes is shown raw, not dropped.

@@ -3,6 +3,9 @@
 pub mod admin;
 pub mod audit;
 pub mod dead_letters;
+pub mod groups;
 pub mod reshard;
+pub mod seek;
 pub mod shards;
 pub mod status;
+pub mod watch;

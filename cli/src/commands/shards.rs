@@ -1,28 +1,50 @@
 //! `shards`: one row per shard, combining the coordinator's view with each shard stream's consumer group.
 
-use stream_listener::coordinator::projection::ShardView;
-use stream_listener::routing::shard_stream_key;
-use stream_listener::topology::{Topology, TopologyError};
+use serde::Serialize;
 
 use crate::error::CliError;
-use crate::redis_ctx::{ConsumerGroupInfo, Ctx};
-use crate::table::{or_dash, Table};
+use crate::redis_ctx::Ctx;
+use crate::snapshot::{GroupSnapshot, ShardStats};
+use crate::table::{json_text, or_dash, Table};
+
+/// One shard in `--json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ShardRow<'a> {
+    /// `new` (the topology has it, the group not yet), `removed` (the reverse), else `current`.
+    status: &'static str,
+    target: Option<&'a str>,
+    current: Option<&'a str>,
+    fenced_hold: Option<&'a str>,
+    #[serde(flatten)]
+    stats: &'a ShardStats,
+}
 
 /// Per shard: target owner, current owner, fenced hold, stream length, and the group's lag, pending count
 /// and last delivered id (`XINFO GROUPS` on `<stream>:<i>`).
 ///
 /// Lists the group's shards and, while the stream's topology has more (a grow the group has not followed
 /// yet), those too.
-pub async fn run(ctx: &mut Ctx, stream: &str, group: &str) -> Result<String, CliError> {
-    let mut store = ctx.existing_group(stream, group).await?;
-    let (_, coordinator) = store.load().await?;
-    let view = coordinator.projection(ctx.now_ms().await?);
-    let topology_count = match Topology::load(&mut ctx.conn, stream).await {
-        Ok(topology) => Some(topology.shard_count()),
-        Err(TopologyError::Missing { .. }) => None,
-        Err(e) => return Err(e.into()),
-    };
-    let count = view.shard_count.max(topology_count.unwrap_or(0));
+pub async fn run(ctx: &mut Ctx, stream: &str, group: &str, json: bool) -> Result<String, CliError> {
+    let snapshot = GroupSnapshot::read(ctx, stream, group).await?;
+    let view = &snapshot.view;
+    let rows: Vec<ShardRow<'_>> = snapshot
+        .shards
+        .iter()
+        .map(|stats| {
+            let owners = view.shards.get(stats.shard as usize);
+            ShardRow {
+                status: shard_status(stats.shard, view.shard_count, snapshot.topology_count),
+                target: owners.and_then(|s| s.target.as_deref()),
+                current: owners.and_then(|s| s.current.as_deref()),
+                fenced_hold: owners.and_then(|s| s.fenced_hold.as_deref()),
+                stats,
+            }
+        })
+        .collect();
+    if json {
+        return Ok(json_text(&rows));
+    }
     let mut table = Table::new(&[
         "SHARD",
         "STREAM",
@@ -34,65 +56,48 @@ pub async fn run(ctx: &mut Ctx, stream: &str, group: &str) -> Result<String, Cli
         "PENDING",
         "LAST DELIVERED",
     ]);
-    for index in 0..count {
-        let key = shard_stream_key(stream, index);
-        let info = group_info(ctx, &key, group).await?;
-        let owners = view.shards.get(index as usize);
-        let length = if ctx.exists(&key).await? {
-            ctx.stream_len(&key).await?.to_string()
-        } else {
-            "(missing)".to_string()
-        };
+    for row in &rows {
+        let stats = row.stats;
         table.row(vec![
-            shard_label(index, view.shard_count, topology_count),
-            key,
-            or_dash(owners.and_then(|s: &ShardView| s.target.clone())),
-            or_dash(owners.and_then(|s| s.current.clone())),
-            or_dash(owners.and_then(|s| s.fenced_hold.clone())),
-            length,
-            lag_text(info.as_ref()),
-            or_dash(info.as_ref().and_then(|i| i.pending)),
-            or_dash(info.and_then(|i| i.last_delivered_id)),
+            match row.status {
+                "current" => stats.shard.to_string(),
+                status => format!("{} ({status})", stats.shard),
+            },
+            stats.stream.clone(),
+            or_dash(row.target),
+            or_dash(row.current),
+            or_dash(row.fenced_hold),
+            stats
+                .length
+                .map_or_else(|| "(missing)".to_string(), |l| l.to_string()),
+            if stats.has_group {
+                or_dash(stats.lag)
+            } else {
+                "(no group)".to_string()
+            },
+            or_dash(stats.pending),
+            or_dash(stats.last_delivered_id.as_deref()),
         ]);
     }
     let mut out = table.render();
-    if topology_count.is_some_and(|t| t != view.shard_count) {
-        out.push_str(&format!(
-            "\nnote: the stream has {} shards, the group still {}: it follows within a few heartbeats of a \
-             running member\n",
-            topology_count.unwrap_or(0),
-            view.shard_count
-        ));
+    if let Some(topology_count) = snapshot.topology_count {
+        if topology_count != view.shard_count {
+            out.push_str(&format!(
+                "\nnote: the stream has {topology_count} shards, the group still {}: it follows within a \
+                 few heartbeats of a running member\n",
+                view.shard_count
+            ));
+        }
     }
     Ok(out)
 }
 
-/// The consumer group `group` of shard stream `key`, if it exists there.
-async fn group_info(
-    ctx: &mut Ctx,
-    key: &str,
-    group: &str,
-) -> Result<Option<ConsumerGroupInfo>, CliError> {
-    Ok(ctx
-        .consumer_groups(key)
-        .await?
-        .into_iter()
-        .find(|g| g.name == group))
-}
-
-fn shard_label(index: u32, group_count: u32, topology_count: Option<u32>) -> String {
+fn shard_status(index: u32, group_count: u32, topology_count: Option<u32>) -> &'static str {
     if index >= group_count {
-        format!("{index} (new)")
+        "new"
     } else if topology_count.is_some_and(|t| index >= t) {
-        format!("{index} (removed)")
+        "removed"
     } else {
-        index.to_string()
-    }
-}
-
-fn lag_text(info: Option<&ConsumerGroupInfo>) -> String {
-    match info {
-        None => "(no group)".to_string(),
-        Some(i) => or_dash(i.lag),
+        "current"
     }
 }

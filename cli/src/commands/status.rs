@@ -7,24 +7,37 @@ use stream_listener::coordinator::projection::{GroupProjection, MemberView};
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
-use crate::table::{label, seconds, shard_list, utc, Table};
+use crate::snapshot::{is_tombstone, visible_members, GroupSnapshot};
+use crate::table::{json_text, label, seconds, shard_list, utc, Table};
 
-/// Prints the group's state, epochs, resharding, members and invariant violations (or `--json`: the
-/// monitoring projection).
+/// Prints the group's state, epochs, resharding, backlog, members and invariant violations (or `--json`:
+/// the monitoring projection, each shard with its lag, pending count and last delivered id).
 ///
 /// The view is computed from the freshly loaded snapshot and leases at the current Redis time, so lease
-/// times are current even when steady-state heartbeats have not rewritten the stored projection.
-pub async fn run(ctx: &mut Ctx, stream: &str, group: &str, json: bool) -> Result<String, CliError> {
-    let mut store = ctx.existing_group(stream, group).await?;
-    let (revision, coordinator) = store.load().await?;
-    let stored = store.projection().await?;
-    let now = ctx.now_ms().await?;
-    let view = coordinator.projection(now);
+/// times are current even when steady-state heartbeats have not rewritten the stored projection. Expired
+/// and fenced tombstones are left out unless `all`.
+pub async fn run(
+    ctx: &mut Ctx,
+    stream: &str,
+    group: &str,
+    json: bool,
+    all: bool,
+) -> Result<String, CliError> {
+    let snapshot = GroupSnapshot::read(ctx, stream, group).await?;
+    let stored = ctx
+        .existing_group(stream, group)
+        .await?
+        .projection()
+        .await?;
     if json {
-        let mut text = serde_json::to_string_pretty(&view).expect("projection serializes");
-        text.push('\n');
-        return Ok(text);
+        return Ok(to_json(&snapshot, all));
     }
+    let GroupSnapshot {
+        revision,
+        now_ms: now,
+        ref view,
+        ..
+    } = snapshot;
     let mut out = String::new();
     let _ = writeln!(out, "stream            {stream}");
     let _ = writeln!(out, "group             {}", view.group);
@@ -41,6 +54,12 @@ pub async fn run(ctx: &mut Ctx, stream: &str, group: &str, json: bool) -> Result
         "resharding        {}",
         resharding(view.resharding.as_ref())
     );
+    let _ = writeln!(
+        out,
+        "backlog           lag {}, pending {} (all shards; `shards` has them per shard)",
+        snapshot.total_lag(),
+        snapshot.total_pending()
+    );
     if let Some(stored) = stored {
         let _ = writeln!(
             out,
@@ -50,13 +69,55 @@ pub async fn run(ctx: &mut Ctx, stream: &str, group: &str, json: bool) -> Result
         );
     }
     out.push('\n');
-    out.push_str(&members(&view, now).render());
+    let (shown, hidden) = visible_members(view, all);
+    out.push_str(&members(&shown, now).render());
+    if hidden > 0 {
+        let _ = writeln!(
+            out,
+            "({hidden} expired or fenced tombstone{} hidden; --all shows them)",
+            if hidden == 1 { "" } else { "s" }
+        );
+    }
     out.push('\n');
-    out.push_str(&violations(&view));
+    out.push_str(&violations(view));
     Ok(out)
 }
 
-fn resharding(resharding: Option<&Resharding>) -> String {
+/// The projection as JSON (camelCase, as stored in `sl:{..}:projection`), plus `stream`, `storeRevision`,
+/// `totalLag`, `totalPending`, `hiddenTombstones`, and per shard `streamKey`, `length`, `lag`, `pending`,
+/// `lastDeliveredId`, `entriesRead`.
+fn to_json(snapshot: &GroupSnapshot, all: bool) -> String {
+    let mut view = snapshot.view.clone();
+    let before = view.members.len();
+    view.members.retain(|m| all || !is_tombstone(m));
+    let hidden = before - view.members.len();
+    let mut value = serde_json::to_value(&view).expect("projection serializes");
+    if let Some(shards) = value.get_mut("shards").and_then(|s| s.as_array_mut()) {
+        for (row, stats) in shards.iter_mut().zip(&snapshot.shards) {
+            if let Some(row) = row.as_object_mut() {
+                row.insert("streamKey".into(), stats.stream.clone().into());
+                row.insert("length".into(), serde_json::json!(stats.length));
+                row.insert("lag".into(), serde_json::json!(stats.lag));
+                row.insert("pending".into(), serde_json::json!(stats.pending));
+                row.insert(
+                    "lastDeliveredId".into(),
+                    serde_json::json!(stats.last_delivered_id),
+                );
+                row.insert("entriesRead".into(), serde_json::json!(stats.entries_read));
+            }
+        }
+    }
+    if let Some(object) = value.as_object_mut() {
+        object.insert("stream".into(), snapshot.stream.clone().into());
+        object.insert("storeRevision".into(), snapshot.revision.into());
+        object.insert("totalLag".into(), snapshot.total_lag().into());
+        object.insert("totalPending".into(), snapshot.total_pending().into());
+        object.insert("hiddenTombstones".into(), hidden.into());
+    }
+    json_text(&value)
+}
+
+pub(crate) fn resharding(resharding: Option<&Resharding>) -> String {
     match resharding {
         None => "none".to_string(),
         Some(r) => format!(
@@ -70,7 +131,7 @@ fn resharding(resharding: Option<&Resharding>) -> String {
     }
 }
 
-fn members(view: &GroupProjection, now: i64) -> Table {
+fn members(shown: &[&MemberView], now: i64) -> Table {
     let mut table = Table::new(&[
         "MEMBER",
         "STATE",
@@ -84,7 +145,7 @@ fn members(view: &GroupProjection, now: i64) -> Table {
         "SHARDS",
         "DUPLICATE?",
     ]);
-    for m in &view.members {
+    for m in shown {
         table.row(vec![
             member_label(m),
             label(&m.state),
@@ -110,7 +171,7 @@ fn members(view: &GroupProjection, now: i64) -> Table {
     table
 }
 
-fn member_label(m: &MemberView) -> String {
+pub(crate) fn member_label(m: &MemberView) -> String {
     match &m.member_name {
         Some(name) if name != &m.member_id => format!("{} ({name})", m.member_id),
         _ => m.member_id.clone(),
@@ -126,7 +187,7 @@ fn live_only(m: &MemberView, value: u32) -> String {
     }
 }
 
-fn lease_left(m: &MemberView, now: i64) -> String {
+pub(crate) fn lease_left(m: &MemberView, now: i64) -> String {
     if m.lease_deadline_ms == 0 {
         return "-".to_string();
     }

@@ -127,7 +127,7 @@ async fn run_worker() -> Res<ExitCode> {
 async fn run_demo() -> Res<ExitCode> {
     let started = Instant::now();
     let (_server, url) = redis_url();
-    println!("redis: {url}");
+    println!("redis: {}", stream_listener::redact::redact_url(&url));
     let mut conn = redis::Client::open(url.as_str())?
         .get_connection_manager()
         .await?;

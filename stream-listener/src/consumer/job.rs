@@ -333,6 +333,14 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
 async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     let policy = shared.config.failure_policy;
     let max = policy.max_deliveries.max(1);
+    // A dead letter replayed to another group only (see `crate::replay`): acknowledged, not handled.
+    let fields = entry
+        .fields
+        .iter()
+        .map(|(n, v)| (n.as_slice(), v.as_slice()));
+    if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
+        return Fate::Ack;
+    }
     let Some(payload) = entry.payload() else {
         return Fate::DeadLetter {
             deliveries: entry.delivery_count,

@@ -1,0 +1,263 @@
+//! `groups`: every stream and consumer group in this Redis, found with a bounded `SCAN`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use stream_listener::topology::{Topology, TopologyError};
+
+use crate::error::CliError;
+use crate::redis_ctx::Ctx;
+use crate::snapshot::{is_tombstone, shard_stats};
+use crate::table::{json_text, label, or_dash, Table};
+
+/// Keys asked for per `SCAN` call.
+const SCAN_COUNT: usize = 1000;
+
+/// One group (or a stream without any) in the listing.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Row {
+    stream: String,
+    /// The stream topology's shard count and version (`None` without a topology record).
+    shards: Option<u32>,
+    topology_version: Option<u64>,
+    group: Option<String>,
+    /// `STABLE`, ...; `NOT_JOINED` for a consumer group on the shard streams without metadata yet;
+    /// `UNREADABLE` for metadata the library cannot load.
+    state: Option<String>,
+    live_members: Option<usize>,
+    group_epoch: Option<i64>,
+    lag: Option<u64>,
+    pending: Option<u64>,
+    error: Option<String>,
+}
+
+/// What the key scan found.
+#[derive(Debug, Default)]
+struct Found {
+    /// stream -> groups with metadata.
+    streams: BTreeMap<String, BTreeSet<String>>,
+    /// Whether the scan stopped at its limit before the end of the keyspace.
+    truncated: bool,
+    scanned: usize,
+}
+
+/// Scans at most about `scan_limit` keys for `sl:topology:{S}` and `sl:{S/G}:meta`, then describes each
+/// stream (shard count, topology version) and group (state, live members, group epoch, lag, pending).
+pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String, CliError> {
+    let found = scan(ctx, scan_limit).await?;
+    let mut rows = Vec::new();
+    for (stream, groups) in &found.streams {
+        let (shards, version) = match Topology::load(&mut ctx.conn, stream).await {
+            Ok(t) => (Some(t.shard_count()), Some(t.version())),
+            Err(TopologyError::Missing { .. }) => (None, None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut names = groups.clone();
+        // Consumer groups created on the shard streams that no member has joined yet.
+        if shards.is_some() {
+            let key = stream_listener::routing::shard_stream_key(stream, 0);
+            for info in ctx.consumer_groups(&key).await? {
+                if !info.name.starts_with("__sl_") {
+                    names.insert(info.name);
+                }
+            }
+        }
+        if names.is_empty() {
+            rows.push(Row {
+                stream: stream.clone(),
+                shards,
+                topology_version: version,
+                group: None,
+                state: None,
+                live_members: None,
+                group_epoch: None,
+                lag: None,
+                pending: None,
+                error: None,
+            });
+        }
+        for group in names {
+            rows.push(
+                describe(
+                    ctx,
+                    stream,
+                    &group,
+                    shards,
+                    version,
+                    groups.contains(&group),
+                )
+                .await?,
+            );
+        }
+    }
+    if json {
+        return Ok(json_text(&serde_json::json!({
+            "groups": rows,
+            "scannedKeysApprox": found.scanned,
+            "truncated": found.truncated,
+        })));
+    }
+    let mut out = if rows.is_empty() {
+        "no stream-listener streams or groups found\n".to_string()
+    } else {
+        let mut table = Table::new(&[
+            "STREAM", "SHARDS", "VERSION", "GROUP", "STATE", "MEMBERS", "EPOCH", "LAG", "PENDING",
+        ]);
+        for r in &rows {
+            table.row(vec![
+                r.stream.clone(),
+                or_dash(r.shards),
+                or_dash(r.topology_version),
+                or_dash(r.group.as_deref()),
+                or_dash(r.state.as_deref()),
+                or_dash(r.live_members),
+                or_dash(r.group_epoch),
+                or_dash(r.lag),
+                or_dash(r.pending),
+            ]);
+        }
+        table.render()
+    };
+    for r in rows.iter().filter(|r| r.error.is_some()) {
+        out.push_str(&format!(
+            "warning: group `{}` of `{}`: {}\n",
+            r.group.as_deref().unwrap_or("?"),
+            r.stream,
+            r.error.as_deref().unwrap_or("")
+        ));
+    }
+    if found.truncated {
+        out.push_str(&format!(
+            "note: the scan stopped after about {} keys; more streams or groups may exist (raise --scan-limit)\n",
+            found.scanned
+        ));
+    }
+    Ok(out)
+}
+
+async fn describe(
+    ctx: &mut Ctx,
+    stream: &str,
+    group: &str,
+    shards: Option<u32>,
+    version: Option<u64>,
+    has_metadata: bool,
+) -> Result<Row, CliError> {
+    let mut row = Row {
+        stream: stream.to_string(),
+        shards,
+        topology_version: version,
+        group: Some(group.to_string()),
+        state: None,
+        live_members: None,
+        group_epoch: None,
+        lag: None,
+        pending: None,
+        error: None,
+    };
+    let mut count = shards.unwrap_or(0);
+    if !has_metadata {
+        row.state = Some("NOT_JOINED".to_string());
+    } else {
+        let loaded = match ctx.existing_group(stream, group).await {
+            Ok(mut store) => store.load().await.map_err(CliError::from),
+            Err(e) => Err(e),
+        };
+        match loaded {
+            Ok((_, coordinator)) => {
+                let view = coordinator.projection(ctx.now_ms().await?);
+                row.state = Some(label(&view.state));
+                row.live_members = Some(view.members.iter().filter(|m| !is_tombstone(m)).count());
+                row.group_epoch = Some(view.group_epoch);
+                count = count.max(view.shard_count);
+            }
+            Err(e) => {
+                row.state = Some("UNREADABLE".to_string());
+                row.error = Some(e.to_string());
+            }
+        }
+    }
+    let (mut lag, mut pending) = (0, 0);
+    for shard in 0..count {
+        let stats = shard_stats(ctx, stream, group, shard).await?;
+        lag += stats.lag.unwrap_or(0);
+        pending += stats.pending.unwrap_or(0);
+    }
+    if count > 0 {
+        row.lag = Some(lag);
+        row.pending = Some(pending);
+    }
+    Ok(row)
+}
+
+/// `SCAN 0 MATCH sl:* COUNT 1000` until the cursor returns to 0 or about `limit` keys were visited.
+async fn scan(ctx: &mut Ctx, limit: usize) -> Result<Found, CliError> {
+    let mut found = Found::default();
+    let mut cursor: u64 = 0;
+    let max_calls = limit.div_ceil(SCAN_COUNT).max(1);
+    for _ in 0..max_calls {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("sl:*")
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(&mut ctx.conn)
+            .await?;
+        // SCAN visits about COUNT keys of the keyspace per call, matching or not.
+        found.scanned += SCAN_COUNT;
+        for key in keys {
+            if let Some((stream, group)) = parse_key(&key) {
+                let groups = found.streams.entry(stream).or_default();
+                if let Some(group) = group {
+                    groups.insert(group);
+                }
+            }
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(found);
+        }
+    }
+    found.truncated = true;
+    Ok(found)
+}
+
+/// `sl:topology:{S}` -> `(S, None)`; `sl:{S/G}:meta` -> `(S, Some(G))`; anything else `None`.
+fn parse_key(key: &str) -> Option<(String, Option<String>)> {
+    if let Some(rest) = key.strip_prefix("sl:topology:{") {
+        let stream = rest.strip_suffix('}')?;
+        return (!stream.is_empty()).then(|| (stream.to_string(), None));
+    }
+    let inner = key.strip_prefix("sl:{")?.strip_suffix("}:meta")?;
+    let (stream, group) = inner.split_once('/')?;
+    (!stream.is_empty() && !group.is_empty() && !group.contains('/'))
+        .then(|| (stream.to_string(), Some(group.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_streams_and_groups() {
+        assert_eq!(
+            parse_key("sl:topology:{orders}"),
+            Some(("orders".into(), None))
+        );
+        assert_eq!(
+            parse_key("sl:{orders/billing}:meta"),
+            Some(("orders".into(), Some("billing".into())))
+        );
+        for other in [
+            "sl:{orders/billing}:rev",
+            "sl:{orders/billing}:audit",
+            "sl:topology:{}",
+            "sl:{orders}:meta",
+            "orders:0",
+        ] {
+            assert_eq!(parse_key(other), None, "{other}");
+        }
+    }
+}
