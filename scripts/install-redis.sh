@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Installs redis-server from Debian's packages when it is missing (tests and the demo start their own).
+# Installs what the tests need from Debian's packages when it is missing: redis-server (tests and the demo
+# start their own) and openssl (the TLS tests make a throwaway certificate authority with it).
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
-echo "install-redis: redis-server not found; installing it with apt-get"
+echo "install-redis: ${missing[*]} not found; installing with apt-get"
 SUDO=""
 if [[ "$(id -u)" != "0" ]]; then SUDO="sudo"; fi
 ${SUDO} apt-get update -qq
-DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y -qq redis-server >/dev/null
+DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y -qq "${missing[@]}" >/dev/null
 # The package may start a system service on 6379; the tests never use it.
 redis-server --version
+openssl version
