@@ -109,7 +109,9 @@ fn start() -> Option<TlsRedis> {
             std::env::var_os("CI").is_none(),
             "no openssl to make a certificate, and CI must run the TLS tests"
         );
-        eprintln!("SKIPPED: no openssl to make a certificate (scripts/install-redis.sh installs it)");
+        eprintln!(
+            "SKIPPED: no openssl to make a certificate (scripts/install-redis.sh installs it)"
+        );
         return None;
     }
     let dir = std::env::temp_dir().join(format!("sl-cli-tls-{}", std::process::id()));

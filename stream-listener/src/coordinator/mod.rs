@@ -44,15 +44,29 @@ pub enum Change {
     Metadata,
 }
 
-/// The result of one input.
+/// The result of one input: the answer, and what the store must do to make it true.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "an outcome says what to persist; dropping it loses the change"]
 pub struct Outcome<R> {
     /// What to answer.
     pub response: R,
     /// What to persist.
     pub change: Change,
-    /// What happened, for the audit stream. Empty unless `change` is [`Change::Metadata`].
+    /// With [`Change::Metadata`]: the lease checks and removals the commit must carry.
+    pub writes: Writes,
+    /// What happened, for the audit stream only. Empty unless `change` is [`Change::Metadata`].
     pub events: Vec<AuditEvent>,
+}
+
+/// What a commit must do besides writing the snapshot, said by the core (events are for auditing only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// Members the core removed because of their lease (expired, or fenced with a hold until it passes):
+    /// the lease the core used must still be the one in the store, or the commit is refused (a member
+    /// that renewed meanwhile was not expired, and a fenced hold must last as long as the real lease).
+    pub lease_checks: Vec<(String, i64)>,
+    /// Members gone for good (expired, fenced or left, and not rejoined): their leases leave the store.
+    pub removed: Vec<String>,
 }
 
 /// How the store found the group when it created its metadata.
@@ -104,6 +118,7 @@ struct Cx {
     changed: bool,
     lease: bool,
     rebalance: bool,
+    writes: Writes,
     events: Vec<AuditEvent>,
 }
 
@@ -201,7 +216,7 @@ impl Coordinator {
 
     /// Overrides a member's lease deadline. The store keeps leases beside the snapshot and lays them over it
     /// when it loads.
-    pub fn set_lease(&mut self, member_id: &str, deadline_ms: i64) {
+    pub(crate) fn set_lease(&mut self, member_id: &str, deadline_ms: i64) {
         if let Some(m) = self.meta.members.get_mut(member_id) {
             m.lease_deadline_ms = deadline_ms;
         }
@@ -209,7 +224,7 @@ impl Coordinator {
 
     /// Raises every lease to at least `floor` (the smallest lease the store holds): after a renewal the
     /// store knows no lease is below it, without reading them all.
-    pub fn raise_leases(&mut self, floor: i64) {
+    pub(crate) fn raise_leases(&mut self, floor: i64) {
         for m in self.meta.members.values_mut() {
             m.lease_deadline_ms = m.lease_deadline_ms.max(floor);
         }
@@ -280,7 +295,11 @@ impl Coordinator {
         self.finish(response, cx)
     }
 
-    fn finish<R>(&mut self, response: R, cx: Cx) -> Outcome<R> {
+    fn finish<R>(&mut self, response: R, mut cx: Cx) -> Outcome<R> {
+        // A member removed and rejoined within the same input keeps its lease entry.
+        let members = &self.meta.members;
+        cx.writes.removed.retain(|id| !members.contains_key(id));
+        cx.writes.removed.dedup();
         let change = if cx.changed {
             self.meta.metadata_version += 1;
             Change::Metadata
@@ -292,6 +311,7 @@ impl Coordinator {
         Outcome {
             response,
             change,
+            writes: cx.writes,
             events: cx.events,
         }
     }
@@ -681,6 +701,10 @@ impl Coordinator {
             .collect();
         for member_id in expired {
             let member = self.meta.members.remove(&member_id).expect("listed above");
+            cx.writes
+                .lease_checks
+                .push((member_id.clone(), member.lease_deadline_ms));
+            cx.writes.removed.push(member_id.clone());
             cx.event(AuditEvent::MemberExpired {
                 member_id: member_id.clone(),
                 member_epoch: member.member_epoch,
@@ -733,6 +757,10 @@ impl Coordinator {
         let Some(member) = self.meta.members.remove(member_id) else {
             return;
         };
+        cx.writes
+            .lease_checks
+            .push((member_id.to_string(), member.lease_deadline_ms));
+        cx.writes.removed.push(member_id.to_string());
         if member.lease_deadline_ms > now {
             for shard in member.held() {
                 self.meta.holds.insert(
@@ -855,6 +883,7 @@ impl Coordinator {
             let m = &self.meta.members[id];
             if m.state == MemberState::Leaving && m.assigned.is_empty() && m.revoking.is_empty() {
                 self.meta.members.remove(id);
+                cx.writes.removed.push(id.clone());
                 cx.event(AuditEvent::MemberLeft {
                     member_id: id.clone(),
                 });

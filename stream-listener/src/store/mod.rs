@@ -31,7 +31,6 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
 use crate::coordinator::projection::GroupProjection;
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
@@ -558,43 +557,19 @@ impl GroupStore {
             .arg(meta_json)
             .arg(projection)
             .arg(AUDIT_MAX_LEN);
-        // Members the core expired or fenced: it used their lease (for expiry and for fenced holds), so
-        // it must still be the one in Redis. Members gone for good leave the leases set.
-        let mut gone: Vec<(&str, i64)> = Vec::new();
-        let mut removed: Vec<&str> = Vec::new();
-        for event in &outcome.events {
-            let (id, lease) = match event {
-                AuditEvent::MemberExpired {
-                    member_id,
-                    lease_deadline_ms,
-                    ..
-                }
-                | AuditEvent::MemberFenced {
-                    member_id,
-                    lease_deadline_ms,
-                    ..
-                } => (member_id.as_str(), Some(*lease_deadline_ms)),
-                AuditEvent::MemberLeft { member_id } => (member_id.as_str(), None),
-                _ => continue,
-            };
-            if let Some(lease) = lease {
-                gone.push((id, lease));
-            }
-            if !meta.members.contains_key(id) {
-                removed.push(id);
-            }
-        }
-        invocation.arg(gone.len());
-        for (id, lease) in &gone {
-            invocation.arg(*id).arg(*lease);
+        // The core says which leases it relied on and which members are gone.
+        let writes = &outcome.writes;
+        invocation.arg(writes.lease_checks.len());
+        for (id, lease) in &writes.lease_checks {
+            invocation.arg(id).arg(*lease);
         }
         invocation.arg(meta.members.len());
         for (id, m) in &meta.members {
             invocation.arg(id).arg(m.lease_deadline_ms);
         }
-        invocation.arg(removed.len());
-        for id in &removed {
-            invocation.arg(*id);
+        invocation.arg(writes.removed.len());
+        for id in &writes.removed {
+            invocation.arg(id);
         }
         invocation.arg(outcome.events.len());
         for event in &outcome.events {
