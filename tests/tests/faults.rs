@@ -1048,38 +1048,71 @@ async fn read_records(conn: &mut ConnectionManager) -> Res<Vec<Record>> {
     Ok(out)
 }
 
-/// (memberId, Redis ms) of every join and rejoin in the audit stream.
-async fn read_audit(conn: &mut ConnectionManager) -> Res<Vec<(String, u64, i64)>> {
-    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(audit_key())
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await?;
-    let mut joins = Vec::new();
-    for (id, fields) in entries {
-        let Some(event) = fields.get("event") else {
-            continue;
-        };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(event) else {
-            continue;
-        };
-        let kind = value["type"].as_str().unwrap_or_default();
-        if kind != "MEMBER_JOINED" && kind != "MEMBER_REJOINED" {
-            continue;
+/// A join (`MEMBER_JOINED`, `MEMBER_REJOINED`) or a grant (`SHARDS_ASSIGNED`) from the audit stream.
+#[derive(Debug, Clone)]
+struct AuditEvent {
+    join: bool,
+    member: String,
+    epoch: i64,
+    shards: Vec<u32>,
+    /// The coordinator's `now` of the commit (Redis ms, here in µs): at or before the commit landed.
+    at_us: u64,
+}
+
+async fn read_audit(conn: &mut ConnectionManager) -> Res<Vec<AuditEvent>> {
+    let mut out = Vec::new();
+    let mut start = "-".to_string();
+    for _ in 0..10_000 {
+        let page: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(audit_key())
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(5_000)
+            .query_async(conn)
+            .await?;
+        let Some((last, _)) = page.last() else { break };
+        start = format!("({last}");
+        for (id, fields) in &page {
+            let Some(event) = fields.get("event") else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(event) else {
+                continue;
+            };
+            let join = match value["type"].as_str().unwrap_or_default() {
+                "MEMBER_JOINED" | "MEMBER_REJOINED" => true,
+                "SHARDS_ASSIGNED" => false,
+                _ => continue,
+            };
+            let at_ms = fields
+                .get("at")
+                .and_then(|a| a.parse::<u64>().ok())
+                .or_else(|| id.split('-').next().and_then(|ms| ms.parse().ok()))
+                .unwrap_or(0);
+            out.push(AuditEvent {
+                join,
+                member: value["memberId"].as_str().unwrap_or_default().to_string(),
+                epoch: value["memberEpoch"].as_i64().unwrap_or(-1),
+                shards: value["shards"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_u64())
+                            .map(|s| s as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                at_us: at_ms * 1000,
+            });
         }
-        let at = fields
-            .get("at")
-            .and_then(|a| a.parse::<u64>().ok())
-            .or_else(|| id.split('-').next().and_then(|ms| ms.parse().ok()))
-            .unwrap_or(0);
-        joins.push((
-            value["memberId"].as_str().unwrap_or_default().to_string(),
-            at,
-            value["memberEpoch"].as_i64().unwrap_or(-1),
-        ));
     }
-    Ok(joins)
+    Ok(out)
+}
+
+/// `orders:7` -> 7.
+fn shard_of(key: &str) -> Option<u32> {
+    key.strip_prefix(STREAM)?.strip_prefix(':')?.parse().ok()
 }
 
 async fn pending_per_shard(conn: &mut ConnectionManager, shards: u32) -> Res<Vec<u64>> {
@@ -1137,6 +1170,8 @@ struct PauseReport {
     first: Option<String>,
     handles: usize,
     first_handle: Option<String>,
+    /// The audit stream (capped) no longer reaches back to the SIGCONT: the check may over-count.
+    audit_incomplete: bool,
 }
 
 #[derive(Debug, Default)]
@@ -1176,7 +1211,7 @@ fn verify(
     rounds: u64,
     records: &[Record],
     faults: &[FaultLog],
-    joins: &[(String, u64, i64)],
+    audit: &[AuditEvent],
     monitor: &[MonLine],
     pending: &[u64],
     dead_letters: u64,
@@ -1303,7 +1338,16 @@ fn verify(
                     v.token_decrease_handles += 1;
                     if stale.insert((*shard, r.member.as_str(), r.epoch)) {
                         v.token_decreases += 1;
-                        v.blame("token", r.t0, faults);
+                        // Across a metadata deletion the epochs restarted: blame that, not whatever
+                        // fault came last.
+                        match faults
+                            .iter()
+                            .rev()
+                            .find(|f| f.kind == FaultKind::DelMeta && m.t0 < f.at && f.at <= r.t0)
+                        {
+                            Some(f) => v.blame("token", f.at, faults),
+                            None => v.blame("token", r.t0, faults),
+                        }
                         if v.token_examples.len() < 5 {
                             v.token_examples.push(format!(
                                 "shard {shard}: {}@{} (pid {}) started after {}@{} (pid {})",
@@ -1318,38 +1362,43 @@ fn verify(
         }
     }
 
-    // Item 1 at the Redis level: after SIGCONT, nothing from the paused process until it rejoined.
+    // Item 1 at the Redis level: after SIGCONT (until the next fault), the paused process reads, claims
+    // or acknowledges a shard only after the coordinator granted it that shard again (audit
+    // `SHARDS_ASSIGNED` after the SIGCONT; a grant needs a rejoin first), and its handlers start only with
+    // such a grant's token.
     for (n, f) in faults.iter().enumerate() {
         let (Some((_, cont)), Some((victim, pid))) = (f.pause, &f.victim) else {
             continue;
         };
-        // The window ends at the next fault that restarted this process, or at the member's rejoin.
         // What happens after the next fault (a metadata loss resets epochs, a restart reuses the member
         // ids) is not the pause's doing: the window ends there.
         let horizon = faults.get(n + 1).map(|g| g.at).unwrap_or(u64::MAX);
-        let rejoin_of = |member: &str| {
-            joins
-                .iter()
-                .filter(|(m, at, _)| m == member && at * 1000 >= cont)
-                .map(|(_, at, _)| at * 1000)
-                .min()
-                .unwrap_or(u64::MAX)
-                .min(horizon)
-        };
-        let first_rejoin = f
-            .members
+        let after_cont = |e: &&AuditEvent| e.at_us >= cont && e.at_us < horizon;
+        let first_rejoin = audit
             .iter()
-            .map(|m| rejoin_of(m))
-            .min()
-            .unwrap_or(u64::MAX);
+            .filter(after_cont)
+            .filter(|e| e.join && f.members.contains(&e.member))
+            .map(|e| e.at_us)
+            .min();
+        // Was `shard` granted after SIGCONT and by `at` to `member` (or, if unknown, to any of the
+        // process's members), with an epoch at most `epoch` (if given)?
+        let granted = |member: Option<&str>, shard: u32, at: u64, epoch: Option<i64>| {
+            audit.iter().filter(after_cont).any(|e| {
+                !e.join
+                    && e.at_us <= at
+                    && e.shards.contains(&shard)
+                    && member.map_or(f.members.contains(&e.member), |m| e.member == m)
+                    && epoch.is_none_or(|ep| e.epoch <= ep)
+            })
+        };
         let mut report = PauseReport {
             victim: format!("{victim} (pid {pid})"),
-            rejoin_ms: (first_rejoin != u64::MAX && first_rejoin != horizon)
-                .then(|| (first_rejoin - cont) / 1000),
+            rejoin_ms: first_rejoin.map(|t| (t - cont) / 1000),
+            audit_incomplete: audit.first().is_none_or(|e| e.at_us > cont),
             ..PauseReport::default()
         };
         for line in monitor {
-            if line.at < cont {
+            if line.at < cont || line.at >= horizon {
                 continue;
             }
             let by_name = line
@@ -1357,12 +1406,13 @@ fn verify(
                 .as_deref()
                 .filter(|c| f.members.iter().any(|m| m == c));
             let by_port = line.port.is_some_and(|p| f.ports.contains(&p));
-            let until = match by_name {
-                Some(member) => rejoin_of(member),
-                None if by_port => first_rejoin,
-                None => continue,
+            if by_name.is_none() && !by_port {
+                continue;
+            }
+            let Some(shard) = shard_of(&line.key) else {
+                continue;
             };
-            if line.at < until {
+            if !granted(by_name, shard, line.at, None) {
                 report.commands += 1;
                 v.blame("paused cmds", line.at, faults);
                 if report.first.is_none() {
@@ -1376,18 +1426,11 @@ fn verify(
                 }
             }
         }
-        // Handler starts after SIGCONT with a token of the incarnation that was paused (an epoch below
-        // the one its member rejoined with): before the rejoin, or by a job that outlived the fence.
-        let rejoin_epoch = |member: &str| {
-            joins
-                .iter()
-                .filter(|(m, at, _)| m == member && at * 1000 >= cont && at * 1000 < horizon)
-                .min_by_key(|(_, at, _)| *at)
-                .map(|(_, _, epoch)| *epoch)
-                .unwrap_or(i64::MAX)
-        };
         for r in records {
-            if r.pid == *pid && r.t0 >= cont && r.t0 < horizon && r.epoch < rejoin_epoch(&r.member)
+            if r.pid == *pid
+                && r.t0 >= cont
+                && r.t0 < horizon
+                && !granted(Some(&r.member), r.shard, r.t0, Some(r.epoch))
             {
                 report.handles += 1;
                 v.blame("paused handles", r.t0, faults);
@@ -1536,7 +1579,7 @@ impl Verdict {
         if !self.pauses.is_empty() {
             let _ = writeln!(
                 out,
-                "\npauses (MONITOR: after SIGCONT until the rejoin; records: starts with the paused token):"
+                "\npauses (after SIGCONT until the next fault: MONITOR cmds on shards not re-granted; handle starts without a fresh grant):"
             );
             for p in &self.pauses {
                 let _ = writeln!(
@@ -1549,6 +1592,12 @@ impl Verdict {
                     p.handles,
                     p.first_handle.as_deref().unwrap_or("-")
                 );
+                if p.audit_incomplete {
+                    let _ = writeln!(
+                        out,
+                        "    (audit stream trimmed before this SIGCONT: counts may be too high)"
+                    );
+                }
             }
         }
         let _ = writeln!(
