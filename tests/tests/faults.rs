@@ -395,8 +395,12 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
         log_dir.display()
     );
 
+    // Generous response timeout: the verification reads big pages from a loaded machine.
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
     let mut conn = redis::Client::open(url.as_str())?
-        .get_connection_manager()
+        .get_connection_manager_with_config(config)
         .await?;
     Topology::ensure(&mut conn, STREAM, s.shards).await?;
     Topology::ensure_group(&mut conn, STREAM, GROUP, StartFrom::Earliest).await?;
@@ -837,6 +841,8 @@ struct MonLine {
     /// The consumer name, for commands that carry one.
     consumer: Option<String>,
     key: String,
+    /// The arguments after the command, for reports (`GROUP chaos w0-m1 COUNT 20 STREAMS orders:3 >`).
+    args: String,
 }
 
 #[derive(Debug)]
@@ -958,6 +964,7 @@ fn parse_monitor_line(text: &str) -> Option<MonLine> {
         command,
         consumer,
         key,
+        args: args[1..].join(" ").chars().take(120).collect(),
     })
 }
 
@@ -1023,7 +1030,7 @@ async fn read_records(conn: &mut ConnectionManager) -> Res<Vec<Record>> {
             .arg(&start)
             .arg("+")
             .arg("COUNT")
-            .arg(5_000)
+            .arg(2_000)
             .query_async(conn)
             .await?;
         let Some((last, _)) = page.last() else { break };
@@ -1068,7 +1075,7 @@ async fn read_audit(conn: &mut ConnectionManager) -> Res<Vec<AuditEvent>> {
             .arg(&start)
             .arg("+")
             .arg("COUNT")
-            .arg(5_000)
+            .arg(2_000)
             .query_async(conn)
             .await?;
         let Some((last, _)) = page.last() else { break };
@@ -1170,6 +1177,7 @@ struct PauseReport {
     first: Option<String>,
     handles: usize,
     first_handle: Option<String>,
+    examples: Vec<String>,
     /// The audit stream (capped) no longer reaches back to the SIGCONT: the check may over-count.
     audit_incomplete: bool,
 }
@@ -1424,6 +1432,15 @@ fn verify(
                         (line.at - cont) as f64 / 1e3
                     ));
                 }
+                if report.examples.len() < 4 {
+                    report.examples.push(format!(
+                        "+{:.1} ms port {} {} {}",
+                        (line.at - cont) as f64 / 1e3,
+                        line.port.map_or("lua".to_string(), |p| p.to_string()),
+                        line.command,
+                        line.args
+                    ));
+                }
             }
         }
         for r in records {
@@ -1529,12 +1546,12 @@ impl Verdict {
                 self.token_decreases == 0,
             ),
             (
-                "paused proc cmds before rejoin",
+                "paused proc cmds w/o re-grant",
                 self.zombie_commands,
                 self.zombie_commands == 0,
             ),
             (
-                "paused proc stale-token handles",
+                "paused proc handles w/o re-grant",
                 self.zombie_handles,
                 self.zombie_handles == 0,
             ),
@@ -1584,7 +1601,7 @@ impl Verdict {
             for p in &self.pauses {
                 let _ = writeln!(
                     out,
-                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {})  stale-token handle starts {:>4} (first: {})",
+                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {})  handle starts w/o grant {:>4} (first: {})",
                     p.victim,
                     p.rejoin_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "never".into()),
                     p.commands,
@@ -1592,6 +1609,9 @@ impl Verdict {
                     p.handles,
                     p.first_handle.as_deref().unwrap_or("-")
                 );
+                for e in &p.examples {
+                    let _ = writeln!(out, "    {e}");
+                }
                 if p.audit_incomplete {
                     let _ = writeln!(
                         out,
