@@ -26,9 +26,13 @@
 //! - overlaps: no two different owners (member id, pid) handle entries of one shard at the same time, except
 //!   a handle in flight across a fault window (a SIGSTOP pause or a Redis outage) that carries a smaller
 //!   fencing token than the other;
-//! - fencing tokens (member epochs) of one shard never decrease in handle-start order (same exception);
-//! - after each SIGCONT, no read/ack/claim from the paused process (by client port, or by consumer name)
-//!   and no handler start by it before its members rejoined (audit `MEMBER_JOINED`/`MEMBER_REJOINED`);
+//! - fencing tokens (member epochs) of one shard never decrease in handle-start order (same exception),
+//!   and one epoch is never carried by two members (epochs are unique by design); counted once per stale
+//!   (shard, token);
+//! - item 1 of the issue: after each SIGCONT (until the next fault), no `XREADGROUP`/`XACK`/`XCLAIM`/
+//!   `XAUTOCLAIM` from the paused process (by client port, or by consumer name) on a shard, and no handler
+//!   start by it, before the coordinator granted it that shard again (audit `SHARDS_ASSIGNED` after the
+//!   SIGCONT; grants follow the rejoin), the handler's token not older than that grant;
 //! - `XPENDING` of every shard empty after every worker stopped gracefully.
 //!
 //! The recovery time of each fault (until every shard had a handle started after the fault, by a process
@@ -62,6 +66,8 @@ const WATCHED: [&str; 5] = ["XREADGROUP", "XACK", "XACKDEL", "XCLAIM", "XAUTOCLA
 /// Graceful stop of a worker: its shutdown timeout is 20 s.
 const STOP_DEADLINE: Duration = Duration::from_secs(45);
 const POLL: Duration = Duration::from_millis(200);
+/// The MONITOR thread gives up after this long, whatever happens to the test.
+const MONITOR_LIFETIME: Duration = Duration::from_secs(1_800);
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -444,8 +450,23 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
     );
 
     let mut faults: Vec<FaultLog> = Vec::new();
+    let mut crashed = 0;
     for (i, planned) in plan.iter().enumerate() {
         tokio::time::sleep(planned.gap).await; // the schedule's gap between faults (not a sync)
+                                               // A worker that exited by itself (its start failed, say while Redis restarted) is replaced.
+        for (slot, p) in procs.iter_mut().enumerate() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                crashed += 1;
+                let generation = 100 + crashed;
+                println!(
+                    "{} {} (pid {}) exited by itself ({status}): restarted",
+                    stamp(),
+                    p.name,
+                    p.pid
+                );
+                *p = WorkerProc::spawn(s, &url, slot, generation, &log_dir)?;
+            }
+        }
         let log = inject(
             s,
             planned,
@@ -513,7 +534,7 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
         .query_async(&mut conn)
         .await
         .unwrap_or(0);
-    let verdict = verify(
+    let mut verdict = verify(
         s,
         produced_rounds,
         &records,
@@ -524,6 +545,7 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
         dead_letters,
         forced,
     );
+    verdict.crashed = crashed as u64;
     verdict.print();
     println!("{} scenario {} done (seed {})", stamp(), s.name, s.seed);
     drop(server);
@@ -862,8 +884,9 @@ impl Monitor {
         let ready2 = ready.clone();
         let thread = std::thread::spawn(move || {
             // Bounded: one connection per Redis (re)start, and each connect attempt waits 50 ms.
+            let born = Instant::now();
             for _ in 0..100_000 {
-                if stop2.load(Ordering::Relaxed) {
+                if stop2.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
                     return;
                 }
                 if monitor_once(port, &stop2, &lines2, &ready2).is_err() {
@@ -903,8 +926,9 @@ fn monitor_once(
     (&stream).write_all(b"MONITOR\r\n")?;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
+    let born = Instant::now();
     loop {
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
             return Ok(());
         }
         match reader.read_until(b'\n', &mut line) {
@@ -1207,6 +1231,8 @@ struct Verdict {
     pending_shards: Vec<(u32, u64)>,
     dead_letters: u64,
     forced_stops: u64,
+    /// Workers that exited by themselves during the run (replaced).
+    crashed: u64,
     faults: Vec<(String, String, f64, Option<f64>, String)>,
     /// (check, kind of the latest fault before the violation) -> violations.
     blamed: BTreeMap<(&'static str, &'static str), u64>,
@@ -1648,6 +1674,7 @@ impl Verdict {
             ),
             ("dead letters", self.dead_letters),
             ("workers SIGKILLed at the end", self.forced_stops),
+            ("workers that exited by themselves", self.crashed),
             ("MONITOR lines (watched cmds)", self.monitor_lines as u64),
         ] {
             let _ = writeln!(out, "| {name:<33} | {value:>7} |        |");

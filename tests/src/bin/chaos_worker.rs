@@ -39,8 +39,6 @@ const DONE_KEY: &str = "chaos:done";
 /// How long a handler keeps retrying its record while Redis is away (a Redis restart takes ~1 s).
 const RECORD_RETRY_FOR: Duration = Duration::from_secs(20);
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(200);
-const START_ATTEMPTS: u32 = 40;
-const START_RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 static RECORD: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
@@ -191,22 +189,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // Redis may be restarting while this process starts: retry, bounded.
-    let mut attempt = 0;
-    let running = loop {
-        attempt += 1;
-        match runtime.clone().start().await {
-            Ok(running) => break running,
-            Err(e) if attempt >= START_ATTEMPTS => return Err(e.into()),
-            Err(e) => {
-                eprintln!("chaos_worker: start attempt {attempt} failed: {e}");
-                tokio::select! {
-                    _ = tokio::time::sleep(START_RETRY_PAUSE) => {}
-                    _ = sigterm.recv() => return Ok(()),
-                }
-            }
-        }
-    };
+    // No retry here: a start that failed half-way may have left members running, and a second start
+    // would run the same member ids twice in one process. The driver restarts a worker that exited.
+    let running = runtime.start().await?;
     eprintln!(
         "chaos_worker {} (pid {}) started members {:?}",
         settings.proc_name,
