@@ -547,9 +547,70 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
     );
     verdict.crashed = crashed as u64;
     verdict.print();
+    if let Err(e) = dump(&log_dir, &records, &faults, &audit, &monitor_lines) {
+        println!("could not write the raw data to {}: {e}", log_dir.display());
+    }
     println!("{} scenario {} done (seed {})", stamp(), s.name, s.seed);
     drop(server);
     Ok(verdict)
+}
+
+/// Writes what the verification saw as tab-separated files next to the worker logs, for digging into a
+/// failure after the run (the Redis of the run is gone by then).
+fn dump(
+    dir: &Path,
+    records: &[Record],
+    faults: &[FaultLog],
+    audit: &[AuditEvent],
+    monitor: &[MonLine],
+) -> std::io::Result<()> {
+    let mut out =
+        String::from("key\tseq\tshard\tid\tmember\tepoch\tt0_us\tt1_us\tdeliveries\tpid\n");
+    for r in records {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            r.key, r.seq, r.shard, r.id, r.member, r.epoch, r.t0, r.t1, r.deliveries, r.pid
+        );
+    }
+    fs::write(dir.join("records.tsv"), out)?;
+    let mut out = String::from("at_us\tport\tcommand\tconsumer\tkey\targs\n");
+    for m in monitor {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}",
+            m.at,
+            m.port.map_or("lua".to_string(), |p| p.to_string()),
+            m.command,
+            m.consumer.as_deref().unwrap_or("-"),
+            m.key,
+            m.args
+        );
+    }
+    fs::write(dir.join("monitor.tsv"), out)?;
+    let mut out = String::from("at_us\tevent\tmember\tepoch\tshards\n");
+    for e in audit {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{:?}",
+            e.at_us,
+            if e.join { "join" } else { "grant" },
+            e.member,
+            e.epoch,
+            e.shards
+        );
+    }
+    fs::write(dir.join("audit.tsv"), out)?;
+    let mut out = String::new();
+    for f in faults {
+        let _ = writeln!(out, "{f:?}");
+    }
+    fs::write(dir.join("faults.txt"), out)?;
+    println!(
+        "raw data (records, MONITOR, audit, faults) in {}",
+        dir.display()
+    );
+    Ok(())
 }
 
 async fn wait_until<F, Fut>(deadline: Duration, mut condition: F) -> bool
@@ -1310,7 +1371,8 @@ fn verify(
     for r in records {
         by_shard.entry(r.shard).or_default().push(r);
     }
-    let mut excused_pairs: HashSet<(usize, usize)> = HashSet::new();
+    // Excused handles (shard, index), each counted once however many handles it overlapped.
+    let mut excused_handles: HashSet<(u32, usize)> = HashSet::new();
     let mut stale: HashSet<(u32, &str, i64)> = HashSet::new();
     for (shard, rs) in by_shard.iter_mut() {
         rs.sort_by_key(|r| (r.t0, r.t1));
@@ -1333,7 +1395,8 @@ fn verify(
                 };
                 match excused {
                     Some(kind) => {
-                        if excused_pairs.insert((*shard as usize, j)) {
+                        let excused_one = if excuse[j].is_some() { j } else { i };
+                        if excused_handles.insert((*shard, excused_one)) {
                             match kind {
                                 InFlight::Pause => v.excused_pause += 1,
                                 InFlight::Outage => v.excused_outage += 1,

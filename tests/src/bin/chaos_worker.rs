@@ -165,7 +165,11 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
     let client = redis::Client::open(settings.url.as_str())?;
-    let conn = client.get_connection_manager().await?;
+    // A generous response timeout: a record that timed out but landed would be written twice on retry.
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(Duration::from_secs(2)));
+    let conn = client.get_connection_manager_with_config(config).await?;
     let recorder = Arc::new(Recorder {
         conn,
         handle: settings.handle,
