@@ -1296,7 +1296,7 @@ struct Verdict {
     crashed: u64,
     faults: Vec<(String, String, f64, Option<f64>, String)>,
     /// (check, kind of the latest fault before the violation) -> violations.
-    blamed: BTreeMap<(&'static str, &'static str), u64>,
+    blamed: BTreeMap<(&'static str, String), u64>,
     monitor_lines: usize,
 }
 
@@ -1352,7 +1352,13 @@ fn verify(
             match max {
                 Some(m) if r.seq < m.seq => {
                     v.order_violations += 1;
-                    v.blame("order", r.t0, faults);
+                    // Every fault between the late entry's production (its id) and its first handle.
+                    let produced_us =
+                        r.id.split('-')
+                            .next()
+                            .and_then(|ms| ms.parse::<u64>().ok())
+                            .map_or(r.t0, |ms| ms * 1000);
+                    v.blame_window("order", produced_us, r.t0, faults);
                     if v.order_examples.len() < 5 {
                         v.order_examples.push(format!(
                             "{key}: seq {} (shard {}, {} epoch {}, dc {}) first handled after seq {} ({} epoch {}), {:.3} s later",
@@ -1613,7 +1619,23 @@ impl Verdict {
             .rev()
             .find(|f| f.at <= at)
             .map_or("(none)", |f| f.kind.name());
-        *self.blamed.entry((check, kind)).or_default() += 1;
+        *self.blamed.entry((check, kind.to_string())).or_default() += 1;
+    }
+
+    /// Counts a violation against every kind of fault that began in `[from, to]` (`a+b`), or the latest
+    /// one before `to` when none did.
+    fn blame_window(&mut self, check: &'static str, from: u64, to: u64, faults: &[FaultLog]) {
+        let mut kinds: Vec<&str> = faults
+            .iter()
+            .filter(|f| f.at >= from && f.at <= to)
+            .map(|f| f.kind.name())
+            .collect();
+        kinds.dedup();
+        if kinds.is_empty() {
+            self.blame(check, to, faults);
+        } else {
+            *self.blamed.entry((check, kinds.join("+"))).or_default() += 1;
+        }
     }
 
     fn checks(&self) -> Vec<(&'static str, u64, bool)> {
@@ -1771,7 +1793,10 @@ impl Verdict {
             }
         }
         if !self.blamed.is_empty() {
-            let _ = writeln!(out, "  violations by the latest fault before them:");
+            let _ = writeln!(
+                out,
+                "  violations by the latest fault before them (order: every fault between the late entry's production and its first handle):"
+            );
             for ((check, kind), n) in &self.blamed {
                 let _ = writeln!(out, "    {check:<15} after {kind:<8} {n:>6}");
             }
