@@ -531,7 +531,10 @@ mod tests {
         assert!(matches!(raw_command(port, &["SET", "k", "v"]), Ok(Reply::Simple(s)) if s == "OK"));
         server.restart_graceful();
         assert_eq!(server.port(), port);
-        assert_eq!(raw_command(port, &["GET", "k"]).unwrap(), Reply::Bulk("v".into()));
+        assert_eq!(
+            raw_command(port, &["GET", "k"]).unwrap(),
+            Reply::Bulk("v".into())
+        );
         assert!(server.dir().exists());
     }
 
