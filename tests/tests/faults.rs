@@ -1790,7 +1790,7 @@ impl Verdict {
             ),
             ("excused: in flight, pause", self.excused_pause),
             ("excused: in flight, Redis down", self.excused_outage),
-            ("overlapping pairs (of the handles)", self.overlap_pairs),
+            ("overlapping pairs (info)", self.overlap_pairs),
             (
                 "handles with a decreased token",
                 self.token_decrease_handles,
