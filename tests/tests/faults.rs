@@ -547,7 +547,9 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
     );
     verdict.crashed = crashed as u64;
     verdict.print();
-    if let Err(e) = dump(&log_dir, &records, &faults, &audit, &monitor_lines) {
+    if verdict.ok() {
+        let _ = fs::remove_dir_all(&log_dir);
+    } else if let Err(e) = dump(&log_dir, &records, &faults, &audit, &monitor_lines) {
         println!("could not write the raw data to {}: {e}", log_dir.display());
     }
     println!("{} scenario {} done (seed {})", stamp(), s.name, s.seed);
@@ -556,7 +558,7 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
 }
 
 /// Writes what the verification saw as tab-separated files next to the worker logs, for digging into a
-/// failure after the run (the Redis of the run is gone by then).
+/// failure after the run (the Redis of the run is gone by then). A passing run removes that directory.
 fn dump(
     dir: &Path,
     records: &[Record],
