@@ -843,8 +843,12 @@ async fn inject(
             p.signal("STOP");
             // kill(2) only queues the signal: on a loaded machine the threads keep running for a while
             // (tens of ms were seen). The pause starts when every thread is stopped.
-            let all_stopped =
-                wait_until(Duration::from_secs(5), || async { threads_stopped(p.pid) }).await;
+            let seen_by = Instant::now() + Duration::from_secs(5);
+            let mut all_stopped = threads_stopped(p.pid);
+            while !all_stopped && Instant::now() < seen_by {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                all_stopped = threads_stopped(p.pid);
+            }
             let stopped = now_us();
             // The pause itself is the fault: a fixed length, past the lease.
             tokio::time::sleep(pause).await;
@@ -853,7 +857,7 @@ async fn inject(
             p.signal("CONT");
             log.pause = Some((stopped, cont));
             log.note = format!(
-                "paused {:.1} s ({}% of the session timeout), stopped {:.0} ms after SIGSTOP{}, {} client ports",
+                "paused {:.1} s ({}% of the session timeout), seen stopped {:.0} ms after SIGSTOP{}, {} client ports",
                 pause.as_secs_f64(),
                 planned.pause_pct,
                 (stopped - log.at) as f64 / 1e3,
