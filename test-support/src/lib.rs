@@ -42,6 +42,8 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// Append-only file on (`appendfsync everysec`): the data set survives [`RedisServer::restart`].
+    aof: bool,
 }
 
 impl fmt::Debug for RedisServer {
@@ -51,6 +53,7 @@ impl fmt::Debug for RedisServer {
             .field("port", &self.port)
             .field("dir", &self.dir.path)
             .field("pid", &self.child.as_ref().map(Child::id))
+            .field("aof", &self.aof)
             .finish()
     }
 }
@@ -78,7 +81,23 @@ impl RedisServer {
 
     /// Fallible form of [`start_with_binary`](Self::start_with_binary).
     pub fn try_start_with_binary(binary: impl AsRef<Path>) -> io::Result<RedisServer> {
-        let binary = binary.as_ref().to_path_buf();
+        Self::try_start_with(binary.as_ref(), false)
+    }
+
+    /// Like [`start`](Self::start), with the append-only file on (`appendfsync everysec`), so the data set
+    /// survives [`restart`](Self::restart) and [`restart_graceful`](Self::restart_graceful) (a SIGKILL may
+    /// lose the last second of writes; a graceful restart loses nothing).
+    ///
+    /// # Panics
+    /// If the server cannot be started or does not answer within [`STARTUP_TIMEOUT`].
+    pub fn start_with_aof() -> RedisServer {
+        let binary = default_binary();
+        Self::try_start_with(&binary, true)
+            .unwrap_or_else(|e| panic!("could not start {}: {e}", binary.display()))
+    }
+
+    fn try_start_with(binary: &Path, aof: bool) -> io::Result<RedisServer> {
+        let binary = binary.to_path_buf();
         let dir = TempDir::new()?;
         let mut last_error = None;
         for _ in 0..PORT_ATTEMPTS {
@@ -88,6 +107,7 @@ impl RedisServer {
                 port,
                 dir: dir.clone_path(),
                 child: None,
+                aof,
             };
             match server.spawn_and_wait() {
                 Ok(()) => {
@@ -145,7 +165,8 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (killing it first if it still runs) and waits until it
-    /// answers PING. The data set starts empty: persistence is off.
+    /// answers PING. The data set starts empty unless the server was started with
+    /// [`start_with_aof`](Self::start_with_aof).
     ///
     /// # Panics
     /// If the server does not come back within [`STARTUP_TIMEOUT`] (for example because another process took
@@ -155,6 +176,46 @@ impl RedisServer {
         if let Err(e) = self.spawn_and_wait() {
             panic!("could not restart redis-server on port {}: {e}", self.port);
         }
+    }
+
+    /// Graceful stop: `SHUTDOWN` (which, with the append-only file on, flushes it), then waits for the
+    /// process to exit; SIGKILL if it has not exited within [`STARTUP_TIMEOUT`]. Does nothing if it is not
+    /// running.
+    pub fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // The server closes the connection without a reply when it exits.
+        let _ = raw_command(self.port, &["SHUTDOWN"]);
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+                Ok(None) => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// [`shutdown`](Self::shutdown), then starts the server again on the same port and data directory and
+    /// waits until it answers PING. With [`start_with_aof`](Self::start_with_aof) the data set is kept.
+    ///
+    /// # Panics
+    /// If the server does not come back within [`STARTUP_TIMEOUT`].
+    pub fn restart_graceful(&mut self) {
+        self.shutdown();
+        if let Err(e) = self.spawn_and_wait() {
+            panic!("could not restart redis-server on port {}: {e}", self.port);
+        }
+    }
+
+    /// The server's working directory (where the append-only file lives).
+    pub fn dir(&self) -> &Path {
+        &self.dir.path
     }
 
     /// Sends PING and reports whether the server answered `PONG`.
@@ -205,7 +266,8 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
-            .args(["--appendonly", "no"])
+            .args(["--appendonly", if self.aof { "yes" } else { "no" }])
+            .args(["--appendfsync", "everysec"])
             .arg("--dir")
             .arg(&self.dir.path)
             .args(["--daemonize", "no"])
@@ -460,6 +522,20 @@ mod tests {
         // Restarting a running server works too.
         server.restart();
         assert!(server.ping());
+    }
+
+    #[test]
+    fn aof_keeps_data_across_a_graceful_restart() {
+        let mut server = RedisServer::start_with_aof();
+        let port = server.port();
+        assert!(matches!(raw_command(port, &["SET", "k", "v"]), Ok(Reply::Simple(s)) if s == "OK"));
+        server.restart_graceful();
+        assert_eq!(server.port(), port);
+        assert_eq!(
+            raw_command(port, &["GET", "k"]).unwrap(),
+            Reply::Bulk("v".into())
+        );
+        assert!(server.dir().exists());
     }
 
     #[test]

@@ -1,0 +1,1878 @@
+//! Fault injection (issue 8, "Proof"): worker processes x members with keyed traffic, seeded random faults,
+//! and a verification of the library's safety promises from what the handlers recorded and from Redis.
+//!
+//! ```text
+//! cargo test -p stream-listener-tests --test faults -- --nocapture                  # short, seeded (CI)
+//! FAULT_SEED=42 cargo test -p stream-listener-tests --test faults -- --nocapture    # replay a seed
+//! FAULT_KINDS=stop cargo test -p stream-listener-tests --test faults -- --nocapture # one fault kind
+//! FAULT_LONG=1 cargo test -p stream-listener-tests --test faults -- --nocapture     # >= 60 s of faults,
+//!                                                                 # default and short group timings
+//! ```
+//!
+//! The driver starts its own `redis-server` (loopback, free port, append-only file on), creates the
+//! topology, runs `procs` worker processes (`chaos_worker`, `members` logical members each), produces keyed
+//! traffic with per-key sequence numbers, and injects faults from a seeded schedule: `kill` (SIGKILL, then a
+//! replacement with the same member ids), `stop` (SIGSTOP for 1.3-1.8 session timeouts, then SIGCONT), `term`
+//! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data) and `delmeta`
+//! (`DEL sl:{<stream>/<group>}:meta`). `FAULT_KINDS=kill,stop,term,redis,delmeta` picks the kinds.
+//!
+//! A `MONITOR` connection records every `XREADGROUP`, `XACK`, `XACKDEL`, `XCLAIM` and `XAUTOCLAIM` with its
+//! Redis time and client address; the paused process's client ports are read from `/proc/<pid>/fd` and
+//! `/proc/net/tcp` while it is stopped.
+//!
+//! Checks (each must hold; see [`Verdict`]):
+//! - lost: every produced (key, seq) handled at least once;
+//! - per-key order: the first handles of a key's seqs start in increasing seq order;
+//! - overlaps: no two different owners (member id, pid) handle entries of one shard at the same time, except
+//!   a handle in flight across a fault window (a SIGSTOP pause or a Redis outage) that carries a smaller
+//!   fencing token than the other;
+//! - fencing tokens (member epochs) of one shard never decrease in handle-start order (same exception),
+//!   and one epoch is never carried by two members (epochs are unique by design); counted once per stale
+//!   (shard, token);
+//! - item 1 of the issue: after each SIGCONT (until the next fault), no `XREADGROUP`/`XACK`/`XCLAIM`/
+//!   `XAUTOCLAIM` from the paused process (by client port, or by consumer name) on a shard, and no handler
+//!   start by it, before the coordinator granted it that shard again (audit `SHARDS_ASSIGNED` after the
+//!   SIGCONT; grants follow the rejoin), the handler's token not older than that grant;
+//! - `XPENDING` of every shard empty after every worker stopped gracefully.
+//!
+//! The recovery time of each fault (until every shard had a handle started after the fault, by a process
+//! other than a paused victim) is printed, never asserted.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::topology::{StartFrom, Topology};
+use stream_listener::Producer;
+use stream_listener_test_support::RedisServer;
+use tokio::process::{Child, Command};
+
+const STREAM: &str = "orders";
+const GROUP: &str = "chaos";
+const LOG_KEY: &str = "chaos:log";
+const DONE_KEY: &str = "chaos:done";
+const WORKER: &str = env!("CARGO_BIN_EXE_chaos_worker");
+/// Commands that read, claim or acknowledge: none may come from a paused process before it rejoined.
+const WATCHED: [&str; 5] = ["XREADGROUP", "XACK", "XACKDEL", "XCLAIM", "XAUTOCLAIM"];
+/// Graceful stop of a worker: its shutdown timeout is 20 s.
+const STOP_DEADLINE: Duration = Duration::from_secs(45);
+const POLL: Duration = Duration::from_millis(200);
+/// The MONITOR thread gives up after this long, whatever happens to the test.
+const MONITOR_LIFETIME: Duration = Duration::from_secs(1_800);
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn meta_key() -> String {
+    format!("sl:{{{STREAM}/{GROUP}}}:meta")
+}
+
+fn audit_key() -> String {
+    format!("sl:{{{STREAM}/{GROUP}}}:audit")
+}
+
+/// Wall clock in microseconds since the epoch: the clock of the workers' `t0`, of Redis `TIME` and of
+/// `MONITOR` (one machine).
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scenario and schedule
+// ------------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum FaultKind {
+    Kill,
+    Stop,
+    Term,
+    Redis,
+    DelMeta,
+}
+
+impl FaultKind {
+    const ALL: [FaultKind; 5] = [
+        FaultKind::Kill,
+        FaultKind::Stop,
+        FaultKind::Term,
+        FaultKind::Redis,
+        FaultKind::DelMeta,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Stop => "stop",
+            FaultKind::Term => "term",
+            FaultKind::Redis => "redis",
+            FaultKind::DelMeta => "delmeta",
+        }
+    }
+
+    fn parse_list(text: &str) -> Vec<FaultKind> {
+        let mut kinds: Vec<FaultKind> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                FaultKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == s)
+                    .unwrap_or_else(|| panic!("unknown fault kind {s:?} in FAULT_KINDS"))
+            })
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    name: &'static str,
+    seed: u64,
+    procs: usize,
+    members: u32,
+    workers: u32,
+    shards: u32,
+    keys: u32,
+    /// Messages per second.
+    rate: u32,
+    timing: GroupConfig,
+    handle_ms: u64,
+    /// How long faults are injected.
+    fault_for: Duration,
+    /// Gap between faults, uniform in [lo, hi] ms.
+    gap_ms: (u64, u64),
+    kinds: Vec<FaultKind>,
+    /// How long to wait for every produced message to be handled after traffic stopped.
+    drain_deadline: Duration,
+}
+
+/// SplitMix64: a small seeded generator, so a seed replays the same schedule.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [lo, hi].
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// One fault of the schedule, fixed by the seed before the run.
+#[derive(Debug, Clone)]
+struct PlannedFault {
+    gap: Duration,
+    kind: FaultKind,
+    victim: usize,
+    /// Pause length as a multiple of the session timeout, in percent.
+    pause_pct: u64,
+}
+
+/// The schedule: every kind once (in seeded order) first, then seeded random kinds, until `fault_for`.
+fn schedule(s: &Scenario) -> Vec<PlannedFault> {
+    let mut rng = Rng(s.seed);
+    let mut kinds = s.kinds.clone();
+    for i in (1..kinds.len()).rev() {
+        kinds.swap(i, rng.below(i + 1));
+    }
+    let mut plan = Vec::new();
+    let mut total = Duration::ZERO;
+    for i in 0..10_000 {
+        let kind = if i < kinds.len() {
+            kinds[i]
+        } else {
+            s.kinds[rng.below(s.kinds.len())]
+        };
+        let gap = Duration::from_millis(rng.range(s.gap_ms.0, s.gap_ms.1));
+        let pause_pct = rng.range(130, 180);
+        let victim = rng.below(s.procs);
+        let busy = if kind == FaultKind::Stop {
+            Duration::from_millis(s.timing.session_timeout_ms as u64 * pause_pct / 100)
+        } else {
+            Duration::ZERO
+        };
+        if i >= kinds.len() && total + gap > s.fault_for {
+            break;
+        }
+        total += gap + busy;
+        plan.push(PlannedFault {
+            gap,
+            kind,
+            victim,
+            pause_pct,
+        });
+    }
+    plan
+}
+
+fn env_seed() -> u64 {
+    match std::env::var("FAULT_SEED") {
+        Ok(s) if !s.trim().is_empty() => s.trim().parse().expect("FAULT_SEED must be a u64"),
+        _ => now_us() % 1_000_000,
+    }
+}
+
+fn env_kinds() -> Vec<FaultKind> {
+    match std::env::var("FAULT_KINDS") {
+        Ok(s) if !s.trim().is_empty() => FaultKind::parse_list(&s),
+        _ => FaultKind::ALL.to_vec(),
+    }
+}
+
+fn short_timing() -> GroupConfig {
+    GroupConfig {
+        heartbeat_interval_ms: 300,
+        session_timeout_ms: 3_000,
+        rebalance_timeout_ms: 6_000,
+    }
+}
+
+fn short_scenario(seed: u64, kinds: Vec<FaultKind>) -> Scenario {
+    Scenario {
+        name: "short",
+        seed,
+        procs: 3,
+        members: 2,
+        workers: 2,
+        shards: 16,
+        keys: 128,
+        rate: 300,
+        timing: short_timing(),
+        handle_ms: 2,
+        fault_for: Duration::from_secs(22),
+        gap_ms: (2_000, 3_500),
+        kinds,
+        drain_deadline: Duration::from_secs(45),
+    }
+}
+
+fn long_scenarios(seed: u64, kinds: Vec<FaultKind>) -> Vec<Scenario> {
+    let base = Scenario {
+        name: "long-default-timing",
+        seed,
+        procs: 4,
+        members: 4,
+        workers: 2,
+        shards: 32,
+        keys: 256,
+        rate: 400,
+        timing: GroupConfig {
+            heartbeat_interval_ms: 1_000,
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+        },
+        handle_ms: 2,
+        fault_for: Duration::from_secs(75),
+        gap_ms: (3_000, 6_000),
+        kinds,
+        drain_deadline: Duration::from_secs(120),
+    };
+    let short = Scenario {
+        name: "long-short-timing",
+        seed: seed.wrapping_add(1),
+        timing: short_timing(),
+        fault_for: Duration::from_secs(65),
+        drain_deadline: Duration::from_secs(90),
+        ..base.clone()
+    };
+    vec![base, short]
+}
+
+// ------------------------------------------------------------------------------------------------
+// The test
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection() {
+    let seed = env_seed();
+    let kinds = env_kinds();
+    let long = std::env::var("FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
+    let scenarios = if long {
+        long_scenarios(seed, kinds)
+    } else {
+        vec![short_scenario(seed, kinds)]
+    };
+    let mut failures = Vec::new();
+    for scenario in scenarios {
+        println!(
+            "=== scenario {} (FAULT_SEED={} FAULT_KINDS={}{}) ===",
+            scenario.name,
+            seed,
+            scenario
+                .kinds
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            if long { " FAULT_LONG=1" } else { "" }
+        );
+        match run_scenario(&scenario).await {
+            Ok(verdict) => {
+                if !verdict.ok() {
+                    failures.push(format!(
+                        "{}: {}",
+                        scenario.name,
+                        verdict.failed().join(", ")
+                    ));
+                }
+            }
+            Err(e) => failures.push(format!("{}: harness error: {e}", scenario.name)),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "fault injection failed (replay with FAULT_SEED={seed}): {}",
+        failures.join("; ")
+    );
+}
+
+/// What happened to one fault, for the verification.
+#[derive(Debug, Clone)]
+struct FaultLog {
+    kind: FaultKind,
+    /// Process slot and its pid at the time (kill, stop, term).
+    victim: Option<(String, u32)>,
+    /// When the fault began (µs).
+    at: u64,
+    /// For `stop`: just after SIGSTOP returned and just before SIGCONT was sent (µs).
+    pause: Option<(u64, u64)>,
+    /// For `redis`: just before the shutdown and just after the restarted server answered (µs).
+    outage: Option<(u64, u64)>,
+    /// Client ports of the paused process (read while it was stopped).
+    ports: Vec<u16>,
+    /// Member ids of the victim process.
+    members: Vec<String>,
+    note: String,
+}
+
+async fn run_scenario(s: &Scenario) -> Res<Verdict> {
+    let started = Instant::now();
+    let stamp = move || format!("[{:>6.1}s]", started.elapsed().as_secs_f64());
+    let plan = schedule(s);
+    println!(
+        "{} {} procs x {} members, {} shards, {} keys, {} msg/s, timing {:?}, {} faults planned",
+        stamp(),
+        s.procs,
+        s.members,
+        s.shards,
+        s.keys,
+        s.rate,
+        s.timing,
+        plan.len()
+    );
+    let mut server = RedisServer::start_with_aof();
+    let url = server.url();
+    let log_dir = std::env::temp_dir().join(format!(
+        "sl-faults-{}-{}-{}",
+        s.name,
+        s.seed,
+        std::process::id()
+    ));
+    fs::create_dir_all(&log_dir)?;
+    println!(
+        "{} redis {url} (dir {}), worker logs in {}",
+        stamp(),
+        server.dir().display(),
+        log_dir.display()
+    );
+
+    // Generous response timeout: the verification reads big pages from a loaded machine.
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
+    let mut conn = redis::Client::open(url.as_str())?
+        .get_connection_manager_with_config(config)
+        .await?;
+    Topology::ensure(&mut conn, STREAM, s.shards).await?;
+    Topology::ensure_group(&mut conn, STREAM, GROUP, StartFrom::Earliest).await?;
+
+    let monitor = Monitor::start(server.port());
+
+    let mut procs: Vec<WorkerProc> = Vec::new();
+    for slot in 0..s.procs {
+        procs.push(WorkerProc::spawn(s, &url, slot, 0, &log_dir)?);
+    }
+
+    // Traffic: rounds of one message per key, seq = round, paced to `rate`, until told to stop.
+    let producer = Producer::new(conn.clone(), STREAM).await?;
+    let rounds = Arc::new(AtomicU64::new(0));
+    let stop_traffic = Arc::new(AtomicBool::new(false));
+    let max_rounds = (s.rate as u64 * (s.fault_for.as_secs() + 60)) / s.keys as u64;
+    let traffic = tokio::spawn(produce(
+        producer,
+        s.keys,
+        s.rate,
+        max_rounds,
+        rounds.clone(),
+        stop_traffic.clone(),
+    ));
+
+    // Wait until traffic flows through every process before the first fault.
+    // Before the first fault: every member joined and owns shards, nothing in motion, traffic handled.
+    let members = s.procs * s.members as usize;
+    let warm =
+        wait_until(Duration::from_secs(60), || {
+            let mut conn = conn.clone();
+            let target = s.keys as u64 * 2;
+            async move {
+                settled(&mut conn, members).await && scard(&mut conn).await.unwrap_or(0) >= target
+            }
+        })
+        .await;
+    println!(
+        "{} warm (all {members} members own shards): {warm}",
+        stamp()
+    );
+
+    let mut faults: Vec<FaultLog> = Vec::new();
+    let mut crashed = 0;
+    for (i, planned) in plan.iter().enumerate() {
+        tokio::time::sleep(planned.gap).await; // the schedule's gap between faults (not a sync)
+                                               // A worker that exited by itself (its start failed, say while Redis restarted) is replaced.
+        for (slot, p) in procs.iter_mut().enumerate() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                crashed += 1;
+                let generation = 100 + crashed;
+                println!(
+                    "{} {} (pid {}) exited by itself ({status}): restarted",
+                    stamp(),
+                    p.name,
+                    p.pid
+                );
+                *p = WorkerProc::spawn(s, &url, slot, generation, &log_dir)?;
+            }
+        }
+        let log = inject(
+            s,
+            planned,
+            &mut procs,
+            &mut server,
+            &mut conn,
+            &url,
+            &log_dir,
+        )
+        .await?;
+        println!(
+            "{} fault {:>2}: {:<7} {} {}",
+            stamp(),
+            i + 1,
+            log.kind.name(),
+            log.victim
+                .as_ref()
+                .map(|(n, p)| format!("{n} (pid {p})"))
+                .unwrap_or_default(),
+            log.note
+        );
+        faults.push(log);
+    }
+    // Let traffic run a little past the last fault, then stop it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_traffic.store(true, Ordering::Relaxed);
+    traffic.await??;
+    let produced_rounds = rounds.load(Ordering::Relaxed);
+    let expected = produced_rounds * s.keys as u64;
+    println!(
+        "{} traffic stopped: {produced_rounds} rounds, {expected} messages",
+        stamp()
+    );
+
+    let drained = wait_until(s.drain_deadline, || {
+        let mut conn = conn.clone();
+        async move { scard(&mut conn).await.unwrap_or(0) >= expected }
+    })
+    .await;
+    let handled_now = scard(&mut conn).await.unwrap_or(0);
+    println!(
+        "{} drained: {drained} ({handled_now} of {expected} handled)",
+        stamp()
+    );
+
+    // SIGTERM to all at once (not one after another: that would only move shards around), then wait.
+    for p in &procs {
+        p.signal("CONT");
+        p.signal("TERM");
+    }
+    let mut forced = 0;
+    for p in procs.iter_mut() {
+        if !p.wait_exit().await {
+            forced += 1;
+        }
+    }
+    println!("{} workers stopped ({forced} forced)", stamp());
+    let monitor_lines = monitor.stop();
+
+    let records = read_records(&mut conn).await?;
+    let audit = read_audit(&mut conn).await?;
+    let pending = pending_per_shard(&mut conn, s.shards).await?;
+    let dead_letters: u64 = redis::cmd("XLEN")
+        .arg(format!("{STREAM}:dlq"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(0);
+    let mut verdict = verify(
+        s,
+        produced_rounds,
+        &records,
+        &faults,
+        &audit,
+        &monitor_lines,
+        &pending,
+        dead_letters,
+        forced,
+    );
+    verdict.crashed = crashed as u64;
+    verdict.print();
+    if verdict.ok() {
+        let _ = fs::remove_dir_all(&log_dir);
+    } else if let Err(e) = dump(&log_dir, &records, &faults, &audit, &monitor_lines) {
+        println!("could not write the raw data to {}: {e}", log_dir.display());
+    }
+    println!("{} scenario {} done (seed {})", stamp(), s.name, s.seed);
+    drop(server);
+    Ok(verdict)
+}
+
+/// Writes what the verification saw as tab-separated files next to the worker logs, for digging into a
+/// failure after the run (the Redis of the run is gone by then). A passing run removes that directory.
+fn dump(
+    dir: &Path,
+    records: &[Record],
+    faults: &[FaultLog],
+    audit: &[AuditEvent],
+    monitor: &[MonLine],
+) -> std::io::Result<()> {
+    let mut out =
+        String::from("key\tseq\tshard\tid\tmember\tepoch\tt0_us\tt1_us\tdeliveries\tpid\n");
+    for r in records {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            r.key, r.seq, r.shard, r.id, r.member, r.epoch, r.t0, r.t1, r.deliveries, r.pid
+        );
+    }
+    fs::write(dir.join("records.tsv"), out)?;
+    let mut out = String::from("at_us\tport\tcommand\tconsumer\tkey\targs\n");
+    for m in monitor {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}",
+            m.at,
+            m.port.map_or("lua".to_string(), |p| p.to_string()),
+            m.command,
+            m.consumer.as_deref().unwrap_or("-"),
+            m.key,
+            m.args
+        );
+    }
+    fs::write(dir.join("monitor.tsv"), out)?;
+    let mut out = String::from("at_us\tevent\tmember\tepoch\tshards\n");
+    for e in audit {
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{:?}",
+            e.at_us,
+            if e.join { "join" } else { "grant" },
+            e.member,
+            e.epoch,
+            e.shards
+        );
+    }
+    fs::write(dir.join("audit.tsv"), out)?;
+    let mut out = String::new();
+    for f in faults {
+        let _ = writeln!(out, "{f:?}");
+    }
+    fs::write(dir.join("faults.txt"), out)?;
+    println!(
+        "raw data (records, MONITOR, audit, faults) in {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+async fn wait_until<F, Fut>(deadline: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether the group's projection shows `members` members, each owning shards, none pending or revoking.
+async fn settled(conn: &mut ConnectionManager, members: usize) -> bool {
+    let Ok(Some(json)) = redis::cmd("GET")
+        .arg(format!("sl:{{{STREAM}/{GROUP}}}:projection"))
+        .query_async::<Option<String>>(conn)
+        .await
+    else {
+        return false;
+    };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {
+        return false;
+    };
+    let Some(views) = value["members"].as_array() else {
+        return false;
+    };
+    let len = |v: &serde_json::Value, field: &str| v[field].as_array().map_or(0, Vec::len);
+    views.len() == members
+        && views
+            .iter()
+            .all(|m| len(m, "owned") > 0 && len(m, "pending") == 0 && len(m, "revoking") == 0)
+}
+
+async fn scard(conn: &mut ConnectionManager) -> redis::RedisResult<u64> {
+    redis::cmd("SCARD").arg(DONE_KEY).query_async(conn).await
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Item {
+    key: String,
+    seq: u64,
+}
+
+fn key_name(k: u32) -> String {
+    format!("key-{k:04}")
+}
+
+async fn produce(
+    producer: Producer,
+    keys: u32,
+    rate: u32,
+    max_rounds: u64,
+    rounds: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Res<()> {
+    let round_every = Duration::from_secs_f64(keys as f64 / rate as f64);
+    let start = tokio::time::Instant::now();
+    for seq in 0..max_rounds {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let batch: Vec<(String, Item)> = (0..keys)
+            .map(|k| {
+                let key = key_name(k);
+                (key.clone(), Item { key, seq })
+            })
+            .collect();
+        // Redis may be restarting: retry the round (a partly written round only duplicates entries).
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match producer.send_batch(&batch).await {
+                Ok(_) => break,
+                Err(e) if attempt >= 150 => return Err(format!("round {seq}: {e}").into()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        rounds.store(seq + 1, Ordering::Relaxed);
+        tokio::time::sleep_until(start + round_every * (seq as u32 + 1)).await;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Worker processes and faults
+// ------------------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct WorkerProc {
+    name: String,
+    child: Child,
+    pid: u32,
+}
+
+impl WorkerProc {
+    fn spawn(
+        s: &Scenario,
+        url: &str,
+        slot: usize,
+        generation: usize,
+        log_dir: &Path,
+    ) -> Res<WorkerProc> {
+        let name = format!("w{slot}");
+        let log = fs::File::create(log_dir.join(format!("{name}-{generation}.log")))?;
+        let child = Command::new(WORKER)
+            .env("REDIS_URL", url)
+            .env("CHAOS_PROC", &name)
+            .env("CHAOS_MEMBERS", s.members.to_string())
+            .env("CHAOS_WORKERS", s.workers.to_string())
+            .env("CHAOS_STREAM", STREAM)
+            .env("CHAOS_GROUP", GROUP)
+            .env(
+                "CHAOS_HEARTBEAT_MS",
+                s.timing.heartbeat_interval_ms.to_string(),
+            )
+            .env("CHAOS_SESSION_MS", s.timing.session_timeout_ms.to_string())
+            .env(
+                "CHAOS_REBALANCE_MS",
+                s.timing.rebalance_timeout_ms.to_string(),
+            )
+            .env("CHAOS_HANDLE_MS", s.handle_ms.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or("worker exited at once")?;
+        Ok(WorkerProc { name, child, pid })
+    }
+
+    fn member_ids(&self, members: u32) -> Vec<String> {
+        (0..members)
+            .map(|m| format!("{}-m{m}", self.name))
+            .collect()
+    }
+
+    fn signal(&self, signal: &str) {
+        let _ = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status();
+    }
+
+    /// SIGTERM and wait for a graceful exit; SIGKILL after [`STOP_DEADLINE`]. Returns whether it was
+    /// graceful.
+    async fn terminate(&mut self) -> bool {
+        self.signal("CONT"); // harmless when it runs; a stopped process cannot handle SIGTERM
+        self.signal("TERM");
+        self.wait_exit().await
+    }
+
+    /// Waits for the exit after a SIGTERM; SIGKILL after [`STOP_DEADLINE`]. Returns whether it exited by
+    /// itself with success.
+    async fn wait_exit(&mut self) -> bool {
+        match tokio::time::timeout(STOP_DEADLINE, self.child.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => {
+                let _ = self.child.kill().await;
+                false
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn inject(
+    s: &Scenario,
+    planned: &PlannedFault,
+    procs: &mut [WorkerProc],
+    server: &mut RedisServer,
+    conn: &mut ConnectionManager,
+    url: &str,
+    log_dir: &Path,
+) -> Res<FaultLog> {
+    let slot = planned.victim;
+    let mut log = FaultLog {
+        kind: planned.kind,
+        victim: None,
+        at: now_us(),
+        pause: None,
+        outage: None,
+        ports: Vec::new(),
+        members: Vec::new(),
+        note: String::new(),
+    };
+    match planned.kind {
+        FaultKind::Kill | FaultKind::Term => {
+            let p = &mut procs[slot];
+            log.victim = Some((p.name.clone(), p.pid));
+            log.members = p.member_ids(s.members);
+            log.at = now_us();
+            let graceful = if planned.kind == FaultKind::Kill {
+                let _ = p.child.kill().await;
+                true
+            } else {
+                p.terminate().await
+            };
+            let generation = 1 + fs::read_dir(log_dir)?
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&p.name))
+                .count();
+            *p = WorkerProc::spawn(s, url, slot, generation, log_dir)?;
+            log.note = format!(
+                "{}replaced by pid {}",
+                if graceful {
+                    ""
+                } else {
+                    "(SIGTERM timed out: SIGKILL) "
+                },
+                p.pid
+            );
+        }
+        FaultKind::Stop => {
+            let p = &procs[slot];
+            log.victim = Some((p.name.clone(), p.pid));
+            log.members = p.member_ids(s.members);
+            let pause =
+                Duration::from_millis(s.timing.session_timeout_ms as u64 * planned.pause_pct / 100);
+            log.at = now_us();
+            p.signal("STOP");
+            // kill(2) only queues the signal: on a loaded machine the threads keep running for a while
+            // (tens of ms were seen). The pause starts when every thread is stopped.
+            let seen_by = Instant::now() + Duration::from_secs(5);
+            let mut all_stopped = threads_stopped(p.pid);
+            while !all_stopped && Instant::now() < seen_by {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                all_stopped = threads_stopped(p.pid);
+            }
+            let stopped = now_us();
+            // The pause itself is the fault: a fixed length, past the lease.
+            tokio::time::sleep(pause).await;
+            log.ports = client_ports(p.pid, server.port());
+            let cont = now_us();
+            p.signal("CONT");
+            log.pause = Some((stopped, cont));
+            log.note = format!(
+                "paused {:.1} s ({}% of the session timeout), seen stopped {:.0} ms after SIGSTOP{}, {} client ports",
+                pause.as_secs_f64(),
+                planned.pause_pct,
+                (stopped - log.at) as f64 / 1e3,
+                if all_stopped { "" } else { " (NOT all threads seen stopped)" },
+                log.ports.len()
+            );
+        }
+        FaultKind::Redis => {
+            let down = now_us();
+            log.at = down;
+            tokio::task::block_in_place(|| server.restart_graceful());
+            let up = now_us();
+            log.outage = Some((down, up));
+            log.note = format!("down {:.2} s", (up - down) as f64 / 1e6);
+        }
+        FaultKind::DelMeta => {
+            log.at = now_us();
+            let n: i64 = redis::cmd("DEL").arg(meta_key()).query_async(conn).await?;
+            log.note = format!("DEL {} -> {n}", meta_key());
+        }
+    }
+    Ok(log)
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // `pid (comm) S ...`: the state follows the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Local ports of `pid`'s TCP connections to `127.0.0.1:<redis_port>`: socket inodes from
+/// `/proc/<pid>/fd`, matched in `/proc/net/tcp{,6}`.
+fn client_ports(pid: u32, redis_port: u16) -> Vec<u16> {
+    let mut inodes = HashSet::new();
+    if let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) {
+        for entry in dir.flatten() {
+            if let Ok(target) = fs::read_link(entry.path()) {
+                let target = target.to_string_lossy().into_owned();
+                if let Some(inode) = target
+                    .strip_prefix("socket:[")
+                    .and_then(|r| r.strip_suffix(']'))
+                {
+                    inodes.insert(inode.to_string());
+                }
+            }
+        }
+    }
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() > 9 && inodes.contains(cols[9]) && port_of(cols[2]) == Some(redis_port) {
+                if let Some(port) = port_of(cols[1]) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+// ------------------------------------------------------------------------------------------------
+// MONITOR
+// ------------------------------------------------------------------------------------------------
+
+/// One watched command seen by `MONITOR`.
+#[derive(Debug, Clone)]
+struct MonLine {
+    /// Redis time, µs.
+    at: u64,
+    /// The client's port (`None` for commands run by a script).
+    port: Option<u16>,
+    command: String,
+    /// The consumer name, for commands that carry one.
+    consumer: Option<String>,
+    key: String,
+    /// The arguments after the command, for reports (`GROUP chaos w0-m1 COUNT 20 STREAMS orders:3 >`).
+    args: String,
+}
+
+#[derive(Debug)]
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    lines: Arc<Mutex<Vec<MonLine>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Monitor {
+    /// A thread reading the monitor feed; it reconnects while Redis restarts.
+    fn start(port: u16) -> Monitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, lines2) = (stop.clone(), lines.clone());
+        let ready = Arc::new(AtomicBool::new(false));
+        let ready2 = ready.clone();
+        let thread = std::thread::spawn(move || {
+            // Bounded: one connection per Redis (re)start, and each connect attempt waits 50 ms.
+            let born = Instant::now();
+            for _ in 0..100_000 {
+                if stop2.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
+                    return;
+                }
+                if monitor_once(port, &stop2, &lines2, &ready2).is_err() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ready.load(Ordering::Relaxed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(ready.load(Ordering::Relaxed), "MONITOR did not start");
+        Monitor {
+            stop,
+            lines,
+            thread,
+        }
+    }
+
+    fn stop(self) -> Vec<MonLine> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        let lines = self.lines.lock().expect("monitor lines").clone();
+        lines
+    }
+}
+
+fn monitor_once(
+    port: u16,
+    stop: &AtomicBool,
+    lines: &Mutex<Vec<MonLine>>,
+    ready: &AtomicBool,
+) -> std::io::Result<()> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    (&stream).write_all(b"MONITOR\r\n")?;
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    let born = Instant::now();
+    loop {
+        if stop.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
+            return Ok(());
+        }
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) if line.ends_with(b"\n") => {
+                let text = String::from_utf8_lossy(&line).into_owned();
+                line.clear();
+                if text.starts_with("+OK") {
+                    ready.store(true, Ordering::Relaxed);
+                } else if let Some(parsed) = parse_monitor_line(text.trim_end()) {
+                    lines.lock().expect("monitor lines").push(parsed);
+                }
+            }
+            Ok(_) => {} // partial line; keep reading
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `+1700000000.123456 [0 127.0.0.1:5555] "XREADGROUP" "GROUP" "g" "c" ...` -> a [`MonLine`] when the
+/// command is watched.
+fn parse_monitor_line(text: &str) -> Option<MonLine> {
+    let text = text.strip_prefix('+')?;
+    let (time, rest) = text.split_once(' ')?;
+    let (secs, micros) = time.split_once('.')?;
+    let at = secs.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?;
+    let rest = rest.strip_prefix('[')?;
+    let (client, args) = rest.split_once(']')?;
+    let port = client
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok());
+    let args = parse_quoted(args);
+    let command = args.first()?.to_ascii_uppercase();
+    if !WATCHED.contains(&command.as_str()) {
+        return None;
+    }
+    let (consumer, key) = match command.as_str() {
+        "XREADGROUP" => {
+            let streams = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case("STREAMS"))?;
+            (args.get(3).cloned(), args.get(streams + 1).cloned()?)
+        }
+        "XCLAIM" | "XAUTOCLAIM" => (args.get(3).cloned(), args.get(1).cloned()?),
+        _ => (None, args.get(1).cloned()?),
+    };
+    Some(MonLine {
+        at,
+        port,
+        command,
+        consumer,
+        key,
+        args: args[1..].join(" ").chars().take(120).collect(),
+    })
+}
+
+/// The quoted, escaped arguments of a monitor line (`sdscatrepr`).
+fn parse_quoted(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('n') => arg.push('\n'),
+                    Some('r') => arg.push('\r'),
+                    Some('t') => arg.push('\t'),
+                    Some('x') => {
+                        let hex: String = chars.by_ref().take(2).collect();
+                        if let Ok(b) = u8::from_str_radix(&hex, 16) {
+                            arg.push(b as char);
+                        }
+                    }
+                    Some(other) => arg.push(other),
+                    None => break,
+                },
+                other => arg.push(other),
+            }
+        }
+        out.push(arg);
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reading back
+// ------------------------------------------------------------------------------------------------
+
+/// One handle, as the worker recorded it.
+#[derive(Debug, Clone)]
+struct Record {
+    key: String,
+    seq: u64,
+    shard: u32,
+    id: String,
+    member: String,
+    epoch: i64,
+    /// Handler start (worker wall clock, µs) and the time its record landed (Redis TIME, µs).
+    t0: u64,
+    t1: u64,
+    deliveries: u32,
+    pid: u32,
+}
+
+async fn read_records(conn: &mut ConnectionManager) -> Res<Vec<Record>> {
+    let mut out = Vec::new();
+    let mut start = "-".to_string();
+    for _ in 0..100_000 {
+        let page: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(LOG_KEY)
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(2_000)
+            .query_async(conn)
+            .await?;
+        let Some((last, _)) = page.last() else { break };
+        start = format!("({last}");
+        for (_, f) in &page {
+            let get = |name: &str| f.get(name).cloned().unwrap_or_default();
+            let num = |name: &str| get(name).parse::<u64>().unwrap_or(0);
+            out.push(Record {
+                key: get("k"),
+                seq: num("s"),
+                shard: num("sh") as u32,
+                id: get("id"),
+                member: get("m"),
+                epoch: get("e").parse().unwrap_or(-1),
+                t0: num("t0"),
+                t1: num("t1"),
+                deliveries: num("dc") as u32,
+                pid: num("pid") as u32,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A join (`MEMBER_JOINED`, `MEMBER_REJOINED`) or a grant (`SHARDS_ASSIGNED`) from the audit stream.
+#[derive(Debug, Clone)]
+struct AuditEvent {
+    join: bool,
+    member: String,
+    epoch: i64,
+    shards: Vec<u32>,
+    /// The coordinator's `now` of the commit (Redis ms, here in µs): at or before the commit landed.
+    at_us: u64,
+}
+
+async fn read_audit(conn: &mut ConnectionManager) -> Res<Vec<AuditEvent>> {
+    let mut out = Vec::new();
+    let mut start = "-".to_string();
+    for _ in 0..10_000 {
+        let page: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(audit_key())
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(2_000)
+            .query_async(conn)
+            .await?;
+        let Some((last, _)) = page.last() else { break };
+        start = format!("({last}");
+        for (id, fields) in &page {
+            let Some(event) = fields.get("event") else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(event) else {
+                continue;
+            };
+            let join = match value["type"].as_str().unwrap_or_default() {
+                "MEMBER_JOINED" | "MEMBER_REJOINED" => true,
+                "SHARDS_ASSIGNED" => false,
+                _ => continue,
+            };
+            let at_ms = fields
+                .get("at")
+                .and_then(|a| a.parse::<u64>().ok())
+                .or_else(|| id.split('-').next().and_then(|ms| ms.parse().ok()))
+                .unwrap_or(0);
+            out.push(AuditEvent {
+                join,
+                member: value["memberId"].as_str().unwrap_or_default().to_string(),
+                epoch: value["memberEpoch"].as_i64().unwrap_or(-1),
+                shards: value["shards"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_u64())
+                            .map(|s| s as u32)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                at_us: at_ms * 1000,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `orders:7` -> 7.
+fn shard_of(key: &str) -> Option<u32> {
+    key.strip_prefix(STREAM)?.strip_prefix(':')?.parse().ok()
+}
+
+async fn pending_per_shard(conn: &mut ConnectionManager, shards: u32) -> Res<Vec<u64>> {
+    let mut out = Vec::new();
+    for shard in 0..shards {
+        let reply: redis::Value = redis::cmd("XPENDING")
+            .arg(format!("{STREAM}:{shard}"))
+            .arg(GROUP)
+            .query_async(conn)
+            .await?;
+        let count = match reply {
+            redis::Value::Array(items) => match items.first() {
+                Some(redis::Value::Int(n)) => *n as u64,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        out.push(count);
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Verification
+// ------------------------------------------------------------------------------------------------
+
+/// Why a handle is excused from the overlap and token checks: it was in flight across a fault window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InFlight {
+    Pause,
+    Outage,
+}
+
+fn in_flight_across(r: &Record, faults: &[FaultLog]) -> Option<InFlight> {
+    for f in faults {
+        if let (Some((stopped, cont)), Some((_, pid))) = (f.pause, &f.victim) {
+            if r.pid == *pid && r.t0 <= stopped && r.t1 >= cont {
+                return Some(InFlight::Pause);
+            }
+        }
+        if let Some((down, up)) = f.outage {
+            if r.t0 <= up && r.t1 >= down {
+                return Some(InFlight::Outage);
+            }
+        }
+    }
+    None
+}
+
+#[derive(Debug, Default)]
+struct PauseReport {
+    victim: String,
+    rejoin_ms: Option<u64>,
+    commands: usize,
+    first: Option<String>,
+    handles: usize,
+    first_handle: Option<String>,
+    examples: Vec<String>,
+    /// The audit stream (capped) no longer reaches back to the SIGCONT: the check may over-count.
+    audit_incomplete: bool,
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    produced: u64,
+    handles: u64,
+    unique: u64,
+    lost: u64,
+    lost_examples: Vec<String>,
+    order_violations: u64,
+    order_examples: Vec<String>,
+    /// Handles that started while another owner's handle of the same shard was running.
+    overlaps: u64,
+    /// Pairs of such handles (one long handle can overlap many).
+    overlap_pairs: u64,
+    overlap_examples: Vec<String>,
+    excused_pause: u64,
+    excused_outage: u64,
+    excused_not_stale: u64,
+    /// Distinct (shard, token) that started after a higher token of the shard.
+    token_decreases: u64,
+    token_decrease_handles: u64,
+    token_examples: Vec<String>,
+    zombie_commands: u64,
+    zombie_handles: u64,
+    pauses: Vec<PauseReport>,
+    pending: u64,
+    pending_shards: Vec<(u32, u64)>,
+    dead_letters: u64,
+    forced_stops: u64,
+    /// Workers that exited by themselves during the run (replaced).
+    crashed: u64,
+    faults: Vec<(String, String, f64, Option<f64>, String)>,
+    /// (check, kind of the latest fault before the violation) -> violations.
+    blamed: BTreeMap<(&'static str, String), u64>,
+    monitor_lines: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    s: &Scenario,
+    rounds: u64,
+    records: &[Record],
+    faults: &[FaultLog],
+    audit: &[AuditEvent],
+    monitor: &[MonLine],
+    pending: &[u64],
+    dead_letters: u64,
+    forced: u64,
+) -> Verdict {
+    let mut v = Verdict {
+        produced: rounds * s.keys as u64,
+        handles: records.len() as u64,
+        dead_letters,
+        forced_stops: forced,
+        monitor_lines: monitor.len(),
+        ..Verdict::default()
+    };
+
+    // Lost: every produced (key, seq) handled at least once.
+    let handled: HashSet<(&str, u64)> = records.iter().map(|r| (r.key.as_str(), r.seq)).collect();
+    v.unique = handled.len() as u64;
+    for k in 0..s.keys {
+        let key = key_name(k);
+        for seq in 0..rounds {
+            if !handled.contains(&(key.as_str(), seq)) {
+                v.lost += 1;
+                if v.lost_examples.len() < 5 {
+                    v.lost_examples.push(format!("{key}/{seq}"));
+                }
+            }
+        }
+    }
+
+    // Per-key order: first handles (by start) of a key's seqs in increasing seq order.
+    let mut by_key: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_key.entry(r.key.as_str()).or_default().push(r);
+    }
+    for (key, rs) in by_key.iter_mut() {
+        rs.sort_by_key(|r| (r.t0, r.t1));
+        let mut seen = HashSet::new();
+        let mut max: Option<&Record> = None;
+        for r in rs.iter() {
+            if !seen.insert(r.seq) {
+                continue; // a redelivery of an already-handled entry
+            }
+            match max {
+                Some(m) if r.seq < m.seq => {
+                    v.order_violations += 1;
+                    // Every fault between the late entry's production (its id) and its first handle.
+                    let produced_us =
+                        r.id.split('-')
+                            .next()
+                            .and_then(|ms| ms.parse::<u64>().ok())
+                            .map_or(r.t0, |ms| ms * 1000);
+                    v.blame_window("order", produced_us, r.t0, faults);
+                    if v.order_examples.len() < 5 {
+                        v.order_examples.push(format!(
+                            "{key}: seq {} (shard {}, {} epoch {}, dc {}) first handled after seq {} ({} epoch {}), {:.3} s later",
+                            r.seq, r.shard, r.member, r.epoch, r.deliveries, m.seq, m.member, m.epoch,
+                            (r.t0.saturating_sub(m.t0)) as f64 / 1e6
+                        ));
+                    }
+                }
+                _ => max = Some(r),
+            }
+        }
+    }
+
+    // Overlaps and fencing tokens, per shard in handle-start order.
+    let mut by_shard: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_shard.entry(r.shard).or_default().push(r);
+    }
+    // Excused handles (shard, index), each counted once however many handles it overlapped.
+    let mut excused_handles: HashSet<(u32, usize)> = HashSet::new();
+    let mut stale: HashSet<(u32, &str, i64)> = HashSet::new();
+    // Handles (shard, index) that started while another owner's handle of the shard was running.
+    let mut overlapping: HashSet<(u32, usize)> = HashSet::new();
+    let mut overlap_pairs = 0u64;
+    for (shard, rs) in by_shard.iter_mut() {
+        rs.sort_by_key(|r| (r.t0, r.t1));
+        let excuse: Vec<Option<InFlight>> =
+            rs.iter().map(|r| in_flight_across(r, faults)).collect();
+        // Overlaps: a sweep keeping the handles still running at each start.
+        let mut active: Vec<usize> = Vec::new();
+        for (i, r) in rs.iter().enumerate() {
+            active.retain(|&j| rs[j].t1 > r.t0);
+            for &j in &active {
+                let o = rs[j];
+                if o.member == r.member && o.pid == r.pid {
+                    continue;
+                }
+                // One of the two in flight across a fault window, with the smaller token: excused.
+                let excused = match (excuse[j], excuse[i]) {
+                    (Some(kind), None) if o.epoch < r.epoch => Some(kind),
+                    (None, Some(kind)) if r.epoch < o.epoch => Some(kind),
+                    _ => None,
+                };
+                match excused {
+                    Some(kind) => {
+                        let excused_one = if excuse[j].is_some() { j } else { i };
+                        if excused_handles.insert((*shard, excused_one)) {
+                            match kind {
+                                InFlight::Pause => v.excused_pause += 1,
+                                InFlight::Outage => v.excused_outage += 1,
+                            }
+                        }
+                    }
+                    None => {
+                        if excuse[i].is_some() || excuse[j].is_some() {
+                            v.excused_not_stale += 1;
+                        }
+                        overlap_pairs += 1;
+                        if overlapping.insert((*shard, i)) {
+                            v.overlaps += 1;
+                            v.blame("overlap", r.t0, faults);
+                        }
+                        if v.overlap_examples.len() < 5 {
+                            v.overlap_examples.push(format!(
+                                "shard {shard}: {}@{} (pid {}) [{}..{}] and {}@{} (pid {}) [{}..{}] ({:.1} ms overlap)",
+                                o.member, o.epoch, o.pid, o.id, rel(o.t0, o.t1),
+                                r.member, r.epoch, r.pid, r.id, rel(r.t0, r.t1),
+                                (o.t1.min(r.t1).saturating_sub(r.t0)) as f64 / 1e3
+                            ));
+                        }
+                    }
+                }
+            }
+            active.push(i);
+        }
+        // Tokens never decrease, the excused in-flight handles aside. Counted once per stale token.
+        let mut max: Option<&Record> = None;
+        for (i, r) in rs.iter().enumerate() {
+            if excuse[i].is_some() {
+                continue;
+            }
+            match max {
+                // A smaller epoch, or the same epoch of another member (epochs are unique by design, so
+                // a sink could not tell the two apart).
+                Some(m) if r.epoch < m.epoch || (r.epoch == m.epoch && r.member != m.member) => {
+                    v.token_decrease_handles += 1;
+                    if stale.insert((*shard, r.member.as_str(), r.epoch)) {
+                        v.token_decreases += 1;
+                        // Across a metadata deletion the epochs restarted: blame that, not whatever
+                        // fault came last.
+                        match faults
+                            .iter()
+                            .rev()
+                            .find(|f| f.kind == FaultKind::DelMeta && m.t0 < f.at && f.at <= r.t0)
+                        {
+                            Some(f) => v.blame("token", f.at, faults),
+                            None => v.blame("token", r.t0, faults),
+                        }
+                        if v.token_examples.len() < 5 {
+                            v.token_examples.push(format!(
+                                "shard {shard}: {}@{} (pid {}) started after {}@{} (pid {})",
+                                r.member, r.epoch, r.pid, m.member, m.epoch, m.pid
+                            ));
+                        }
+                    }
+                }
+                Some(m) if r.epoch == m.epoch => {}
+                _ => max = Some(r),
+            }
+        }
+    }
+
+    v.overlap_pairs = overlap_pairs;
+
+    // Item 1 at the Redis level: after SIGCONT (until the next fault), the paused process reads, claims
+    // or acknowledges a shard only after the coordinator granted it that shard again (audit
+    // `SHARDS_ASSIGNED` after the SIGCONT; a grant needs a rejoin first), and its handlers start only with
+    // such a grant's token.
+    for (n, f) in faults.iter().enumerate() {
+        let (Some((_, cont)), Some((victim, pid))) = (f.pause, &f.victim) else {
+            continue;
+        };
+        // What happens after the next fault (a metadata loss resets epochs, a restart reuses the member
+        // ids) is not the pause's doing: the window ends there.
+        let horizon = faults.get(n + 1).map(|g| g.at).unwrap_or(u64::MAX);
+        let after_cont = |e: &&AuditEvent| e.at_us >= cont && e.at_us < horizon;
+        let first_rejoin = audit
+            .iter()
+            .filter(after_cont)
+            .filter(|e| e.join && f.members.contains(&e.member))
+            .map(|e| e.at_us)
+            .min();
+        // Was `shard` granted after SIGCONT and by `at` to `member` (or, if unknown, to any of the
+        // process's members), with an epoch at most `epoch` (if given)?
+        let granted = |member: Option<&str>, shard: u32, at: u64, epoch: Option<i64>| {
+            audit.iter().filter(after_cont).any(|e| {
+                !e.join
+                    && e.at_us <= at
+                    && e.shards.contains(&shard)
+                    && member.map_or(f.members.contains(&e.member), |m| e.member == m)
+                    && epoch.is_none_or(|ep| e.epoch <= ep)
+            })
+        };
+        let mut report = PauseReport {
+            victim: format!("{victim} (pid {pid})"),
+            rejoin_ms: first_rejoin.map(|t| (t - cont) / 1000),
+            audit_incomplete: audit.first().is_none_or(|e| e.at_us > cont),
+            ..PauseReport::default()
+        };
+        for line in monitor {
+            if line.at < cont || line.at >= horizon {
+                continue;
+            }
+            let by_name = line
+                .consumer
+                .as_deref()
+                .filter(|c| f.members.iter().any(|m| m == c));
+            let by_port = line.port.is_some_and(|p| f.ports.contains(&p));
+            if by_name.is_none() && !by_port {
+                continue;
+            }
+            let Some(shard) = shard_of(&line.key) else {
+                continue;
+            };
+            if !granted(by_name, shard, line.at, None) {
+                report.commands += 1;
+                v.blame("paused cmds", line.at, faults);
+                if report.first.is_none() {
+                    report.first = Some(format!(
+                        "{} {} {} +{:.1} ms",
+                        line.command,
+                        line.key,
+                        line.consumer.as_deref().unwrap_or(""),
+                        (line.at - cont) as f64 / 1e3
+                    ));
+                }
+                if report.examples.len() < 4 {
+                    report.examples.push(format!(
+                        "+{:.1} ms port {} {} {}",
+                        (line.at - cont) as f64 / 1e3,
+                        line.port.map_or("lua".to_string(), |p| p.to_string()),
+                        line.command,
+                        line.args
+                    ));
+                }
+            }
+        }
+        for r in records {
+            if r.pid == *pid
+                && r.t0 >= cont
+                && r.t0 < horizon
+                && !granted(Some(&r.member), r.shard, r.t0, Some(r.epoch))
+            {
+                report.handles += 1;
+                v.blame("paused handles", r.t0, faults);
+                if report.first_handle.is_none() {
+                    report.first_handle = Some(format!(
+                        "{}@{} shard {} {} +{:.1} ms",
+                        r.member,
+                        r.epoch,
+                        r.shard,
+                        r.id,
+                        (r.t0 - cont) as f64 / 1e3
+                    ));
+                }
+            }
+        }
+        v.zombie_commands += report.commands as u64;
+        v.zombie_handles += report.handles as u64;
+        v.pauses.push(report);
+    }
+
+    v.pending_shards = pending
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(i, &n)| (i as u32, n))
+        .collect();
+    v.pending = pending.iter().sum();
+
+    // Recovery: from the fault until every shard had a handle started after it (by anyone but a paused
+    // victim); approximate, from the records.
+    let t_first = faults.first().map(|f| f.at).unwrap_or(0);
+    for f in faults {
+        let excluded_pid = f.pause.and(f.victim.as_ref().map(|(_, p)| *p));
+        let mut worst: Option<u64> = Some(0);
+        for rs in by_shard.values() {
+            let first = rs
+                .iter()
+                .filter(|r| r.t0 >= f.at && Some(r.pid) != excluded_pid)
+                .map(|r| r.t0)
+                .min();
+            match first {
+                Some(t) => worst = worst.map(|w| w.max(t - f.at)),
+                None => worst = None,
+            }
+        }
+        v.faults.push((
+            f.kind.name().to_string(),
+            f.victim
+                .as_ref()
+                .map(|(n, p)| format!("{n}/{p}"))
+                .unwrap_or_else(|| "-".into()),
+            (f.at.saturating_sub(t_first)) as f64 / 1e6,
+            worst.map(|w| w as f64 / 1e6),
+            f.note.clone(),
+        ));
+    }
+    v
+}
+
+fn rel(t0: u64, t1: u64) -> String {
+    format!(
+        "{}.{:06}+{:.1}ms",
+        t0 / 1_000_000,
+        t0 % 1_000_000,
+        (t1 - t0.min(t1)) as f64 / 1e3
+    )
+}
+
+impl Verdict {
+    /// Counts a violation against the kind of the latest fault that began before `at`.
+    fn blame(&mut self, check: &'static str, at: u64, faults: &[FaultLog]) {
+        let kind = faults
+            .iter()
+            .rev()
+            .find(|f| f.at <= at)
+            .map_or("(none)", |f| f.kind.name());
+        *self.blamed.entry((check, kind.to_string())).or_default() += 1;
+    }
+
+    /// Counts a violation against every kind of fault that began in `[from, to]` (`a+b`), or the latest
+    /// one before `to` when none did.
+    fn blame_window(&mut self, check: &'static str, from: u64, to: u64, faults: &[FaultLog]) {
+        let mut kinds: Vec<&str> = faults
+            .iter()
+            .filter(|f| f.at >= from && f.at <= to)
+            .map(|f| f.kind.name())
+            .collect();
+        kinds.dedup();
+        if kinds.is_empty() {
+            self.blame(check, to, faults);
+        } else {
+            *self.blamed.entry((check, kinds.join("+"))).or_default() += 1;
+        }
+    }
+
+    fn checks(&self) -> Vec<(&'static str, u64, bool)> {
+        vec![
+            ("lost (never handled)", self.lost, self.lost == 0),
+            (
+                "per-key order violations",
+                self.order_violations,
+                self.order_violations == 0,
+            ),
+            (
+                "overlapping handles, 2 owners",
+                self.overlaps,
+                self.overlaps == 0,
+            ),
+            (
+                "fencing token decreases (tokens)",
+                self.token_decreases,
+                self.token_decreases == 0,
+            ),
+            (
+                "paused proc cmds w/o re-grant",
+                self.zombie_commands,
+                self.zombie_commands == 0,
+            ),
+            (
+                "paused proc handles w/o re-grant",
+                self.zombie_handles,
+                self.zombie_handles == 0,
+            ),
+            ("XPENDING at the end", self.pending, self.pending == 0),
+        ]
+    }
+
+    fn ok(&self) -> bool {
+        self.checks().iter().all(|(_, _, ok)| *ok)
+    }
+
+    fn failed(&self) -> Vec<String> {
+        self.checks()
+            .into_iter()
+            .filter(|(_, _, ok)| !ok)
+            .map(|(name, n, _)| format!("{name} = {n}"))
+            .collect()
+    }
+
+    fn print(&self) {
+        let mut out = String::new();
+        let _ = writeln!(out, "\nfaults:");
+        let _ = writeln!(
+            out,
+            "  {:>2} {:>7}  {:<8} {:<12} {:>9}  note",
+            "#", "at s", "kind", "victim", "recovery"
+        );
+        for (i, (kind, victim, at, recovery, note)) in self.faults.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {:>2} {:>7.1}  {:<8} {:<12} {:>9}  {}",
+                i + 1,
+                at,
+                kind,
+                victim,
+                recovery
+                    .map(|r| format!("{r:.2} s"))
+                    .unwrap_or_else(|| "never".into()),
+                note
+            );
+        }
+        if !self.pauses.is_empty() {
+            let _ = writeln!(
+                out,
+                "\npauses (after SIGCONT until the next fault: MONITOR cmds on shards not re-granted; handle starts without a fresh grant):"
+            );
+            for p in &self.pauses {
+                let _ = writeln!(
+                    out,
+                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {})  handle starts w/o grant {:>4} (first: {})",
+                    p.victim,
+                    p.rejoin_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "never".into()),
+                    p.commands,
+                    p.first.as_deref().unwrap_or("-"),
+                    p.handles,
+                    p.first_handle.as_deref().unwrap_or("-")
+                );
+                for e in &p.examples {
+                    let _ = writeln!(out, "    {e}");
+                }
+                if p.audit_incomplete {
+                    let _ = writeln!(
+                        out,
+                        "    (audit stream trimmed before this SIGCONT: counts may be too high)"
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\n+-----------------------------------+---------+--------+"
+        );
+        let _ = writeln!(
+            out,
+            "| check                             |   value | status |"
+        );
+        let _ = writeln!(
+            out,
+            "+-----------------------------------+---------+--------+"
+        );
+        for (name, value) in [
+            ("produced", self.produced),
+            ("handled (unique)", self.unique),
+            ("handles (total)", self.handles),
+            (
+                "duplicates (redeliveries)",
+                self.handles - self.unique.min(self.handles),
+            ),
+            ("excused: in flight, pause", self.excused_pause),
+            ("excused: in flight, Redis down", self.excused_outage),
+            ("overlapping pairs (info)", self.overlap_pairs),
+            (
+                "handles with a decreased token",
+                self.token_decrease_handles,
+            ),
+            ("dead letters", self.dead_letters),
+            ("workers SIGKILLed at the end", self.forced_stops),
+            ("workers that exited by themselves", self.crashed),
+            ("MONITOR lines (watched cmds)", self.monitor_lines as u64),
+        ] {
+            let _ = writeln!(out, "| {name:<33} | {value:>7} |        |");
+        }
+        for (name, value, ok) in self.checks() {
+            let _ = writeln!(
+                out,
+                "| {name:<33} | {value:>7} | {:<6} |",
+                if ok { "ok" } else { "FAIL" }
+            );
+        }
+        let _ = writeln!(
+            out,
+            "+-----------------------------------+---------+--------+"
+        );
+        if self.excused_not_stale > 0 {
+            let _ = writeln!(
+                out,
+                "  {} overlaps involved a handle in flight across a fault window WITHOUT a stale token",
+                self.excused_not_stale
+            );
+        }
+        for (title, examples) in [
+            ("lost", &self.lost_examples),
+            ("order", &self.order_examples),
+            ("overlap", &self.overlap_examples),
+            ("token", &self.token_examples),
+        ] {
+            for e in examples {
+                let _ = writeln!(out, "  {title}: {e}");
+            }
+        }
+        if !self.blamed.is_empty() {
+            let _ = writeln!(
+                out,
+                "  violations by the latest fault before them (order: every fault between the late entry's production and its first handle):"
+            );
+            for ((check, kind), n) in &self.blamed {
+                let _ = writeln!(out, "    {check:<15} after {kind:<8} {n:>6}");
+            }
+        }
+        if !self.pending_shards.is_empty() {
+            let _ = writeln!(out, "  pending per shard: {:?}", self.pending_shards);
+        }
+        let _ = writeln!(out, "{}", if self.ok() { "PASS" } else { "FAIL" });
+        println!("{out}");
+    }
+}
+
+#[test]
+fn monitor_lines_parse() {
+    let line = r#"+1700000000.012345 [0 127.0.0.1:51234] "XREADGROUP" "GROUP" "chaos" "w1-m0" "COUNT" "20" "STREAMS" "orders:3" ">""#;
+    let m = parse_monitor_line(line).expect("watched");
+    assert_eq!(m.at, 1_700_000_000_012_345);
+    assert_eq!(m.port, Some(51234));
+    assert_eq!(m.consumer.as_deref(), Some("w1-m0"));
+    assert_eq!(m.key, "orders:3");
+    let ack = r#"+1700000000.5 [0 127.0.0.1:1] "XACK" "orders:1" "chaos" "1-0""#;
+    assert_eq!(parse_monitor_line(ack).expect("watched").consumer, None);
+    assert!(parse_monitor_line(r#"+1.000001 [0 lua] "GET" "x""#).is_none());
+    assert_eq!(parse_quoted(r#""a\"b" "\x41c""#), vec!["a\"b", "Ac"]);
+}
+
+#[test]
+fn schedule_is_seeded_and_covers_every_kind() {
+    let s = short_scenario(7, FaultKind::ALL.to_vec());
+    let a = schedule(&s);
+    let b = schedule(&s);
+    assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    let kinds: HashSet<FaultKind> = a.iter().map(|f| f.kind).collect();
+    assert_eq!(kinds.len(), FaultKind::ALL.len(), "{a:?}");
+}
