@@ -192,11 +192,13 @@ impl World {
             }
             24..=25 => {
                 let n = 1 + r.below(1024) as u32;
-                self.coordinator
+                let _ = self
+                    .coordinator
                     .command(AdminCommand::SetShardCount(n), self.now);
             }
             26 => {
-                self.coordinator
+                let _ = self
+                    .coordinator
                     .command(AdminCommand::RollbackResharding, self.now);
             }
             27 => {
@@ -219,7 +221,7 @@ impl World {
         self.now += STEP;
         let now = self.now;
         if self.rng.chance(300) {
-            self.coordinator.tick(now);
+            let _ = self.coordinator.tick(now);
         }
         let ids: Vec<String> = self.processes.keys().cloned().collect();
         for id in ids {

@@ -132,7 +132,7 @@ fn rejoin_of_known_member_drops_old_ownership_and_issues_fresh_epoch() {
         .response;
     assert_eq!(stale.status, HeartbeatStatus::FencedMemberEpoch);
     // Once the old lease has passed, the new incarnation gets the shards.
-    c.tick(SESSION + 1);
+    let _ = c.tick(SESSION + 1);
     let now = c
         .heartbeat(&req("a", out.response.member_epoch, "n1"), SESSION + 1)
         .response;
@@ -182,7 +182,7 @@ fn handed_over_to_b() -> (Coordinator, i64, Vec<u32>, Vec<u32>) {
         &gone,
         RevokeState::Revoked,
     );
-    c.heartbeat(&revoke, 20);
+    let _ = c.heartbeat(&revoke, 20);
     (c, eb, a_keeps, gone)
 }
 
@@ -235,7 +235,7 @@ fn ownership_rule_6_duplicate_revoked_after_the_shard_was_granted_back_is_ignore
     );
     assert!(c.heartbeat(&report, 10).response.status.is_accepted());
     // The response is lost. b expires, so the shard goes back to a at an epoch a has not seen yet.
-    c.tick(SESSION);
+    let _ = c.tick(SESSION);
     assert!(!c.metadata().members.contains_key("b"));
     let regranted = member(&c, "a").member_epoch;
     assert!(regranted > ea);
@@ -435,7 +435,7 @@ fn expiry_fences_member_and_frees_its_shards() {
     join_and_settle(&mut c, "b", 0);
     // Only b keeps heartbeating.
     let eb = member(&c, "b").member_epoch;
-    c.heartbeat(&req("b", eb, "b0"), SESSION - 1);
+    let _ = c.heartbeat(&req("b", eb, "b0"), SESSION - 1);
     let group_epoch = c.metadata().group_epoch;
     let out = c.tick(SESSION);
     assert!(out
@@ -468,9 +468,9 @@ fn rebalance_timeout_fences_stuck_member() {
     let mut t = 0;
     while t < REBALANCE {
         t += HB;
-        c.heartbeat(&req("a", ea, &format!("a{t}")), t);
+        let _ = c.heartbeat(&req("a", ea, &format!("a{t}")), t);
         let eb = member(&c, "b").member_epoch;
-        c.heartbeat(&req("b", eb, &format!("b{t}")), t);
+        let _ = c.heartbeat(&req("b", eb, &format!("b{t}")), t);
     }
     assert!(
         !c.metadata().members.contains_key("a"),
@@ -512,7 +512,7 @@ fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
     assert!(!shards(&a.assignment.assigned_shards).contains(&moving));
     // Still draining: nothing moves.
     let a_keep: Vec<u32> = shards(&a.assignment.assigned_shards);
-    c.heartbeat(
+    let _ = c.heartbeat(
         &revoked(
             owned(req("a", ea, "a2"), &a_keep),
             &[moving],
@@ -522,7 +522,7 @@ fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
     );
     assert!(member(&c, "b").assigned.is_empty());
     // Step 4-6: REVOKED, b gets it as assigned.
-    c.heartbeat(
+    let _ = c.heartbeat(
         &revoked(
             owned(req("a", ea, "a3"), &a_keep),
             &[moving],
@@ -544,8 +544,8 @@ fn revoke_before_assign_expiry_of_old_owner_releases_shard() {
     join_and_settle(&mut c, "a", 0);
     let b = c.heartbeat(&req("b", 0, "bj"), 10).response;
     let eb = b.member_epoch;
-    c.heartbeat(&req("b", eb, "b1"), SESSION - 1);
-    c.tick(SESSION);
+    let _ = c.heartbeat(&req("b", eb, "b1"), SESSION - 1);
+    let _ = c.tick(SESSION);
     let out = c
         .heartbeat(&req("b", member(&c, "b").member_epoch, "b2"), SESSION)
         .response;
@@ -556,7 +556,7 @@ fn revoke_before_assign_expiry_of_old_owner_releases_shard() {
 fn ownership_rule_1_owned_must_be_assigned_or_pending() {
     let mut c = group(4);
     let ea = join_and_settle(&mut c, "a", 0);
-    c.command(AdminCommand::SetShardCount(6), 0);
+    let _ = c.command(AdminCommand::SetShardCount(6), 0);
     let a = c.heartbeat(&req("a", ea, "a1"), 1).response;
     let e = a.member_epoch;
     // Shard 9 does not exist; a claims it.
@@ -624,7 +624,7 @@ fn ownership_rule_6_duplicate_revoked_reports_are_ignored() {
     join_and_settle(&mut c, "b", 0);
     let moving: Vec<u32> = member(&c, "a").revoking.keys().copied().collect();
     let keep: Vec<u32> = member(&c, "a").assigned.iter().copied().collect();
-    c.heartbeat(
+    let _ = c.heartbeat(
         &revoked(
             owned(req("a", ea, "a1"), &keep),
             &moving,
@@ -692,7 +692,7 @@ fn sticky_assignment_balanced_group_moves_nothing_on_heartbeats() {
     let assignment_epoch = c.metadata().assignment_epoch;
     for m in ["a", "b", "c"] {
         let e = member(&c, m).member_epoch;
-        c.heartbeat(&req(m, e, "x"), 1);
+        let _ = c.heartbeat(&req(m, e, "x"), 1);
     }
     assert_eq!(c.metadata().assignment_epoch, assignment_epoch);
 }
@@ -704,7 +704,7 @@ fn assignment_epoch_stays_when_group_epoch_changes_without_new_target() {
     join_and_settle(&mut c, "b", 0);
     // A third member joins a 2-shard group: group epoch moves, target does not.
     let before = c.metadata().assignment_epoch;
-    c.heartbeat(&req("c", 0, "cj"), 1);
+    let _ = c.heartbeat(&req("c", 0, "cj"), 1);
     assert_eq!(c.metadata().assignment_epoch, before);
 }
 
@@ -713,13 +713,13 @@ fn weights_are_static_configuration_not_reported_concurrency() {
     let mut c = group(8);
     let mut heavy = req("a", 0, "aj");
     heavy.weight = Some(3);
-    c.heartbeat(&heavy, 0);
+    let _ = c.heartbeat(&heavy, 0);
     let mut busy = req("b", 0, "bj");
     busy.runtime_consumer_capacity = RuntimeConsumerCapacity {
         runtime_max_concurrency: 64,
         available_concurrency: 64,
     };
-    c.heartbeat(&busy, 0);
+    let _ = c.heartbeat(&busy, 0);
     assert_eq!(member(&c, "a").target.len(), 6);
     assert_eq!(member(&c, "b").target.len(), 2);
 }
@@ -742,7 +742,7 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
         .heartbeat(&owned(req("a", e, "a1"), &[0, 1, 2, 3]), 2)
         .response;
     assert_eq!(shards(&out.assignment.assigned_shards), [0, 1]);
-    c.heartbeat(
+    let _ = c.heartbeat(
         &revoked(
             owned(req("a", e, "a2"), &[0, 1]),
             &[2, 3],
@@ -754,7 +754,7 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
         c.metadata().resharding.as_ref().unwrap().state,
         MigrationState::Active
     );
-    c.command(AdminCommand::SetShardCount(3), 4);
+    let _ = c.command(AdminCommand::SetShardCount(3), 4);
     let e = member(&c, "a").member_epoch;
     assert_eq!(
         shards(
@@ -779,7 +779,7 @@ fn resharding_rollback_restores_shard_count_and_bumps_group_epoch() {
         c.command(AdminCommand::RollbackResharding, 0).response,
         Err(CommandError::NothingToRollBack)
     );
-    c.command(AdminCommand::SetShardCount(8), 1);
+    let _ = c.command(AdminCommand::SetShardCount(8), 1);
     let ge = c.metadata().group_epoch;
     let out = c.command(AdminCommand::RollbackResharding, 2);
     assert_eq!(out.response, Ok(()));
@@ -821,10 +821,10 @@ fn member_states_and_group_states_follow_the_lifecycle() {
     let r = c.heartbeat(&req("a", 0, "j"), 0).response;
     assert_eq!(member(&c, "a").state, MemberState::Joining);
     assert_eq!(c.projection(0).state, projection::GroupState::Reconciling);
-    c.heartbeat(&owned(req("a", r.member_epoch, "c"), &[0, 1]), 1);
+    let _ = c.heartbeat(&owned(req("a", r.member_epoch, "c"), &[0, 1]), 1);
     assert_eq!(member(&c, "a").state, MemberState::Stable);
     assert_eq!(c.projection(1).state, projection::GroupState::Stable);
-    c.heartbeat(&req("b", 0, "bj"), 2);
+    let _ = c.heartbeat(&req("b", 0, "bj"), 2);
     assert_eq!(c.projection(2).state, projection::GroupState::Assigning);
     let json = serde_json::to_value(c.projection(2)).unwrap();
     assert_eq!(json["state"], "ASSIGNING");
