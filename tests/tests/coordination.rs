@@ -233,7 +233,7 @@ async fn silent_member_expires_and_its_shards_move_without_overlap() {
     }
     assert_eq!(a.owned().len(), 4, "the first member gets everything");
     let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
-    a.on_response(&response);
+    let _ = a.on_response(&response);
     let a_valid_until = start + Duration::from_millis(a.valid_until() as u64);
     // B joins; A falls silent now (a crash, or a process that cannot reach Redis).
     let b = spawn_member(&redis.url(), "gx", 4, "b", ledger.clone()).await;
@@ -442,13 +442,13 @@ async fn steady_state_heartbeat_is_one_script_call_and_rewrites_nothing() {
     let mut a = session("a");
     for _ in 0..3 {
         let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
-        a.on_response(&r);
+        let _ = a.on_response(&r);
     }
     let before = commandstats(&mut conn).await;
     for _ in 0..50 {
         let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
         assert_eq!(r.status, HeartbeatStatus::Ok);
-        a.on_response(&r);
+        let _ = a.on_response(&r);
     }
     let after = commandstats(&mut conn).await;
     let delta =
@@ -611,13 +611,13 @@ async fn renewal_is_refused_once_the_snapshot_is_gone() {
     while a.owned().len() < 2 {
         assert!(Instant::now() < deadline);
         let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
-        a.on_response(&response);
+        let _ = a.on_response(&response);
         tokio::time::sleep(Duration::from_millis(HB as u64 / 5)).await;
     }
     // Settled: the next heartbeat is a plain lease renewal.
     for _ in 0..2 {
         let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
-        a.on_response(&response);
+        let _ = a.on_response(&response);
     }
     let mut conn = connect(&redis.url()).await;
     let _: () = redis::cmd("DEL")

@@ -229,6 +229,7 @@ impl MemberSession {
 
     /// Applies a response; returns what the consumption layer must do.
     /// Responses to anything but the request in flight (duplicates, late arrivals) are ignored.
+    #[must_use = "the consumption layer must carry out these shard commands"]
     pub fn on_response(&mut self, resp: &HeartbeatResponse) -> Vec<ShardCommand> {
         let Some((request_id, sent_at)) = self.in_flight.clone() else {
             return Vec::new();
@@ -325,6 +326,7 @@ impl MemberSession {
     }
 
     /// Checks the self-fencing deadline at local time `now`.
+    #[must_use = "the consumption layer must carry out these shard commands"]
     pub fn check_lease(&mut self, now: i64) -> Vec<ShardCommand> {
         let holds_something = !self.owned.is_empty() || self.draining().next().is_some();
         let active = matches!(self.phase, Phase::Member | Phase::Leaving);
@@ -336,6 +338,7 @@ impl MemberSession {
 
     /// Starts a graceful leave: heartbeats carry epoch -1 from now on, every owned shard is revoked, and the
     /// coordinator removes the member once all are REVOKED (the response then carries epoch -1).
+    #[must_use = "the consumption layer must carry out these shard commands"]
     pub fn begin_leave(&mut self) -> Vec<ShardCommand> {
         if self.phase != Phase::Member {
             self.phase = Phase::Left;
