@@ -343,6 +343,19 @@ pub fn redis_8_binary() -> Option<PathBuf> {
     }
 }
 
+/// A `redis-server` older than 8.2 (no `XACKDEL`), for tests of the fallback script: `$REDIS_7_SERVER_BIN`,
+/// else the default binary ([`RedisServer::start`]'s), else Debian's `/usr/bin/redis-server`, whichever
+/// first runs and reports a version below 8.2.
+pub fn redis_below_8_2_binary() -> Option<PathBuf> {
+    let explicit = std::env::var_os("REDIS_7_SERVER_BIN")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
+    explicit
+        .into_iter()
+        .chain([default_binary(), PathBuf::from("/usr/bin/redis-server")])
+        .find(|candidate| binary_version(candidate).is_some_and(|v| v < (8, 2, 0)))
+}
+
 /// The version a `redis-server` binary reports with `--version` (`Redis server v=8.2.3 ...`), or `None`
 /// if it does not run or the output cannot be parsed.
 pub fn binary_version(binary: impl AsRef<Path>) -> Option<(u32, u32, u32)> {

@@ -812,9 +812,15 @@ fn parse_pending(value: Value) -> Vec<(String, String, u32)> {
 
 /// The wall clock as RFC 3339 (UTC, milliseconds) for progress reports, without a date-time dependency.
 pub(crate) fn rfc3339_now() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+/// `since_epoch` as RFC 3339 (UTC, milliseconds).
+fn rfc3339(now: Duration) -> String {
     let secs = now.as_secs();
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
@@ -882,9 +888,14 @@ mod tests {
 
     #[test]
     fn formats_rfc3339() {
-        let s = rfc3339_now();
-        assert_eq!(s.len(), 24, "{s}");
-        assert!(s.ends_with('Z'));
+        let at = |ms: u64| rfc3339(Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z"); // a leap day of a leap century
+        assert_eq!(at(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
+        assert_eq!(at(1_764_547_200_123), "2025-12-01T00:00:00.123Z");
+        assert_eq!(at(4_102_444_800_000), "2100-01-01T00:00:00.000Z"); // 2100 is not a leap year
+        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(rfc3339_now().len(), 24);
     }
 }
 
