@@ -194,6 +194,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 hold = Some((index, delay));
                 break;
             }
+            shared.note_stale_write(spec.shard, entry).await;
             let fate = handle(&shared, &spec, entry).await;
             spec.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
@@ -270,6 +271,16 @@ async fn gate(
     let mut layout: Option<Layout> = shared.layout(false).await;
     loop {
         let view = layout.as_ref()?;
+        // Routed with a newer topology than ours: re-read it once.
+        if !*refreshed
+            && entry
+                .topology_version()
+                .is_some_and(|v| v > view.topology.version())
+        {
+            *refreshed = true;
+            layout = shared.layout(true).await;
+            continue;
+        }
         match view.topology.placement(key, shard, entry_ms) {
             Placement::Current | Placement::Previous => return None,
             Placement::Misrouted => {
