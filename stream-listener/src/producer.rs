@@ -27,8 +27,8 @@
 //! The shard count comes from the stream's topology record ([`Topology`]), which must exist: publishing to a
 //! stream without one is [`TopologyError::Missing`]. The producer caches the topology, re-reads it at most
 //! every [`ProducerConfig::refresh_interval`] to notice a resize (version change), and at once when a write
-//! finds its shard stream missing (`XADD … NOMKSTREAM` answers nil: a shrink retired it) or frozen (the
-//! stream refuses new ids: a shrink's removed shard past its cut); after a refresh the affected messages
+//! finds its shard stream missing (`XADD … NOMKSTREAM` answers nil) or frozen (the stream refuses new
+//! ids: a shard a shrink removed, past its cut); after a refresh the affected messages
 //! are routed again and resent once. A producer that misses a shrink therefore never writes where nobody
 //! reads: its write fails over to the new layout, or fails loudly.
 
@@ -373,7 +373,7 @@ where
         let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
             match reply {
-                // Missing (retired), or frozen: a shard a shrink removed, past its cut.
+                // Missing, or frozen: a shard a shrink removed, past its cut.
                 Value::Nil => missing.push(i),
                 Value::ServerError(error)
                     if error

@@ -34,11 +34,11 @@
 //! `drainingShardCount = N`, every group keeps reading all `N` shards ([`Topology::read_shard_count`]),
 //! and keys that moved out of a draining shard wait for its entries older than their own
 //! ([`Placement::Moved`] with `before_ms` the entry's own time). Once Redis time passes the cut, a removed
-//! shard is *frozen* (its last id set to the largest possible one, so any later `XADD` fails loudly), and
-//! once every group consumed it to the end it is deleted (`XADD … NOMKSTREAM` then answers nil, and the
-//! producer re-reads the topology and re-routes). When all removed shards are gone the record drops
-//! `drainingShardCount`: the shards are *retired*, and groups follow to `M` ([`Topology::retire_drained`],
-//! run by every process's topology follower and by the next resize).
+//! shard is *frozen* (its last id set to the largest possible one, so any later `XADD` fails loudly; the
+//! producer then re-reads the topology and re-routes), and once every group consumed it to the end it is
+//! trimmed empty. When all removed shards are retired so the record drops `drainingShardCount`, and groups
+//! follow to `M` ([`Topology::retire_drained`], run by every process's topology follower and by the next
+//! resize). The frozen, empty streams stay until a later grow reuses their indexes.
 //!
 //! # Stale-layout writes
 //!

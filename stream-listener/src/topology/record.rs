@@ -17,6 +17,7 @@ const RESIZE_SCRIPT: &str = include_str!("resize.lua");
 const CONSUMED_SCRIPT: &str = include_str!("consumed.lua");
 const RETIRE_SHARD_SCRIPT: &str = include_str!("retire_shard.lua");
 const RETIRE_SCRIPT: &str = include_str!("retire.lua");
+const REOPEN_SCRIPT: &str = include_str!("reopen.lua");
 
 /// Whether a group (or every group) consumed a stream below a bound; see [`consumed_before`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,6 +318,13 @@ impl Topology {
                 shard_count,
                 ..current.clone()
             };
+            // Shards an earlier shrink retired are frozen: start them afresh.
+            for index in current.shard_count..shard_count {
+                let _: i64 = Script::new(REOPEN_SCRIPT)
+                    .key(target.stream_key(index))
+                    .invoke_async(conn)
+                    .await?;
+            }
             target.create_streams(conn).await?;
             let groups = group_names(conn, &current.stream_key(0)).await?;
             for stream in target.stream_keys() {
@@ -382,12 +390,13 @@ impl Topology {
     /// the topology after that and whether anything still drains. Idempotent; safe to run from any number
     /// of processes at once (every topology follower does, every few heartbeats).
     ///
-    /// For each removed shard still present: nothing before the cut (producers may still write the old
-    /// layout); after it, the shard is frozen (any later `XADD` fails: a producer that missed the resize
-    /// fails loudly instead of writing where nobody will read), and deleted once every group consumed it
-    /// to the end (delivered and acknowledged everything), atomically with that check. When every removed
-    /// shard is gone the record's `drainingShardCount` is dropped (audited as `SHARDS_RETIRED`) and groups
-    /// follow to the new count.
+    /// For each removed shard: nothing before the cut (producers may still write the old layout); after
+    /// it, the shard is frozen (any later `XADD` fails: a producer that missed the resize fails loudly, or
+    /// re-routes, instead of writing where nobody will read), and trimmed empty once every group consumed
+    /// it to the end (delivered and acknowledged everything), atomically with that check. The frozen, empty
+    /// stream stays (members still owning the shard read nothing rather than fail) until a later grow
+    /// reuses its index. When every removed shard is retired the record's `drainingShardCount` is dropped
+    /// (audited as `SHARDS_RETIRED`) and groups follow to the new count.
     pub async fn retire_drained<C>(
         conn: &mut C,
         prefix: &str,

@@ -1,8 +1,10 @@
--- One removed shard of a shrink (KEYS[1]), past the cut ARGV[1] (ms): freeze it, and delete it once every
+-- One removed shard of a shrink (KEYS[1]), past the cut ARGV[1] (ms): freeze it, and retire it once every
 -- consumer group consumed it to the end.
 -- Freezing sets the stream's last id to the largest possible one, so every later XADD fails loudly ("The
 -- stream has exhausted the last possible ID") instead of adding an entry after the groups finished; the
--- entries already there stay readable. Deleting makes XADD ... NOMKSTREAM answer nil.
+-- entries already there stay readable. Retiring trims it to nothing but keeps the (frozen) stream and its
+-- groups, so members that still own the shard until their group follows read nothing, rather than
+-- failing with NOGROUP (and recreating the stream). A later grow deletes it before reusing the index.
 -- Returns {'gone' | 'wait' | 'draining' | 'retired', blocking group or ''}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return {'gone', ''}
@@ -33,5 +35,5 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
     end
   end
 end
-redis.call('DEL', KEYS[1])
+redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
 return {'retired', ''}
