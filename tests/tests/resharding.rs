@@ -530,6 +530,11 @@ async fn stale_writes(conn: &mut ConnectionManager, stream: &str) -> u64 {
     counts.get("g").copied().unwrap_or(0)
 }
 
+async fn redis_ms(conn: &mut ConnectionManager) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
 /// A retired shard: empty, and any write to it fails.
 async fn retired(conn: &mut ConnectionManager, key: &str) -> bool {
     let len: u64 = redis::cmd("XLEN").arg(key).query_async(conn).await.unwrap();
@@ -820,8 +825,16 @@ async fn a_stale_producer_during_a_grow_is_detected() {
     let grown = Topology::resize_with_grace(&mut conn, "late", 16, Duration::from_millis(300))
         .await
         .unwrap();
-    // It keeps writing the old layout well past the cut, then finally refreshes.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // It keeps writing the old layout until a second past the cut, then finally refreshes.
+    let cut = grown.migration().unwrap().cut_ms();
+    let start = Instant::now();
+    while redis_ms(&mut conn).await < cut + 1_000 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "Redis time never passed the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stale.refresh_topology().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = traffic.stop().await;

@@ -13,6 +13,11 @@
 //! stay pending in Redis under this consumer, so a revoke or crash hands them to the next owner as usual;
 //! they are kept in memory rather than re-claimed so that waiting does not raise their delivery count
 //! (every `XAUTOCLAIM` adds one, and enough of them would dead-letter an entry that never failed).
+//!
+//! A key that moved out of a shard a shrink removed waits the same way, for that shard's entries older than
+//! its own while the shard drains (see [`Topology::placement`](crate::topology::Topology::placement)). An
+//! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
+//! (`Shared::note_stale_write`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
