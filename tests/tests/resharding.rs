@@ -279,6 +279,8 @@ async fn a_second_resize_waits_for_the_first_migration() {
 const FOLLOWER_PERIOD: Duration = Duration::from_millis(1_000);
 
 type Log = Arc<Mutex<Vec<(String, u32)>>>;
+/// (key, seq) -> (topology version it was routed with, entry id ms).
+type Receipts = BTreeMap<(String, u32), (u64, u64)>;
 
 /// Producers that each own a set of keys and write their sequence numbers in order, one pipeline of one
 /// entry per key at a time, until stopped; pausable so a test can pick the instant of a resize.
@@ -288,6 +290,7 @@ struct Traffic {
     parked: Arc<AtomicUsize>,
     /// key -> number of sequence numbers written (0..n all acknowledged by Redis).
     sent: Arc<Mutex<BTreeMap<String, u32>>>,
+    receipts: Arc<Mutex<Receipts>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     producers: Vec<Producer>,
 }
@@ -299,6 +302,7 @@ impl Traffic {
             paused: Arc::new(AtomicBool::new(false)),
             parked: Arc::new(AtomicUsize::new(0)),
             sent: Arc::new(Mutex::new(BTreeMap::new())),
+            receipts: Arc::new(Mutex::new(BTreeMap::new())),
             tasks: Vec::new(),
             producers: Vec::new(),
         }
@@ -306,11 +310,12 @@ impl Traffic {
 
     /// Starts a producer task writing keys `{name}-0 .. {name}-{keys-1}` every `pace`.
     fn spawn(&mut self, producer: Producer, name: &str, keys: u32, pace: Duration) {
-        let (stop, paused, parked, sent) = (
+        let (stop, paused, parked, sent, receipts) = (
             self.stop.clone(),
             self.paused.clone(),
             self.parked.clone(),
             self.sent.clone(),
+            self.receipts.clone(),
         );
         let keys: Vec<String> = (0..keys).map(|k| format!("{name}-{k}")).collect();
         self.producers.push(producer.clone());
@@ -337,10 +342,17 @@ impl Traffic {
                         )
                     })
                     .collect();
-                producer
+                let written = producer
                     .send_batch(&batch)
                     .await
                     .unwrap_or_else(|e| panic!("producer {}: {e}", keys[0]));
+                {
+                    let mut receipts = receipts.lock().unwrap();
+                    for (k, r) in keys.iter().zip(written) {
+                        let ms = r.id.split('-').next().unwrap().parse().unwrap();
+                        receipts.insert((k.clone(), seq), (r.topology_version, ms));
+                    }
+                }
                 {
                     let mut sent = sent.lock().unwrap();
                     for k in &keys {
@@ -841,17 +853,31 @@ async fn a_stale_producer_during_a_grow_is_detected() {
     let v = verdict(&log, &sent, Duration::from_secs(60)).await;
     assert!(v.sent > 500 && v.lost.is_empty(), "{v:?}");
     let detected = stale_writes(&mut conn, "late").await;
+    // Ground truth from the receipts: written with the old version at or past the cut.
+    let receipts = traffic.receipts.lock().unwrap().clone();
+    let stale: BTreeSet<(String, u32)> = receipts
+        .iter()
+        .filter(|(_, &(version, ms))| version < grown.version() && ms >= cut)
+        .map(|(entry, _)| entry.clone())
+        .collect();
+    let undetectable: Vec<_> = v.late.iter().filter(|e| !stale.contains(*e)).collect();
+    assert!(
+        undetectable.is_empty(),
+        "order violations that are not stale-layout writes: {undetectable:?}"
+    );
     eprintln!(
-        "stale producer on a grow: {} sent, {} lost, {} order violations, {detected} stale writes detected",
+        "stale producer on a grow: {} sent, {} lost, {} order violations, {} stale writes, {detected} \
+         detected",
         v.sent,
         v.lost_count,
-        v.late.len()
+        v.late.len(),
+        stale.len()
     );
     assert!(
-        detected >= v.late.len() as u64,
-        "{} order violations, only {detected} stale writes detected (cut {})",
+        detected >= stale.len() as u64 && stale.len() >= v.late.len(),
+        "{} order violations, {} stale writes, only {detected} detected (cut {cut})",
         v.late.len(),
-        grown.migration().unwrap().cut_ms()
+        stale.len()
     );
     assert!(
         detected > 0,
