@@ -848,6 +848,7 @@ epochs  group 2, assignment 2, metadata version N
 shard count  4
 resharding  none
 backlog  lag 40, pending 0 (all shards; `shards` has them per shard)
+stream topology  4 shards (topology version 1)
 last change  <TIME> (<DUR> ago)
 
 MEMBER  STATE  EPOCH  LEASE  WEIGHT  WORKERS  ASSIGNED  PENDING  REVOKING  SHARDS  DUPLICATE?
