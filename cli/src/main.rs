@@ -172,10 +172,14 @@ enum Command {
         #[arg(long)]
         grace_ms: Option<u64>,
     },
-    /// Roll back a group's last shard count change.
+    /// Roll a stream back to its shard count before the last resize; every group follows.
     Rollback {
-        #[command(flatten)]
-        target: GroupArgs,
+        /// Logical stream.
+        #[arg(long)]
+        stream: String,
+        /// How long producers may keep writing the current layout, in ms [default: the library's, 2000].
+        #[arg(long)]
+        grace_ms: Option<u64>,
     },
     /// Fence a member: it must rejoin; its shards stay held until its lease passes.
     Fence {
@@ -354,8 +358,8 @@ async fn run(cli: Cli) -> Result<String, CliError> {
             shards,
             grace_ms,
         } => commands::reshard::run(&mut ctx, &stream, shards, grace_ms).await,
-        Command::Rollback { target } => {
-            commands::admin::rollback(&mut ctx, &target.stream, &target.group).await
+        Command::Rollback { stream, grace_ms } => {
+            commands::reshard::rollback(&mut ctx, &stream, grace_ms).await
         }
         Command::Fence {
             target,

@@ -184,6 +184,49 @@ impl Fixture {
         self.store.load().await.unwrap().1.projection(0)
     }
 
+    /// Reads and acknowledges everything in `shards` as the group, as a consumer would.
+    async fn consume_everything(&mut self, shards: std::ops::Range<u32>) {
+        for shard in shards {
+            let stream = format!("{STREAM}:{shard}");
+            loop {
+                let read: redis::Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(GROUP)
+                    .arg("cli-test")
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("STREAMS")
+                    .arg(&stream)
+                    .arg(">")
+                    .query_async(&mut self.conn)
+                    .await
+                    .unwrap();
+                if matches!(read, redis::Value::Nil) {
+                    break;
+                }
+            }
+            // Everything is now pending: acknowledge it all.
+            let ids: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(&stream)
+                .arg(GROUP)
+                .arg("-")
+                .arg("+")
+                .arg(10_000)
+                .query_async(&mut self.conn)
+                .await
+                .unwrap();
+            if !ids.is_empty() {
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&stream)
+                    .arg(GROUP)
+                    .arg(ids.iter().map(|(id, ..)| id.as_str()).collect::<Vec<_>>())
+                    .query_async(&mut self.conn)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
     async fn xlen(&mut self, key: &str) -> u64 {
         redis::cmd("XLEN")
             .arg(key)
@@ -403,18 +446,13 @@ async fn fence_fences_a_live_member_and_refuses_an_unknown_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reshard_grows_refuses_stranding_shrinks_and_rollback_undoes_the_group() {
+async fn reshard_grows_and_rollback_is_a_stream_level_resize() {
     let mut f = Fixture::start().await;
     let url = f.url();
-    cli(&url, &["rollback", "--stream", STREAM, "--group", GROUP])
-        .fails(1, "no shard count change to roll back");
-
-    // Shards 1..3 hold unread entries: a shrink to 1 would strand them.
-    assert!(f.xlen(&format!("{STREAM}:1")).await > 0);
-    cli(&url, &["reshard", "--stream", STREAM, "--shards", "1"]).fails(
-        1,
-        "cannot shrink stream `orders`: group `billing` has not consumed",
-    );
+    cli(&url, &["rollback", "--stream", STREAM])
+        .fails(1, "stream `orders` was never resized: nothing to roll back");
+    // The group-level rollback is gone: a rollback is a stream-level resize.
+    cli(&url, &["rollback", "--stream", STREAM, "--group", GROUP]).fails(2, "--group");
     cli(&url, &["reshard", "--stream", STREAM, "--shards", "0"])
         .fails(1, "shard count must be greater than zero");
     cli(&url, &["reshard", "--stream", STREAM, "--shards", "many"]).fails(2, "invalid value");
@@ -438,7 +476,7 @@ async fn reshard_grows_refuses_stranding_shrinks_and_rollback_undoes_the_group()
             "--shards",
             "6",
             "--grace-ms",
-            "5000",
+            "300",
         ],
     )
     .ok();
@@ -446,11 +484,11 @@ async fn reshard_grows_refuses_stranding_shrinks_and_rollback_undoes_the_group()
         out.contains("4 -> 6 shards (topology version 1 -> 2)"),
         "{out}"
     );
-    assert!(out.contains("(grace 5.0s)"), "{out}");
+    assert!(out.contains("(grace 0.3s)"), "{out}");
     assert!(out.contains("groups billing follow"), "{out}");
     let topology = Topology::load(&mut f.conn, STREAM).await.unwrap();
     assert_eq!(topology.shard_count(), 6);
-    assert_eq!(topology.migration().unwrap().grace_ms, 5000);
+    assert_eq!(topology.migration().unwrap().grace_ms, 300);
     let shards = cli(&url, &["shards", "--stream", STREAM, "--group", GROUP]).ok();
     let rows = rows(&shards);
     assert_eq!(rows.len(), 6, "{shards}");
@@ -462,6 +500,10 @@ async fn reshard_grows_refuses_stranding_shrinks_and_rollback_undoes_the_group()
     assert!(again.contains("already has 6 shards"), "{again}");
     // The group has consumed nothing of the old layout: the next resize must wait.
     cli(&url, &["reshard", "--stream", STREAM, "--shards", "8"]).fails(
+        1,
+        "cannot resize stream `orders` yet: the previous resize is still migrating",
+    );
+    cli(&url, &["rollback", "--stream", STREAM]).fails(
         1,
         "cannot resize stream `orders` yet: the previous resize is still migrating",
     );
@@ -477,16 +519,36 @@ async fn reshard_grows_refuses_stranding_shrinks_and_rollback_undoes_the_group()
         status.contains("resharding        4 -> 6 shards"),
         "{status}"
     );
-    let out = cli(&url, &["rollback", "--stream", STREAM, "--group", GROUP]).ok();
     assert!(
-        out.contains("group `billing` rolled back to 4 shards"),
+        status.contains("stream topology   6 shards (topology version 2), resized from 4"),
+        "{status}"
+    );
+    // Once the group consumed the old shards past the cut, the stream rolls back: its new shards drain.
+    f.consume_everything(0..SHARDS).await;
+    let start = std::time::Instant::now();
+    let out = loop {
+        let out = cli(&url, &["rollback", "--stream", STREAM]);
+        if out.code == Some(0) || start.elapsed() > std::time::Duration::from_secs(10) {
+            break out.ok();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        out.starts_with("rolled back: stream `orders`: 6 -> 4 shards (topology version 2 -> 3)"),
         "{out}"
     );
     assert!(
-        out.contains("warning: stream `orders` still has 6 shards"),
+        out.contains("shard streams orders:4..orders:5 are draining"),
         "{out}"
     );
-    assert_eq!(f.view().await.shard_count, 4);
+    let status = cli(&url, &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    assert!(status.contains("rolled back from 6"), "{status}");
+    assert!(status.contains("shards 4..5 DRAINING"), "{status}");
+    let topology = Topology::load(&mut f.conn, STREAM).await.unwrap();
+    assert_eq!(
+        (topology.shard_count(), topology.read_shard_count()),
+        (4, 6)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -628,7 +690,6 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
         vec!["status"],
         vec!["shards"],
         vec!["audit"],
-        vec!["rollback"],
         vec!["fence", "--member", "a"],
         vec!["seek", "--to", "latest"],
         vec!["watch", "--iterations", "1"],
@@ -655,7 +716,7 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    for command in ["status", "shards", "rollback"] {
+    for command in ["status", "shards"] {
         cli(&url, &[command, "--stream", STREAM, "--group", "broken"])
             .fails(1, &format!("group metadata at {corrupt} cannot be used"));
     }
@@ -787,6 +848,7 @@ epochs  group 2, assignment 2, metadata version N
 shard count  4
 resharding  none
 backlog  lag 40, pending 0 (all shards; `shards` has them per shard)
+stream topology  4 shards (topology version 1)
 last change  <TIME> (<DUR> ago)
 
 MEMBER  STATE  EPOCH  LEASE  WEIGHT  WORKERS  ASSIGNED  PENDING  REVOKING  SHARDS  DUPLICATE?

@@ -9,22 +9,28 @@
 //!
 //! # Entry layout
 //!
-//! Every entry has exactly two fields, the same for the spec's JVM and Python clients:
+//! Every entry has these fields (the first two the same for the spec's JVM and Python clients, which do not
+//! write the third; consumers accept entries without it):
 //!
 //! | field | value |
 //! | --- | --- |
 //! | `k` | the partition key, as given (UTF-8 for string keys, raw bytes otherwise) |
 //! | `p` | the payload bytes: JSON for [`Producer::send`], anything for [`Producer::send_bytes`] |
+//! | `v` | the topology version the entry was routed with (decimal) |
 //!
-//! Consumers recompute the shard from `k` to detect a misrouted entry.
+//! Consumers recompute the shard from `k` to detect a misrouted entry, and compare `v` with their topology
+//! to detect a write routed with a stale layout after a resize's grace period
+//! ([`Topology::is_stale_write`]).
 //!
 //! # Topology
 //!
 //! The shard count comes from the stream's topology record ([`Topology`]), which must exist: publishing to a
 //! stream without one is [`TopologyError::Missing`]. The producer caches the topology, re-reads it at most
 //! every [`ProducerConfig::refresh_interval`] to notice a resize (version change), and at once when a write
-//! finds its shard stream missing (`XADD … NOMKSTREAM` answers nil); after a refresh the affected messages
-//! are routed again and resent once.
+//! finds its shard stream missing (`XADD … NOMKSTREAM` answers nil) or frozen (the stream refuses new
+//! ids: a shard a shrink removed, past its cut); after a refresh the affected messages
+//! are routed again and resent once. A producer that misses a shrink therefore never writes where nobody
+//! reads: its write fails over to the new layout, or fails loudly.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +45,8 @@ use crate::topology::{Topology, TopologyError};
 pub const KEY_FIELD: &str = "k";
 /// Entry field holding the payload bytes.
 pub const PAYLOAD_FIELD: &str = "p";
+/// Entry field holding the topology version the entry was routed with.
+pub const VERSION_FIELD: &str = crate::topology::VERSION_ENTRY_FIELD;
 
 /// Errors from publishing.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +54,9 @@ pub enum ProducerError {
     /// The stream's topology is missing, corrupt, or could not be read.
     #[error(transparent)]
     Topology(#[from] TopologyError),
-    /// A shard stream does not exist even after refreshing the topology (it was deleted, or the topology
-    /// was created without [`Topology::ensure`]). Earlier messages of the same batch may have been written.
+    /// A shard stream does not exist (or is retired) even after refreshing the topology (it was deleted,
+    /// the topology was created without [`Topology::ensure`], or this producer routes with a layout no
+    /// consumer reads). Earlier messages of the same batch may have been written.
     #[error(
         "shard stream `{stream}` does not exist (topology version {version}); run Topology::ensure or \
          Topology::ensure_group for this stream"
@@ -352,15 +361,28 @@ where
                 .arg(KEY_FIELD)
                 .arg(message.key)
                 .arg(PAYLOAD_FIELD)
-                .arg(message.payload.as_ref());
+                .arg(message.payload.as_ref())
+                .arg(VERSION_FIELD)
+                .arg(topology.version());
             targets.push((i, shard, stream));
         }
+        // Per-command errors come back in place, so a frozen shard fails only its own messages.
+        pipe.ignore_errors();
         let mut conn = self.conn.clone();
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
             match reply {
+                // Missing, or frozen: a shard a shrink removed, past its cut.
                 Value::Nil => missing.push(i),
+                Value::ServerError(error)
+                    if error
+                        .details()
+                        .is_some_and(|d| d.contains("exhausted the last possible ID")) =>
+                {
+                    missing.push(i)
+                }
+                Value::ServerError(error) => return Err(ProducerError::Redis(error.into())),
                 Value::BulkString(bytes) => {
                     receipts[i] = Some(SendReceipt {
                         shard,

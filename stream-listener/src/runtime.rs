@@ -30,7 +30,7 @@ use crate::member::lifecycle::OwnershipDeadline;
 use crate::member::session::{MemberIdentity, MemberSession, Phase};
 use crate::registry::{registrations, ListenerRegistration};
 use crate::store::{GroupStore, StoreError};
-use crate::topology::{StartFrom, Topology, TopologyError};
+use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
 
 /// Shards of a stream created by a listener when no producer has created its topology yet.
 pub const DEFAULT_SHARD_COUNT: u32 = 16;
@@ -387,7 +387,7 @@ impl Runtime {
             conn,
             &stream,
             &group,
-            topology.shard_count(),
+            topology.read_shard_count(),
             self.group_config,
         )?;
         let runtime_max_concurrency = plan.consumer.runtime_max_concurrency as u32;
@@ -516,10 +516,16 @@ impl RunningRuntime {
     }
 }
 
-/// Keeps a group's shard count equal to its stream's: the shard count belongs to the stream (its topology
-/// record), so when the stream is resized every group reading it must follow, or entries routed to new
-/// shards would never be read. Every process runs one of these per group it reads; the command is
-/// idempotent, so racing processes agree.
+/// Keeps a group's shard count equal to the number of shards its stream's groups read: the shard count
+/// belongs to the stream (its topology record), so when the stream is resized every group reading it must
+/// follow, or entries routed to new shards would never be read. Every process runs one of these per group
+/// it reads; the command is idempotent, so racing processes agree.
+///
+/// A grow is followed at once. A shrink is not: while its removed shards drain the topology's
+/// [`read_shard_count`](Topology::read_shard_count) stays the old count, so the group keeps reading them.
+/// Each tick also moves the drain on ([`Topology::retire_drained`]: freeze the removed shards once the cut
+/// has passed, delete them once every group consumed them to the end, then drop them from the record);
+/// only then does the group follow to the smaller count.
 async fn follow_topology(
     mut conn: ConnectionManager,
     mut store: GroupStore,
@@ -533,13 +539,28 @@ async fn follow_topology(
             _ = tokio::time::sleep(period) => {}
             _ = shutdown.changed() => return,
         }
-        let topology = match Topology::load(&mut conn, &stream).await {
+        let mut topology = match Topology::load(&mut conn, &stream).await {
             Ok(topology) => topology,
             Err(error) => {
                 tracing::warn!(%stream, %error, "cannot read the stream's topology");
                 continue;
             }
         };
+        if !topology.draining_shards().is_empty() {
+            match Topology::retire_drained(&mut conn, &stream).await {
+                Ok((retired, DrainState::Retired)) => {
+                    tracing::info!(%stream, shards = ?topology.draining_shards(), "a shrink's removed shards are drained and retired");
+                    topology = retired;
+                }
+                Ok((_, DrainState::Draining(reason))) => {
+                    tracing::debug!(%stream, %reason, "a shrink's removed shards are draining");
+                }
+                Err(error) => {
+                    tracing::warn!(%stream, %error, "cannot retire a shrink's removed shards");
+                }
+            }
+        }
+        let target = topology.read_shard_count();
         let current = match store.load().await {
             Ok((_, coordinator)) => coordinator.metadata().shard_count,
             Err(error) => {
@@ -547,20 +568,17 @@ async fn follow_topology(
                 continue;
             }
         };
-        if current == topology.shard_count() {
+        if current == target {
             continue;
         }
-        tracing::info!(%stream, %group, from = current, to = topology.shard_count(), "stream resized: following");
+        tracing::info!(%stream, %group, from = current, to = target, "stream resized: following");
         if let Err(error) =
             Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await
         {
             tracing::warn!(%stream, %group, %error, "cannot create the group on the new shards");
             continue;
         }
-        match store
-            .command(AdminCommand::SetShardCount(topology.shard_count()))
-            .await
-        {
+        match store.command(AdminCommand::SetShardCount(target)).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(%stream, %group, %error, "shard count change refused"),
             Err(error) => tracing::warn!(%stream, %group, %error, "shard count change failed"),

@@ -78,11 +78,12 @@ async fn entries_land_in_the_shard_routing_md_names() {
         assert_eq!(id, &receipt.id);
         assert_eq!(
             fields.len(),
-            2,
-            "entry layout is exactly k and p: {fields:?}"
+            3,
+            "entry layout is exactly k, p and v: {fields:?}"
         );
         assert_eq!(fields[KEY_FIELD], key.as_bytes());
         assert_eq!(fields[PAYLOAD_FIELD], b"payload");
+        assert_eq!(fields["v"], b"1", "the topology version it was routed with");
         for other in (0..shards).filter(|&s| s != expected) {
             assert_eq!(xlen(&mut conn, &format!("{prefix}:{other}")).await, 0);
         }

@@ -295,7 +295,27 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
     assert_eq!(projection(&url, "grown", "g").await.shard_count, 8);
     runtime.shutdown().await;
 
-    // With nobody reading, entries in shards that a shrink would remove block the shrink.
+    // With nobody reading, a shrink strands nothing either: the removed shards keep their entries and stay
+    // readable (draining) until every group consumed them, and nothing retires them before. (After the
+    // grow's cut, so that its migration is finished.)
+    let cut = Topology::load(&mut conn, "grown")
+        .await
+        .unwrap()
+        .migration()
+        .unwrap()
+        .cut_ms();
+    let start = std::time::Instant::now();
+    loop {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        if secs * 1000 + micros / 1000 > cut {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the cut never passed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let stranded: Vec<(String, Order)> = (0..50)
         .map(|i| {
             (
@@ -308,13 +328,16 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
         })
         .collect();
     producer.send_batch(&stranded).await.unwrap();
-    let err = Topology::resize(&mut conn, "grown", 4).await.unwrap_err();
-    assert!(err.to_string().contains("cannot shrink"), "{err}");
-    assert_eq!(
-        Topology::load(&mut conn, "grown")
-            .await
-            .unwrap()
-            .shard_count(),
-        8
+    let shrunk = Topology::resize_with_grace(&mut conn, "grown", 4, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!((shrunk.shard_count(), shrunk.read_shard_count()), (4, 8));
+    let (after, state) = Topology::retire_drained(&mut conn, "grown").await.unwrap();
+    assert!(
+        matches!(&state, stream_listener::topology::DrainState::Draining(reason) if reason.contains("group `g` has not consumed")),
+        "{state:?}"
     );
+    assert_eq!(after.read_shard_count(), 8);
+    let err = Topology::resize(&mut conn, "grown", 2).await.unwrap_err();
+    assert!(err.to_string().contains("has not consumed"), "{err}");
 }

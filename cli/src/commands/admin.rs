@@ -1,40 +1,10 @@
-//! `rollback` and `fence`: admin commands applied through the metadata store.
+//! `fence`: an admin command applied through the metadata store.
 
 use stream_listener::coordinator::AdminCommand;
-use stream_listener::topology::{Topology, TopologyError};
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
-use crate::table::{json_text, label, seconds, shard_list};
-
-/// Rolls back the group's last shard count change (`AdminCommand::RollbackResharding`).
-pub async fn rollback(ctx: &mut Ctx, stream: &str, group: &str) -> Result<String, CliError> {
-    let mut store = ctx.existing_group(stream, group).await?;
-    store.command(AdminCommand::RollbackResharding).await??;
-    let (_, coordinator) = store.load().await?;
-    let meta = coordinator.metadata();
-    let mut out = format!(
-        "group `{group}` rolled back to {} shards (group epoch {})",
-        meta.shard_count, meta.group_epoch
-    );
-    if let Some(r) = &meta.resharding {
-        out.push_str(&format!(", resharding {}", label(&r.state)));
-    }
-    out.push('\n');
-    // The stream's topology is what running members follow: if it still says otherwise, they re-apply it.
-    match Topology::load(&mut ctx.conn, stream).await {
-        Ok(topology) if topology.shard_count() != meta.shard_count => out.push_str(&format!(
-            "warning: stream `{stream}` still has {} shards in its topology; running members will apply \
-             that count again. Use `stream-listener reshard --stream {stream} --shards {}` to change the \
-             stream itself\n",
-            topology.shard_count(),
-            meta.shard_count
-        )),
-        Ok(_) | Err(TopologyError::Missing { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    Ok(out)
-}
+use crate::table::{json_text, seconds, shard_list};
 
 /// Fences a live member (`AdminCommand::FenceMember`): it must rejoin with epoch 0; its shards stay held
 /// until its lease passes.

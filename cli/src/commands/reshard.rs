@@ -1,20 +1,21 @@
-//! `reshard`: change a stream's shard count through `Topology::resize`.
+//! `reshard` and `rollback`: change a stream's shard count through `Topology::resize` /
+//! `Topology::rollback`; and the stream's resharding line of `status`.
 
 use std::fmt::Write as _;
 
 use std::time::Duration;
 
-use stream_listener::topology::{Topology, DEFAULT_RESIZE_GRACE};
+use stream_listener::topology::{ResizeKind, Topology, TopologyError, DEFAULT_RESIZE_GRACE};
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
 use crate::table::{seconds, utc};
 
 /// Resizes the stream's topology. Groups follow on their own: each running process compares the topology
-/// with its group's metadata every few heartbeats and applies the new count. A shrink that would strand
-/// unread or unacknowledged entries, or a resize while the previous one is still migrating, is refused by
-/// the library; its error is returned unchanged. `grace_ms` is how long producers may keep writing the
-/// old layout (the library's default when `None`).
+/// with its group's metadata every few heartbeats and applies the count its groups must read. A resize
+/// while the previous one is still migrating (or its removed shards still drain) is refused by the
+/// library; its error is returned unchanged. `grace_ms` is how long producers may keep writing the old
+/// layout (the library's default when `None`).
 pub async fn run(
     ctx: &mut Ctx,
     stream: &str,
@@ -24,6 +25,32 @@ pub async fn run(
     let grace = grace_ms.map_or(DEFAULT_RESIZE_GRACE, Duration::from_millis);
     let before = Topology::load(&mut ctx.conn, stream).await?;
     let after = Topology::resize_with_grace(&mut ctx.conn, stream, shards, grace).await?;
+    report(ctx, stream, &before, &after).await
+}
+
+/// Rolls the stream back to its shard count before the last resize: one stream-level resize, with the
+/// same drain, retire and order rules, recorded as a rollback; every group follows.
+pub async fn rollback(
+    ctx: &mut Ctx,
+    stream: &str,
+    grace_ms: Option<u64>,
+) -> Result<String, CliError> {
+    let grace = grace_ms.map_or(DEFAULT_RESIZE_GRACE, Duration::from_millis);
+    let before = Topology::load(&mut ctx.conn, stream).await?;
+    let after = Topology::rollback_with_grace(&mut ctx.conn, stream, grace).await?;
+    let mut out = report(ctx, stream, &before, &after).await?;
+    if after.version() != before.version() {
+        out.insert_str(0, "rolled back: ");
+    }
+    Ok(out)
+}
+
+async fn report(
+    ctx: &mut Ctx,
+    stream: &str,
+    before: &Topology,
+    after: &Topology,
+) -> Result<String, CliError> {
     if after.version() == before.version() {
         return Ok(format!(
             "stream `{stream}` already has {} shards (topology version {}): nothing to do\n",
@@ -55,9 +82,12 @@ pub async fn run(
     } else {
         let _ = writeln!(
             out,
-            "shard streams {}..{} are no longer written or read (every group had consumed them)",
+            "shard streams {}..{} are draining: every group keeps reading them until the cut has passed \
+             and it has consumed them to the end; then they are retired (later writes to them fail) and \
+             groups follow to {} shards",
             before.stream_key(after.shard_count()),
-            before.stream_key(before.shard_count() - 1)
+            before.stream_key(before.shard_count() - 1),
+            after.shard_count()
         );
     }
     if let Some(migration) = after.migration() {
@@ -80,4 +110,50 @@ pub async fn run(
         );
     }
     Ok(out)
+}
+
+/// The stream's side of `status`: its shard count and version, the last resize (or rollback), shards
+/// still draining, and the stale-layout writes `group` detected. `None` when the stream has no topology.
+pub async fn status_line(
+    ctx: &mut Ctx,
+    stream: &str,
+    group: &str,
+) -> Result<Option<String>, CliError> {
+    let topology = match Topology::load(&mut ctx.conn, stream).await {
+        Ok(topology) => topology,
+        Err(TopologyError::Missing { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut line = format!(
+        "{} shards (topology version {})",
+        topology.shard_count(),
+        topology.version()
+    );
+    if let Some(m) = topology.migration() {
+        let kind = match m.kind {
+            ResizeKind::Resize => "resized",
+            ResizeKind::Rollback => "rolled back",
+        };
+        let _ = write!(
+            line,
+            ", {kind} from {} at {}, cut {}",
+            m.previous_shard_count,
+            utc(m.resized_at_ms as i64),
+            utc(m.cut_ms() as i64)
+        );
+    }
+    let draining = topology.draining_shards();
+    if !draining.is_empty() {
+        let _ = write!(
+            line,
+            ", shards {}..{} DRAINING",
+            draining.start,
+            draining.end - 1
+        );
+    }
+    let stale = Topology::stale_writes(&mut ctx.conn, stream).await?;
+    if let Some(n) = stale.get(group).filter(|&&n| n > 0) {
+        let _ = write!(line, ", {n} stale-layout writes detected");
+    }
+    Ok(Some(line))
 }

@@ -60,6 +60,9 @@ pub async fn run(
         snapshot.total_lag(),
         snapshot.total_pending()
     );
+    if let Some(line) = super::reshard::status_line(ctx, stream, group).await? {
+        let _ = writeln!(out, "stream topology   {line}");
+    }
     if let Some(stored) = stored {
         let _ = writeln!(
             out,

@@ -13,6 +13,11 @@
 //! stay pending in Redis under this consumer, so a revoke or crash hands them to the next owner as usual;
 //! they are kept in memory rather than re-claimed so that waiting does not raise their delivery count
 //! (every `XAUTOCLAIM` adds one, and enough of them would dead-letter an entry that never failed).
+//!
+//! A key that moved out of a shard a shrink removed waits the same way, for that shard's entries older than
+//! its own while the shard drains (see [`Topology::placement`](crate::topology::Topology::placement)). An
+//! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
+//! (`Shared::note_stale_write`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -194,6 +199,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 hold = Some((index, delay));
                 break;
             }
+            shared.note_stale_write(spec.shard, entry).await;
             let fate = handle(&shared, &spec, entry).await;
             spec.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
@@ -270,6 +276,16 @@ async fn gate(
     let mut layout: Option<Layout> = shared.layout(false).await;
     loop {
         let view = layout.as_ref()?;
+        // Routed with a newer topology than ours: re-read it once.
+        if !*refreshed
+            && entry
+                .topology_version()
+                .is_some_and(|v| v > view.topology.version())
+        {
+            *refreshed = true;
+            layout = shared.layout(true).await;
+            continue;
+        }
         match view.topology.placement(key, shard, entry_ms) {
             Placement::Current | Placement::Previous => return None,
             Placement::Misrouted => {

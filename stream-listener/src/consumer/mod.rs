@@ -38,8 +38,10 @@
 //! # Order across a resize
 //!
 //! After [`Topology::resize`](crate::topology::Topology::resize), an entry of a key that moved to another
-//! shard waits until the group has consumed the key's old shard up to the resize's cut; the shard's job
-//! stops at it and the scheduler retries the shard shortly after (see the `job` module).
+//! shard waits until the group has consumed the key's old shard up to the resize's cut (up to the entry
+//! itself when the old shard is a shrink's draining shard); the shard's job stops at it and the scheduler
+//! retries the shard shortly after (see the `job` module). Entries a producer wrote with a stale layout
+//! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
 mod config;
 mod job;

@@ -42,6 +42,12 @@ struct LayoutCache {
 pub const KEY_FIELD: &str = "k";
 /// Field of an entry holding the payload (written by the producer).
 pub const PAYLOAD_FIELD: &str = "p";
+/// Field of an entry holding the topology version it was routed with (written by the producer; absent in
+/// entries of older producers).
+pub const VERSION_FIELD: &str = crate::topology::VERSION_ENTRY_FIELD;
+
+/// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
+const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Field names the consumer adds to a dead-letter entry, after the original fields, so operators and the
 /// CLI can tell why and where from.
@@ -185,6 +191,8 @@ pub(crate) struct Shared {
     cleanup_script: Script,
     layout: Mutex<LayoutCache>,
     warned_missing_group: std::sync::atomic::AtomicBool,
+    /// Last stale-layout warning, and stale writes seen since.
+    stale_warned: Mutex<(Option<Instant>, u64)>,
 }
 
 impl Shared {
@@ -218,6 +226,7 @@ impl Shared {
             cleanup_script: Script::new(CLEANUP_SCRIPT),
             layout: Mutex::new(LayoutCache::default()),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
+            stale_warned: Mutex::new((None, 0)),
         })
     }
 
@@ -320,6 +329,57 @@ impl Shared {
             )),
             ConsumedBefore::No { .. } => Ok(Some(HOLD_RETRY)),
         }
+    }
+
+    /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
+    /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
+    pub(crate) async fn note_stale_write(&self, shard: u32, entry: &Entry) {
+        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
+            return;
+        };
+        let Some(view) = self.layout(false).await else {
+            return;
+        };
+        if !view
+            .topology
+            .is_stale_write(key, shard, entry_ms, entry.topology_version())
+        {
+            return;
+        }
+        crate::topology::count_stale_write_seen();
+        let prefix = &self.config.stream_prefix;
+        if let Err(error) =
+            Topology::count_stale_write(&mut self.conn.clone(), prefix, &self.config.group).await
+        {
+            tracing::debug!(stream = %prefix, %error, "cannot count a stale-layout write");
+        }
+        let since_last_warning = {
+            let mut warned = self
+                .stale_warned
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            warned.1 += 1;
+            if warned.0.is_some_and(|at| at.elapsed() < STALE_WARN_EVERY) {
+                return;
+            }
+            let seen = warned.1;
+            *warned = (Some(Instant::now()), 0);
+            seen
+        };
+        tracing::warn!(
+            stale_writes = since_last_warning,
+            stream = %prefix,
+            group = %self.config.group,
+            shard,
+            id = %entry.id,
+            key = %entry.key(),
+            routed_with = ?entry.topology_version(),
+            topology = view.topology.version(),
+            "a producer wrote with a stale topology after the resize's grace period: per-key order of \
+             this key across the resize is not guaranteed (stale writes are counted in {}; refresh \
+             producers within the grace)",
+            Topology::stale_key(prefix),
+        );
     }
 
     /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
@@ -671,6 +731,14 @@ impl Entry {
     /// The partition key's bytes, if the entry has one.
     pub(crate) fn raw_key(&self) -> Option<&[u8]> {
         self.field(KEY_FIELD)
+    }
+
+    /// The topology version the producer routed the entry with, if it wrote one.
+    pub(crate) fn topology_version(&self) -> Option<u64> {
+        std::str::from_utf8(self.field(VERSION_FIELD)?)
+            .ok()?
+            .parse()
+            .ok()
     }
 
     /// The millisecond part of the entry id.

@@ -6,14 +6,17 @@
 //!
 //! | key | type | fields |
 //! | --- | --- | --- |
-//! | `sl:topology:{<prefix>}` | hash | `shardCount` (decimal u32 > 0), `version` (decimal u64, starts at 1, +1 on every resize); after a resize also `previousShardCount`, `resizedAtMs`, `graceMs` (the [`Migration`]) |
+//! | `sl:topology:{<prefix>}` | hash | `shardCount` (decimal u32 > 0), `version` (decimal u64, starts at 1, +1 on every resize); after a resize also `previousShardCount`, `resizedAtMs`, `graceMs`, `lastResize` (`resize` or `rollback`: the [`Migration`]); while a shrink's removed shards drain, `drainingShardCount` |
+//! | `sl:topology:{<prefix>}:audit` | stream | `RESIZED`, `ROLLED_BACK`, `SHARDS_RETIRED` events (capped ~1,000) |
+//! | `sl:topology:{<prefix>}:stale` | hash | group -> late stale-layout writes its consumers saw |
 //!
 //! The braces are a Redis Cluster hash tag on the prefix, so the record shares a slot with the rest of the
 //! stream's metadata keys (the shard streams themselves, `<prefix>:<i>`, deliberately spread across slots).
 //!
 //! [`Topology::ensure`] creates the record and the (empty) shard streams, [`Topology::ensure_group`] creates
-//! a consumer group on every shard, [`Topology::load`] reads the record, and [`Topology::resize`] changes
-//! the count.
+//! a consumer group on every shard, [`Topology::load`] reads the record, [`Topology::resize`] changes the
+//! count and [`Topology::rollback`] changes it back. The pure model is this module; the Redis side
+//! (scripts and commands) is `record.rs`.
 //!
 //! # Migrations (per-key order across a resize)
 //!
@@ -24,11 +27,36 @@
 //! so every entry written under the old layout has an id below the *cut*, `{resizedAtMs + graceMs}-0`.
 //! Consumers use [`Topology::placement`] to recognise an entry of a moved key, and hold it until the group
 //! has consumed its old shard below [`Placement::Moved::before_ms`] ([`consumed_before`]).
+//!
+//! # Shrinks: draining, then retiring
+//!
+//! A shrink `N -> M` does not drop shards `M..N` at once: they are *draining*. The record keeps
+//! `drainingShardCount = N`, every group keeps reading all `N` shards ([`Topology::read_shard_count`]),
+//! and keys that moved out of a draining shard wait for its entries older than their own
+//! ([`Placement::Moved`] with `before_ms` the entry's own time). Once Redis time passes the cut, a removed
+//! shard is *frozen* (its last id set to the largest possible one, so any later `XADD` fails loudly; the
+//! producer then re-reads the topology and re-routes), and once every group consumed it to the end it is
+//! trimmed empty. When all removed shards are retired so the record drops `drainingShardCount`, and groups
+//! follow to `M` ([`Topology::retire_drained`], run by every process's topology follower and by the next
+//! resize). The frozen, empty streams stay until a later grow reuses their indexes.
+//!
+//! # Stale-layout writes
+//!
+//! Producers stamp each entry with the topology version they routed it with (field `v`). An entry that
+//! reaches a consumer with a version older than the consumer's topology and an id at or past the last
+//! migration's cut was written by a producer that did not refresh within the grace period
+//! ([`Topology::is_stale_write`]): its key's order across the resize is not guaranteed. Consumers count
+//! such writes per group in `sl:topology:{<prefix>}:stale` ([`Topology::stale_writes`]) and log a
+//! (rate-limited) warning. Entries without `v` (older producers) are judged by their key alone: one found in
+//! its previous-layout shard past the cut is stale.
 
-use redis::aio::ConnectionLike;
-use redis::{RedisError, Script, Value};
+use redis::{RedisError, Value};
 
 use crate::routing::{self, PrefixError};
+
+mod record;
+
+pub use record::{consumed_before, ConsumedBefore, DrainState, ResizeEvent};
 
 /// Field of the topology hash holding the shard count.
 pub const SHARD_COUNT_FIELD: &str = "shardCount";
@@ -40,14 +68,30 @@ pub const PREVIOUS_SHARD_COUNT_FIELD: &str = "previousShardCount";
 pub const RESIZED_AT_FIELD: &str = "resizedAtMs";
 /// Field of the topology hash holding the grace period (ms) of the last resize.
 pub const GRACE_FIELD: &str = "graceMs";
+/// Field of the topology hash holding the shard count groups still read while a shrink's removed shards
+/// drain (absent otherwise).
+pub const DRAINING_FIELD: &str = "drainingShardCount";
+/// Field of the topology hash saying whether the last resize was a `resize` or a `rollback`.
+pub const LAST_RESIZE_FIELD: &str = "lastResize";
+/// Entry field holding the topology version the producer routed the entry with.
+pub const VERSION_ENTRY_FIELD: &str = "v";
+
+static STALE_WRITES_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Late stale-layout writes this process's consumers detected, all streams and groups together (see
+/// [`Topology::is_stale_write`]; per group and across processes: [`Topology::stale_writes`]).
+pub fn stale_writes_seen() -> u64 {
+    STALE_WRITES_SEEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn count_stale_write_seen() {
+    STALE_WRITES_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Default grace period of [`Topology::resize`]: the default producer refresh interval
 /// ([`ProducerConfig::refresh_interval`](crate::producer::ProducerConfig::refresh_interval), 1 s) plus a
 /// 1 s margin for in-flight writes and clock skew between Redis nodes.
 pub const DEFAULT_RESIZE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Temporary consumer group used to create an empty stream (`XGROUP CREATE … MKSTREAM`, then destroyed).
-const BOOTSTRAP_GROUP: &str = "__sl_bootstrap";
 
 /// Errors reading or changing a stream's topology.
 #[derive(Debug, thiserror::Error)]
@@ -90,26 +134,28 @@ pub enum TopologyError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A shrink would strand entries that some group has not consumed yet.
-    #[error(
-        "cannot shrink stream `{prefix}`: group `{group}` has not consumed shard stream `{stream}` \
-         ({lag} unread, {pending} pending); drain it first"
-    )]
-    ShrinkWouldStrand {
+    /// [`Topology::rollback`] found no resize to roll back.
+    #[error("stream `{prefix}` was never resized: nothing to roll back")]
+    NothingToRollBack {
         /// The stream prefix.
         prefix: String,
-        /// The shard stream that would be removed.
-        stream: String,
-        /// A group that still has work in it.
-        group: String,
-        /// Entries the group has not read (or an unknown lag, reported as `u64::MAX`).
-        lag: u64,
-        /// Entries the group read but did not acknowledge.
-        pending: u64,
+    },
+    /// Another resize changed the record while this one was checking it; nothing was changed.
+    #[error(
+        "stream `{prefix}` was resized concurrently (topology version {expected} -> {found}); nothing \
+         changed, check the topology and retry"
+    )]
+    Concurrent {
+        /// The stream prefix.
+        prefix: String,
+        /// The version this resize started from.
+        expected: u64,
+        /// The version found.
+        found: u64,
     },
     /// The previous resize's migration is not finished: old-layout entries may still be written (its
-    /// grace period has not passed) or some group has not consumed them yet. A second resize now would
-    /// forget the first one's order barrier.
+    /// grace period has not passed), some group has not consumed them yet, or the shards a shrink removed
+    /// are still draining. A second resize now would forget the first one's order barrier.
     #[error(
         "cannot resize stream `{prefix}` yet: the previous resize is still migrating ({reason}); retry \
          once every group has consumed the old shards up to the cut ({cut_ms} ms)"
@@ -138,12 +184,22 @@ pub enum StartFrom {
 }
 
 impl StartFrom {
-    fn id(self) -> &'static str {
+    pub(crate) fn id(self) -> &'static str {
         match self {
             StartFrom::Earliest => "0",
             StartFrom::Latest => "$",
         }
     }
+}
+
+/// Whether the last resize was an ordinary one or a rollback of the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResizeKind {
+    /// [`Topology::resize`].
+    #[default]
+    Resize,
+    /// [`Topology::rollback`]: back to the count before the previous resize.
+    Rollback,
 }
 
 /// The last resize of a stream, as recorded in its topology record.
@@ -158,6 +214,8 @@ pub struct Migration {
     pub resized_at_ms: u64,
     /// How long producers may keep writing the previous layout after the resize, in ms.
     pub grace_ms: u64,
+    /// A resize or a rollback.
+    pub kind: ResizeKind,
 }
 
 impl Migration {
@@ -172,7 +230,8 @@ impl Migration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// The key routes to this shard under the current count, and did not move here with the last resize
-    /// (or there was none): handle it in stream order.
+    /// (or there was none, or it moved from a shrink's shard that is retired, so drained to its end):
+    /// handle it in stream order.
     Current,
     /// The key routed to this shard under the previous count and the entry is older than the cut: a
     /// backlog entry of the old layout, handle it in stream order.
@@ -183,11 +242,12 @@ pub enum Placement {
     Moved {
         /// The key's shard under the previous count.
         from: u32,
-        /// `min(entry ms, cut)`: the old shard must be consumed below this.
+        /// `min(entry ms, cut)` when `from` is kept; the entry's own ms when `from` is a shrink's draining
+        /// shard (late writes may still be read there until it is retired).
         before_ms: u64,
     },
     /// Routed here by neither layout: the topology this was computed with may be stale (re-read it if the
-    /// entry is newer than the read), or a producer misrouted it.
+    /// entry is newer than the read), or a producer misrouted it (or wrote it with a stale layout).
     Misrouted,
 }
 
@@ -198,138 +258,19 @@ pub struct Topology {
     shard_count: u32,
     version: u64,
     migration: Option<Migration>,
+    draining_shard_count: Option<u32>,
 }
 
 /// Fields of the record, in the order every script and `load` returns them.
-const FIELDS: [&str; 5] = [
+const FIELDS: [&str; 7] = [
     SHARD_COUNT_FIELD,
     VERSION_FIELD,
     PREVIOUS_SHARD_COUNT_FIELD,
     RESIZED_AT_FIELD,
     GRACE_FIELD,
+    DRAINING_FIELD,
+    LAST_RESIZE_FIELD,
 ];
-
-/// Creates the record if absent; returns its fields (see `FIELDS`; the existing ones if present).
-const ENSURE_SCRIPT: &str = r#"
-local n = redis.call('HGET', KEYS[1], 'shardCount')
-if not n then
-  redis.call('HSET', KEYS[1], 'shardCount', ARGV[1], 'version', '1')
-end
-return redis.call('HMGET', KEYS[1], 'shardCount', 'version', 'previousShardCount', 'resizedAtMs', 'graceMs')
-"#;
-
-/// Sets the shard count, bumps the version and records the migration (Redis time of the resize and the
-/// grace period in `ARGV[2]`) if the count changed; nil if the record does not exist. Refuses while the
-/// previous migration's cut has not passed: `{'wait', cut}`.
-const RESIZE_SCRIPT: &str = r#"
-local n = redis.call('HGET', KEYS[1], 'shardCount')
-if not n then
-  return false
-end
-local v = redis.call('HGET', KEYS[1], 'version') or '0'
-if n ~= ARGV[1] then
-  if not tonumber(v) then
-    return redis.error_reply('ERR corrupt topology version ' .. v)
-  end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local at = tonumber(redis.call('HGET', KEYS[1], 'resizedAtMs') or '')
-  local grace = tonumber(redis.call('HGET', KEYS[1], 'graceMs') or '')
-  if at and grace and now < at + grace then
-    return {'wait', string.format('%d', at + grace)}
-  end
-  redis.call('HSET', KEYS[1], 'shardCount', ARGV[1], 'previousShardCount', n,
-    'resizedAtMs', string.format('%d', now), 'graceMs', ARGV[2])
-  redis.call('HINCRBY', KEYS[1], 'version', 1)
-end
-return redis.call('HMGET', KEYS[1], 'shardCount', 'version', 'previousShardCount', 'resizedAtMs', 'graceMs')
-"#;
-
-/// Whether consumer groups of stream `KEYS[1]` consumed every entry with an id up to `ARGV[3]` (the largest
-/// id below the bound `ARGV[2]` ms): Redis time has reached the bound (so no new entry can get an id below
-/// it), the group's last-delivered-id is at or past the last such entry, and none of them is pending.
-/// `ARGV[1]` names the group, or is empty for every group. Returns `{consumed 0|1, now ms, blocking group}`.
-const CONSUMED_SCRIPT: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nows = string.format('%d', now)
-if now < tonumber(ARGV[2]) then
-  return {0, nows, ''}
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {1, nows, ''}
-end
-local last = redis.call('XREVRANGE', KEYS[1], ARGV[3], '-', 'COUNT', 1)[1]
-local function older(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
-  return ams < bms or (ams == bms and aseq < bseq)
-end
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local name, delivered
-  for i = 1, #g, 2 do
-    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then delivered = g[i + 1] end
-  end
-  if name ~= '__sl_bootstrap' and (ARGV[1] == '' or ARGV[1] == name) then
-    if last and older(delivered, last[1]) then
-      return {0, nows, name}
-    end
-    if #redis.call('XPENDING', KEYS[1], name, '-', ARGV[3], 1) > 0 then
-      return {0, nows, name}
-    end
-  end
-end
-return {1, nows, ''}
-"#;
-
-/// Whether a group (or every group) consumed a stream below a bound; see [`consumed_before`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConsumedBefore {
-    /// Every entry below the bound was delivered and acknowledged (or the stream / group does not exist).
-    Yes,
-    /// Not yet.
-    No {
-        /// Redis time of the check, in ms.
-        now_ms: u64,
-        /// The group still holding entries below the bound; `None` when Redis time has not reached the
-        /// bound yet (entries below it may still be written).
-        group: Option<String>,
-    },
-}
-
-/// Whether consumer group `group` (every group when `None`) of the stream key `stream` has consumed every
-/// entry with an id below `{before_ms}-0`: Redis time has reached `before_ms` (no entry below it can be
-/// added any more), the group's last-delivered-id is at or past the last entry below it, and none of them
-/// is pending. A group that does not exist on the stream counts as done (it never reads it). One script,
-/// so the answer is consistent.
-pub async fn consumed_before<C>(
-    conn: &mut C,
-    stream: &str,
-    group: Option<&str>,
-    before_ms: u64,
-) -> Result<ConsumedBefore, TopologyError>
-where
-    C: ConnectionLike + Send,
-{
-    if before_ms == 0 {
-        return Ok(ConsumedBefore::Yes);
-    }
-    let (consumed, now, blocking): (i64, String, String) = Script::new(CONSUMED_SCRIPT)
-        .key(stream)
-        .arg(group.unwrap_or(""))
-        .arg(before_ms)
-        .arg(format!("{}-{}", before_ms - 1, u64::MAX))
-        .invoke_async(conn)
-        .await?;
-    if consumed == 1 {
-        return Ok(ConsumedBefore::Yes);
-    }
-    Ok(ConsumedBefore::No {
-        now_ms: now.parse().unwrap_or(0),
-        group: (!blocking.is_empty()).then_some(blocking),
-    })
-}
 
 impl Topology {
     /// The Redis key of the topology record of `prefix`: `sl:topology:{<prefix>}`.
@@ -337,14 +278,35 @@ impl Topology {
         format!("sl:topology:{{{prefix}}}")
     }
 
+    /// The Redis key of the stream's resize audit: `sl:topology:{<prefix>}:audit`.
+    pub fn audit_key(prefix: &str) -> String {
+        format!("sl:topology:{{{prefix}}}:audit")
+    }
+
+    /// The Redis key of the stale-layout write counters: `sl:topology:{<prefix>}:stale`.
+    pub fn stale_key(prefix: &str) -> String {
+        format!("sl:topology:{{{prefix}}}:stale")
+    }
+
     /// The stream prefix (e.g. `orders`).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
-    /// The number of shards.
+    /// The number of shards producers write to.
     pub fn shard_count(&self) -> u32 {
         self.shard_count
+    }
+
+    /// The number of shards groups read: the previous count while a shrink's removed shards drain, else
+    /// [`shard_count`](Self::shard_count).
+    pub fn read_shard_count(&self) -> u32 {
+        self.draining_shard_count.unwrap_or(self.shard_count)
+    }
+
+    /// The shards a shrink removed that are not retired yet (empty when none).
+    pub fn draining_shards(&self) -> std::ops::Range<u32> {
+        self.shard_count..self.read_shard_count()
     }
 
     /// The record version: 1 when created, incremented by every [`resize`](Self::resize).
@@ -369,8 +331,9 @@ impl Topology {
     ///   from `a`, to wait until the group consumed `a` below `min(entry_ms, cut)`. Waiting below the entry's
     ///   own id (rather than always the cut) keeps the wait acyclic: when keys move between old shards in
     ///   both directions, the oldest held entry only waits for strictly older entries, which are never held.
-    ///   If `a` no longer exists (a shrink removed it; the shrink required it drained), there is nothing to
-    ///   wait for: [`Placement::Current`].
+    ///   If a shrink removed `a` and it is still draining, the bound is `entry_ms` itself: late writes may
+    ///   land in `a` until it is frozen, and entries of a draining shard are never held, so the wait stays
+    ///   acyclic. If `a` is retired (consumed to its end, no longer writable): [`Placement::Current`].
     /// * routes to `shard` now and did before (or no resize happened): [`Placement::Current`].
     /// * routed to `shard` under the previous count and is older than the cut: [`Placement::Previous`].
     /// * otherwise [`Placement::Misrouted`].
@@ -387,6 +350,12 @@ impl Topology {
                     from,
                     before_ms: entry_ms.min(cut),
                 },
+                Some((from, _)) if from != shard && from < self.read_shard_count() => {
+                    Placement::Moved {
+                        from,
+                        before_ms: entry_ms,
+                    }
+                }
                 _ => Placement::Current,
             }
         } else {
@@ -397,249 +366,46 @@ impl Topology {
         }
     }
 
+    /// Whether an entry of `key` found in `shard` with an id of `entry_ms` ms, routed by its producer with
+    /// topology `entry_version` (the entry's `v` field; `None` for entries of older producers), was
+    /// written with a stale layout after the last migration's cut: its producer did not refresh within the
+    /// grace period, so per-key order across the resize is not guaranteed for it.
+    ///
+    /// With a version: older than this topology and at or past the cut. Without one, judged by the key:
+    /// found in its previous-layout shard, which is no longer its shard, at or past the cut.
+    pub fn is_stale_write(
+        &self,
+        key: &[u8],
+        shard: u32,
+        entry_ms: u64,
+        entry_version: Option<u64>,
+    ) -> bool {
+        let Some(m) = self.migration else {
+            return false;
+        };
+        if entry_ms < m.cut_ms() {
+            return false;
+        }
+        match entry_version {
+            Some(v) => v < self.version,
+            None => {
+                routing::shard_for_key(key, m.previous_shard_count) == shard
+                    && self.shard_for_key(key) != shard
+            }
+        }
+    }
+
     /// The Redis key of shard `index`: `<prefix>:<index>`.
     pub fn stream_key(&self, index: u32) -> String {
         routing::shard_stream_key(&self.prefix, index)
     }
 
-    /// The Redis keys of all shard streams, in shard order.
+    /// The Redis keys of the shard streams producers write, in shard order.
     pub fn stream_keys(&self) -> Vec<String> {
         (0..self.shard_count).map(|i| self.stream_key(i)).collect()
     }
 
-    /// Idempotently creates the topology of `prefix` with `shard_count` shards and its empty shard streams.
-    ///
-    /// If the record already exists with the same count this returns it unchanged (and makes sure the shard
-    /// streams exist); with a different count it fails with [`TopologyError::ShardCountMismatch`]; use
-    /// [`resize`](Self::resize) to change the count deliberately. Creating the streams up front means
-    /// producers can publish before any group exists, and a group created later with
-    /// [`StartFrom::Earliest`] sees that backlog.
-    pub async fn ensure<C>(
-        conn: &mut C,
-        prefix: &str,
-        shard_count: u32,
-    ) -> Result<Topology, TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        routing::validate_prefix(prefix)?;
-        if shard_count == 0 {
-            return Err(TopologyError::ZeroShards);
-        }
-        let key = Self::record_key(prefix);
-        let reply: Value = Script::new(ENSURE_SCRIPT)
-            .key(&key)
-            .arg(shard_count)
-            .invoke_async(conn)
-            .await?;
-        let topology =
-            Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Corrupt {
-                key: key.clone(),
-                reason: "ensure script returned nil".into(),
-            })?;
-        if topology.shard_count != shard_count {
-            return Err(TopologyError::ShardCountMismatch {
-                prefix: prefix.to_string(),
-                existing: topology.shard_count,
-                requested: shard_count,
-            });
-        }
-        topology.create_streams(conn).await?;
-        Ok(topology)
-    }
-
-    /// Reads the topology of `prefix`; [`TopologyError::Missing`] if it has none.
-    pub async fn load<C>(conn: &mut C, prefix: &str) -> Result<Topology, TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        routing::validate_prefix(prefix)?;
-        let key = Self::record_key(prefix);
-        let fields: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(&key)
-            .arg(&FIELDS[..])
-            .query_async(conn)
-            .await?;
-        if fields.iter().take(2).all(Option::is_none) {
-            return Err(TopologyError::Missing {
-                prefix: prefix.to_string(),
-                key,
-            });
-        }
-        Self::parse(prefix, &key, &fields)
-    }
-
-    /// Idempotently creates consumer group `group` on every shard stream of `prefix`
-    /// (`XGROUP CREATE <prefix>:<i> <group> 0|$ MKSTREAM`; an existing group is left as it is).
-    ///
-    /// The stream must have a topology ([`TopologyError::Missing`] otherwise). Returns the topology used.
-    pub async fn ensure_group<C>(
-        conn: &mut C,
-        prefix: &str,
-        group: &str,
-        start: StartFrom,
-    ) -> Result<Topology, TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        let topology = Self::load(conn, prefix).await?;
-        for stream in topology.stream_keys() {
-            create_group(conn, &stream, group, start.id()).await?;
-        }
-        Ok(topology)
-    }
-
-    /// Changes the shard count of `prefix` to `shard_count` with the default grace period
-    /// ([`DEFAULT_RESIZE_GRACE`]); see [`resize_with_grace`](Self::resize_with_grace).
-    pub async fn resize<C>(
-        conn: &mut C,
-        prefix: &str,
-        shard_count: u32,
-    ) -> Result<Topology, TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        Self::resize_with_grace(conn, prefix, shard_count, DEFAULT_RESIZE_GRACE).await
-    }
-
-    /// Changes the shard count of `prefix` to `shard_count`, bumps the version and records the
-    /// [`Migration`] (no-op if the count is unchanged).
-    ///
-    /// `grace` is how long producers may keep writing the old layout: at least the longest
-    /// [`ProducerConfig::refresh_interval`](crate::producer::ProducerConfig::refresh_interval) of any
-    /// producer of the stream, plus a margin for writes in flight (and clock skew between Redis Cluster
-    /// nodes). Consumers hold an entry of a moved key until the group has consumed the key's old shard
-    /// below `min(entry id, cut)`, the cut being `resize time + grace` (see [`Topology::placement`]); a
-    /// longer grace delays the next resize (refused until the cut has passed and every group consumed the
-    /// old shards below it), not the moved keys.
-    ///
-    /// Before the record changes, the new shard streams are created and every consumer group found on shard
-    /// 0 is created on each of them at `0`, so producers that pick up the new count find streams that all
-    /// groups read. This moves no entries. Refused with [`TopologyError::MigrationInProgress`] while the
-    /// previous resize's migration is not finished (its cut has not passed, or some group has not consumed
-    /// the old shards below it), and with [`TopologyError::ShrinkWouldStrand`] when a shrink would remove a
-    /// shard some group has not consumed.
-    pub async fn resize_with_grace<C>(
-        conn: &mut C,
-        prefix: &str,
-        shard_count: u32,
-        grace: std::time::Duration,
-    ) -> Result<Topology, TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        routing::validate_prefix(prefix)?;
-        if shard_count == 0 {
-            return Err(TopologyError::ZeroShards);
-        }
-        let current = Self::load(conn, prefix).await?;
-        if current.shard_count == shard_count {
-            return Ok(current);
-        }
-        // Shrinking must not strand a backlog: every group must have read and acknowledged everything in
-        // the shards that go away. (Producers that have not refreshed their topology yet may still write
-        // there for up to their refresh interval: stop or refresh them first.)
-        for index in shard_count..current.shard_count {
-            let stream = current.stream_key(index);
-            for (group, lag, pending) in group_backlogs(conn, &stream).await? {
-                if lag != 0 || pending != 0 {
-                    return Err(TopologyError::ShrinkWouldStrand {
-                        prefix: prefix.to_string(),
-                        stream,
-                        group,
-                        lag,
-                        pending,
-                    });
-                }
-            }
-        }
-        // Consumers only know the last migration: the previous one must be finished for every group.
-        if let Some(migration) = current.migration {
-            let cut_ms = migration.cut_ms();
-            for index in 0..migration.previous_shard_count.min(current.shard_count) {
-                let stream = current.stream_key(index);
-                if let ConsumedBefore::No { group, .. } =
-                    consumed_before(conn, &stream, None, cut_ms).await?
-                {
-                    return Err(TopologyError::MigrationInProgress {
-                        prefix: prefix.to_string(),
-                        cut_ms,
-                        reason: match group {
-                            Some(group) => format!("group `{group}` has not consumed `{stream}`"),
-                            None => "its grace period has not passed".to_owned(),
-                        },
-                    });
-                }
-            }
-        }
-        let target = Topology {
-            shard_count,
-            ..current.clone()
-        };
-        target.create_streams(conn).await?;
-        let groups: Vec<String> = group_backlogs(conn, &current.stream_key(0))
-            .await?
-            .into_iter()
-            .map(|(group, _, _)| group)
-            .collect();
-        for stream in target.stream_keys() {
-            for group in &groups {
-                create_group(conn, &stream, group, StartFrom::Earliest.id()).await?;
-            }
-        }
-        let key = Self::record_key(prefix);
-        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let reply: Value = Script::new(RESIZE_SCRIPT)
-            .key(&key)
-            .arg(shard_count)
-            .arg(grace_ms)
-            .invoke_async(conn)
-            .await?;
-        if let Value::Array(items) = &reply {
-            if let [Value::BulkString(tag), cut] = items.as_slice() {
-                if tag.as_slice() == b"wait" {
-                    let cut_ms = redis::from_redis_value::<String>(cut.clone())
-                        .ok()
-                        .and_then(|c| c.parse().ok())
-                        .unwrap_or(0);
-                    return Err(TopologyError::MigrationInProgress {
-                        prefix: prefix.to_string(),
-                        cut_ms,
-                        reason: "its grace period has not passed".to_owned(),
-                    });
-                }
-            }
-        }
-        Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Missing {
-            prefix: prefix.to_string(),
-            key,
-        })
-    }
-
-    /// Creates every shard stream that does not exist yet, empty and without groups.
-    async fn create_streams<C>(&self, conn: &mut C) -> Result<(), TopologyError>
-    where
-        C: ConnectionLike + Send,
-    {
-        for stream in self.stream_keys() {
-            let exists: bool = redis::cmd("EXISTS").arg(&stream).query_async(conn).await?;
-            if exists {
-                continue;
-            }
-            // XGROUP CREATE MKSTREAM is the only way to create an empty stream; the group is removed at once
-            // and the (empty) stream stays.
-            create_group(conn, &stream, BOOTSTRAP_GROUP, "$").await?;
-            let _: i64 = redis::cmd("XGROUP")
-                .arg("DESTROY")
-                .arg(&stream)
-                .arg(BOOTSTRAP_GROUP)
-                .query_async(conn)
-                .await?;
-        }
-        Ok(())
-    }
-
-    fn from_reply(
+    pub(crate) fn from_reply(
         prefix: &str,
         key: &str,
         reply: Value,
@@ -658,7 +424,7 @@ impl Topology {
     }
 
     /// Parses the record's fields in `FIELDS` order (missing trailing fields count as absent).
-    fn parse(
+    pub(crate) fn parse(
         prefix: &str,
         key: &str,
         fields: &[Option<String>],
@@ -701,10 +467,20 @@ impl Topology {
                             "`{PREVIOUS_SHARD_COUNT_FIELD}` is {previous}, not a positive u32"
                         ))
                     })?;
+                let kind = match field(6) {
+                    None | Some("resize") => ResizeKind::Resize,
+                    Some("rollback") => ResizeKind::Rollback,
+                    Some(other) => {
+                        return Err(corrupt(format!(
+                            "`{LAST_RESIZE_FIELD}` is {other:?}, not `resize` or `rollback`"
+                        )))
+                    }
+                };
                 Some(Migration {
                     previous_shard_count,
                     resized_at_ms,
                     grace_ms,
+                    kind,
                 })
             }
             _ => {
@@ -714,69 +490,25 @@ impl Topology {
             )))
             }
         };
+        let draining_shard_count = match number(5)? {
+            None => None,
+            Some(n) => match (u32::try_from(n), migration) {
+                (Ok(n), Some(m)) if n > shard_count && n == m.previous_shard_count => Some(n),
+                _ => {
+                    return Err(corrupt(format!(
+                        "`{DRAINING_FIELD}` is {n}: it must be the previous shard count of a shrink"
+                    )))
+                }
+            },
+        };
         Ok(Topology {
             prefix: prefix.to_string(),
             shard_count,
             version,
             migration,
+            draining_shard_count,
         })
     }
-}
-
-/// `XGROUP CREATE <stream> <group> <id> MKSTREAM`, treating an existing group (BUSYGROUP) as success.
-async fn create_group<C>(
-    conn: &mut C,
-    stream: &str,
-    group: &str,
-    id: &str,
-) -> Result<(), TopologyError>
-where
-    C: ConnectionLike + Send,
-{
-    let result: Result<(), RedisError> = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(stream)
-        .arg(group)
-        .arg(id)
-        .arg("MKSTREAM")
-        .query_async(conn)
-        .await;
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// `(group, lag, pending)` of every consumer group of `stream`; an unknown lag (nil) counts as `u64::MAX`.
-async fn group_backlogs<C>(
-    conn: &mut C,
-    stream: &str,
-) -> Result<Vec<(String, u64, u64)>, TopologyError>
-where
-    C: ConnectionLike + Send,
-{
-    let exists: bool = redis::cmd("EXISTS").arg(stream).query_async(conn).await?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(conn)
-        .await?;
-    let number = |g: &std::collections::HashMap<String, Value>, field: &str| {
-        g.get(field)
-            .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
-            .unwrap_or(u64::MAX)
-    };
-    Ok(groups
-        .iter()
-        .filter_map(|g| {
-            let name = redis::from_redis_value::<String>(g.get("name")?.clone()).ok()?;
-            (name != BOOTSTRAP_GROUP).then(|| (name, number(g, "lag"), number(g, "pending")))
-        })
-        .collect())
 }
 
 #[cfg(test)]
@@ -838,7 +570,8 @@ mod tests {
             Migration {
                 previous_shard_count: 4,
                 resized_at_ms: 1_700_000_000_000,
-                grace_ms: 2_000
+                grace_ms: 2_000,
+                kind: ResizeKind::Resize,
             }
         );
         assert_eq!(m.cut_ms(), 1_700_000_002_000);
@@ -851,6 +584,7 @@ mod tests {
             shard_count,
             version: 2,
             migration,
+            draining_shard_count: None,
         }
     }
 
@@ -874,6 +608,7 @@ mod tests {
             previous_shard_count: 4,
             resized_at_ms: 8_000,
             grace_ms: 2_000,
+            kind: ResizeKind::Resize,
         };
         let t = topology(8, Some(m));
         // A key that stays: current in its shard whatever the id.
@@ -912,16 +647,40 @@ mod tests {
         let before = topology(4, None);
         assert_eq!(before.placement(&moved, a, 9_000), Placement::Current);
         assert_eq!(before.placement(&moved, b, 9_000), Placement::Misrouted);
-        // A shrink: a key whose previous shard was removed has nothing to wait for.
-        let shrunk = topology(
+        // A shrink: a key whose previous shard was removed waits for that shard's older entries while it
+        // drains (below its own id, even past the cut: late writes are still read there), and has
+        // nothing to wait for once it is retired (drained to its end, no longer writable).
+        let mut shrunk = topology(
             3,
             Some(Migration {
                 previous_shard_count: 8,
                 ..m
             }),
         );
+        shrunk.draining_shard_count = Some(8);
+        assert_eq!(shrunk.read_shard_count(), 8);
+        assert_eq!(shrunk.draining_shards(), 3..8);
         let from_removed = key_where(8, 3, |a, _| a >= 3);
-        let now = routing::shard_for_key(&from_removed, 3);
+        let (a, now) = (
+            routing::shard_for_key(&from_removed, 8),
+            routing::shard_for_key(&from_removed, 3),
+        );
+        for ms in [9_000, 20_000] {
+            assert_eq!(
+                shrunk.placement(&from_removed, now, ms),
+                Placement::Moved {
+                    from: a,
+                    before_ms: ms
+                }
+            );
+        }
+        // In the draining shard itself its entries are the old layout's backlog (never held).
+        assert_eq!(
+            shrunk.placement(&from_removed, a, 9_000),
+            Placement::Previous
+        );
+        shrunk.draining_shard_count = None;
+        assert_eq!(shrunk.read_shard_count(), 3);
         assert_eq!(
             shrunk.placement(&from_removed, now, 9_000),
             Placement::Current
@@ -946,6 +705,91 @@ mod tests {
                 before_ms: cut
             }
         );
+    }
+
+    #[test]
+    fn stale_writes_are_old_versions_past_the_cut() {
+        let m = Migration {
+            previous_shard_count: 4,
+            resized_at_ms: 8_000,
+            grace_ms: 2_000,
+            kind: ResizeKind::Resize,
+        };
+        let t = topology(8, Some(m));
+        let moved = key_where(4, 8, |a, b| a != b);
+        let (a, b) = (
+            routing::shard_for_key(&moved, 4),
+            routing::shard_for_key(&moved, 8),
+        );
+        // With a version: older than the topology and at or past the cut.
+        assert!(!t.is_stale_write(&moved, a, 9_999, Some(1)));
+        assert!(t.is_stale_write(&moved, a, 10_000, Some(1)));
+        assert!(t.is_stale_write(&moved, b, 10_000, Some(1)));
+        assert!(!t.is_stale_write(&moved, b, 10_000, Some(2)));
+        // Without one (older producers): in the key's previous shard, which is no longer its shard.
+        assert!(t.is_stale_write(&moved, a, 10_000, None));
+        assert!(!t.is_stale_write(&moved, b, 10_000, None));
+        assert!(!t.is_stale_write(&moved, a, 9_000, None));
+        // Never resized: nothing is stale.
+        assert!(!topology(4, None).is_stale_write(&moved, a, 10_000, Some(0)));
+    }
+
+    #[test]
+    fn parse_reads_draining_and_rollbacks() {
+        let key = "sl:topology:{o}";
+        let t = Topology::parse(
+            "o",
+            key,
+            &fields(&[
+                Some("4"),
+                Some("3"),
+                Some("8"),
+                Some("1000"),
+                Some("2000"),
+                Some("8"),
+                Some("rollback"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((t.read_shard_count(), t.draining_shards()), (8, 4..8));
+        assert_eq!(t.migration().unwrap().kind, ResizeKind::Rollback);
+        for record in [
+            // Draining must be the previous count of a shrink.
+            [
+                Some("4"),
+                Some("3"),
+                Some("8"),
+                Some("1000"),
+                Some("2000"),
+                Some("6"),
+                None,
+            ],
+            [
+                Some("8"),
+                Some("3"),
+                Some("4"),
+                Some("1000"),
+                Some("2000"),
+                Some("4"),
+                None,
+            ],
+            [Some("4"), Some("1"), None, None, None, Some("8"), None],
+            [
+                Some("4"),
+                Some("3"),
+                Some("8"),
+                Some("1000"),
+                Some("2000"),
+                None,
+                Some("undo"),
+            ],
+        ] {
+            let err = Topology::parse("o", key, &fields(&record)).unwrap_err();
+            assert!(
+                matches!(err, TopologyError::Corrupt { .. }),
+                "{record:?}: {err}"
+            );
+        }
     }
 
     #[test]
