@@ -534,6 +534,7 @@ async fn follow_topology(
     period: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut warned_missing = false;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -541,11 +542,34 @@ async fn follow_topology(
         }
         let mut topology = match Topology::load(&mut conn, &stream).await {
             Ok(topology) => topology,
+            Err(TopologyError::Missing { .. }) => {
+                // Redis lost it (restarted empty, flushed) while the group lives on: recreate it from
+                // the group's shard count, once the group's metadata is real again (committed by its
+                // members), so producers can route again.
+                match store.load().await {
+                    Ok((_, c)) if c.metadata().metadata_version > 0 => {
+                        let count = c.metadata().shard_count;
+                        if !warned_missing {
+                            tracing::warn!(%stream, %group, shard_count = count, "the stream's topology is missing (Redis restarted empty or was flushed?): recreating it from the group's shard count");
+                            warned_missing = true;
+                        }
+                        if let Err(error) = Topology::ensure(&mut conn, &stream, count).await {
+                            tracing::warn!(%stream, %error, "cannot recreate the stream's topology");
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%stream, %group, %error, "cannot read the group's metadata")
+                    }
+                }
+                continue;
+            }
             Err(error) => {
                 tracing::warn!(%stream, %error, "cannot read the stream's topology");
                 continue;
             }
         };
+        warned_missing = false;
         if !topology.draining_shards().is_empty() {
             match Topology::retire_drained(&mut conn, &stream).await {
                 Ok((retired, DrainState::Retired)) => {
