@@ -196,11 +196,6 @@ impl World {
                     .coordinator
                     .command(AdminCommand::SetShardCount(n), self.now);
             }
-            26 => {
-                let _ = self
-                    .coordinator
-                    .command(AdminCommand::RollbackResharding, self.now);
-            }
             27 => {
                 // The store lost the snapshot (DEL, a failover): it recreates the group from nothing.
                 let meta = self.coordinator.metadata();

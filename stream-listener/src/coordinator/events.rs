@@ -119,13 +119,6 @@ pub enum AuditEvent {
         /// Shard count after.
         to: u32,
     },
-    /// The last shard count change was rolled back.
-    ReshardingRolledBack {
-        /// Shard count before.
-        from: u32,
-        /// Shard count after.
-        to: u32,
-    },
     /// The store lost writes (or the whole group): no grant until every member of the lost state has
     /// self-fenced.
     MetadataLossDetected {

@@ -5,7 +5,7 @@
 //! store persists the result; a test or the seeded simulation drives it directly. Same inputs, same outputs.
 //!
 //! Inputs: [`Coordinator::heartbeat`], [`Coordinator::tick`] (expiry, rebalance timeouts, fenced holds) and
-//! [`Coordinator::command`] (shard count changes, rollback, fencing by an operator). Outputs to act on:
+//! [`Coordinator::command`] (shard count changes, fencing by an operator). Outputs to act on:
 //! [`Coordinator::next_deadline`] says when a tick is next needed.
 
 pub mod assignor;
@@ -86,8 +86,6 @@ pub enum Creation {
 pub enum AdminCommand {
     /// Change the number of shards. Shards outside the new count are revoked and never granted again.
     SetShardCount(u32),
-    /// Undo the last shard count change.
-    RollbackResharding,
     /// Fence a member (for example a process known to be stuck).
     FenceMember(String),
 }
@@ -98,9 +96,6 @@ pub enum CommandError {
     /// A group needs at least one shard.
     #[error("shard count must be at least 1")]
     ZeroShards,
-    /// Nothing to roll back.
-    #[error("no shard count change to roll back")]
-    NothingToRollBack,
     /// No such live member.
     #[error("no live member {0:?}")]
     UnknownMember(String),
@@ -838,22 +833,6 @@ impl Coordinator {
                 });
                 cx.rebalance = true;
                 cx.event(AuditEvent::ShardCountChanged { from, to: n });
-                Ok(())
-            }
-            AdminCommand::RollbackResharding => {
-                let Some(r) = self.meta.resharding.as_mut() else {
-                    return Err(CommandError::NothingToRollBack);
-                };
-                if !matches!(r.state, MigrationState::Draining | MigrationState::Active) {
-                    return Err(CommandError::NothingToRollBack);
-                }
-                let (from, to) = (r.shard_count, r.previous_shard_count);
-                self.meta.shard_count = to;
-                self.meta.group_epoch += 1;
-                r.state = MigrationState::RollingBack;
-                r.group_epoch = self.meta.group_epoch;
-                cx.rebalance = true;
-                cx.event(AuditEvent::ReshardingRolledBack { from, to });
                 Ok(())
             }
             AdminCommand::FenceMember(member_id) => {

@@ -771,24 +771,22 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
     );
 }
 
+/// A rollback is a stream-level resize back to the previous count (`Topology::rollback`); the group
+/// follows it like any other change: no rollback of its own that the stream would undo again.
 #[test]
-fn resharding_rollback_restores_shard_count_and_bumps_group_epoch() {
+fn resharding_back_to_the_previous_count_is_an_ordinary_shard_count_change() {
     let mut c = group(4);
     join_and_settle(&mut c, "a", 0);
-    assert_eq!(
-        c.command(AdminCommand::RollbackResharding, 0).response,
-        Err(CommandError::NothingToRollBack)
-    );
     let _ = c.command(AdminCommand::SetShardCount(8), 1);
     let ge = c.metadata().group_epoch;
-    let out = c.command(AdminCommand::RollbackResharding, 2);
+    let out = c.command(AdminCommand::SetShardCount(4), 2);
     assert_eq!(out.response, Ok(()));
     assert_eq!(c.metadata().shard_count, 4);
     assert_eq!(c.metadata().group_epoch, ge + 1);
     assert!(out
         .events
         .iter()
-        .any(|e| matches!(e, AuditEvent::ReshardingRolledBack { from: 8, to: 4 })));
+        .any(|e| matches!(e, AuditEvent::ShardCountChanged { from: 8, to: 4 })));
 }
 
 #[test]
