@@ -54,6 +54,8 @@ pub struct ListenerRegistration {
     pub dead_letter: Option<&'static str>,
     /// Static balancing weight of each member.
     pub weight: Option<u32>,
+    /// How long one handler attempt may run, in milliseconds (see [`ConsumerConfig::handler_timeout`]).
+    pub handler_timeout_ms: Option<u64>,
     /// How payloads are decoded.
     pub payload: PayloadKind,
     /// The payload type as written in the handler signature (for logs and the CLI).
@@ -124,6 +126,9 @@ impl ListenerRegistration {
         config.ack_policy = self.ack_policy();
         config.failure_policy = self.failure_policy();
         config.dead_letter_stream = self.dead_letter.map(str::to_owned);
+        config.handler_timeout = self
+            .handler_timeout_ms
+            .map(std::time::Duration::from_millis);
         config
     }
 }
@@ -153,6 +158,7 @@ mod tests {
         max_deliveries: None,
         dead_letter: None,
         weight: None,
+        handler_timeout_ms: None,
         payload: PayloadKind::Raw,
         payload_type: "RawMessage",
         make_handler: handler,
@@ -181,6 +187,7 @@ mod tests {
             max_deliveries: Some(3),
             dead_letter: Some("orders:dead"),
             weight: Some(2),
+            handler_timeout_ms: Some(1500),
             ..BARE
         };
         let config = reg.consumer_config("fixed-m1");
@@ -195,6 +202,10 @@ mod tests {
         );
         assert_eq!(config.dead_letter_key(), "orders:dead");
         assert_eq!(reg.member_weight(), 2);
+        assert_eq!(
+            config.handler_timeout,
+            Some(std::time::Duration::from_millis(1500))
+        );
         assert_eq!(reg.base_member_id().id, "fixed");
     }
 }

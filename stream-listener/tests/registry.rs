@@ -38,7 +38,8 @@ async fn on_order(msg: Message<Order>) -> Result<(), BillingError> {
     ack = "ack_delete_delref",
     failure = "leave_pending",
     max_deliveries = 3,
-    weight = 2
+    weight = 2,
+    handler_timeout_ms = 5000
 )]
 async fn archive(msg: RawMessage) -> Result<(), String> {
     drop(msg.payload);
@@ -73,6 +74,7 @@ fn json_listener_is_registered_with_its_arguments() {
     assert_eq!(r.max_deliveries, None);
     assert_eq!(r.dead_letter, None);
     assert_eq!(r.weight, None);
+    assert_eq!(r.handler_timeout_ms, None);
 
     let config = r.consumer_config("10.0.0.1-m3");
     assert_eq!(config.stream_prefix, "orders");
@@ -99,6 +101,7 @@ fn every_option_is_carried_over() {
     assert_eq!(r.max_deliveries, Some(3));
     assert_eq!(r.weight, Some(2));
     assert_eq!(r.member_weight(), 2);
+    assert_eq!(r.handler_timeout_ms, Some(5000));
 
     let config = r.consumer_config("archiver-1-m0");
     assert_eq!(config.batch_size, 10);
@@ -108,6 +111,10 @@ fn every_option_is_carried_over() {
     assert_eq!(
         config.failure_policy.on_exhausted,
         OnExhausted::LeavePending
+    );
+    assert_eq!(
+        config.handler_timeout,
+        Some(std::time::Duration::from_secs(5))
     );
 }
 

@@ -24,6 +24,7 @@ const KEYS: &[&str] = &[
     "max_deliveries",
     "dead_letter",
     "weight",
+    "handler_timeout_ms",
 ];
 
 /// The `ack` values, with the `AckPolicy` each stands for.
@@ -80,6 +81,7 @@ pub(crate) struct Args {
     pub(crate) max_deliveries: Option<u32>,
     pub(crate) dead_letter: Option<String>,
     pub(crate) weight: Option<u32>,
+    pub(crate) handler_timeout_ms: Option<u64>,
 }
 
 /// Arguments as they are being collected: value plus the span of its key.
@@ -97,6 +99,7 @@ struct Raw {
     max_deliveries: Option<u32>,
     dead_letter: Option<(String, Span)>,
     weight: Option<u32>,
+    handler_timeout_ms: Option<u64>,
 }
 
 impl Args {
@@ -133,6 +136,7 @@ impl Args {
             max_deliveries: raw.max_deliveries,
             dead_letter: raw.dead_letter.map(|(d, _)| d),
             weight: raw.weight,
+            handler_timeout_ms: raw.handler_timeout_ms,
         })
     }
 }
@@ -225,6 +229,9 @@ impl Raw {
             "batch_size" => at_least_one(value, &key).map(|n| self.batch_size = Some(n)),
             "max_deliveries" => at_least_one(value, &key).map(|n| self.max_deliveries = Some(n)),
             "weight" => at_least_one(value, &key).map(|n| self.weight = Some(n)),
+            "handler_timeout_ms" => {
+                at_least_one(value, &key).map(|n| self.handler_timeout_ms = Some(n))
+            }
             "block_ms" => integer(value, &key)
                 .and_then(|lit| lit.base10_parse())
                 .map(|n| self.block_ms = Some(n)),

@@ -57,6 +57,7 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
     let max_deliveries = option(args.max_deliveries.map(|n| quote!(#n)));
     let dead_letter = option(args.dead_letter.as_ref().map(|d| quote!(#d)));
     let weight = option(args.weight.map(|n| quote!(#n)));
+    let handler_timeout_ms = option(args.handler_timeout_ms.map(|n| quote!(#n)));
     let ack = option(args.ack.map(|ack| match ack {
         Ack::Ack => quote!(#private::AckPolicy::Ack),
         Ack::Manual => quote!(#private::AckPolicy::Manual),
@@ -99,6 +100,7 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
                     max_deliveries: #max_deliveries,
                     dead_letter: #dead_letter,
                     weight: #weight,
+                    handler_timeout_ms: #handler_timeout_ms,
                     payload: #payload,
                     payload_type: #payload_type,
                     make_handler: __stream_listener_make_handler,

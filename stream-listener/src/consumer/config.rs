@@ -40,6 +40,10 @@ pub struct ConsumerConfig {
     /// often. The runtime sets it to the group's session timeout: by then any earlier owner has
     /// self-fenced.
     pub reclaim_idle: Duration,
+    /// How long one handler attempt may run. An attempt past it is dropped (cancelled at its next `.await`)
+    /// and counts as a failed delivery: retried, then dead-lettered per the [`FailurePolicy`]. `None`: no
+    /// limit. A handler that blocks its thread without awaiting cannot be cancelled, only reported.
+    pub handler_timeout: Option<Duration>,
 }
 
 impl ConsumerConfig {
@@ -62,6 +66,7 @@ impl ConsumerConfig {
             progress_interval: Duration::from_secs(1),
             response_timeout: Duration::from_secs(5),
             reclaim_idle: Duration::from_secs(10),
+            handler_timeout: None,
         }
     }
 
@@ -124,10 +129,9 @@ impl DeleteRef {
 
 /// What happens when a handler returns an error or panics.
 ///
-/// Retries run in place, before the next entry of the shard, so a failing entry keeps per-key order: later
-/// entries of the shard wait, and the worker running it is busy for the whole backoff (with one worker,
-/// so are the member's other shards). A revoke or shutdown cuts the retries short and leaves the entry
-/// pending for the next owner. `delivery_count` counts Redis deliveries (takeovers included) plus local
+/// Retries keep per-key order: the failing entry and the later entries of its shard wait out the backoff
+/// (held in memory, pending in Redis), while the worker serves the member's other shards. A revoke or
+/// shutdown cuts the retries short and leaves the entry pending for the next owner. `delivery_count` counts Redis deliveries (takeovers included) plus local
 /// retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -100,6 +100,11 @@ enum Fate {
     Done,
     /// Stopped before or during its retries: leave it and the rest of the batch pending.
     Stopped,
+    /// Failed with deliveries left: hold it (and the rest of the batch) for the backoff, then retry. The
+    /// worker serves other shards meanwhile.
+    Retry {
+        after: Duration,
+    },
 }
 
 /// Upper bound of consecutive batches one job takes from its shard before handing it back to the
@@ -189,6 +194,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         let mut last_done: Option<&str> = None;
         let mut stopped = false;
         let mut hold: Option<(usize, Duration)> = None;
+        let mut retry_at: Option<usize> = None;
         for (index, entry) in entries.iter().enumerate() {
             if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
                 stopped = true;
@@ -212,6 +218,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 Fate::Done => {}
                 Fate::Stopped => {
                     stopped = true;
+                    break;
+                }
+                Fate::Retry { after } => {
+                    hold = Some((index, after));
+                    retry_at = Some(index);
                     break;
                 }
             }
@@ -255,6 +266,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         if let Some((index, delay)) = hold {
             outcome.held = entries.split_off(index);
             outcome.hold_for = Some(delay);
+            if retry_at == Some(index) {
+                outcome.held[0].retries += 1;
+            }
         }
         outcome.next_phase = Some(spec.phase.clone());
         return outcome;
@@ -345,7 +359,9 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
     }
 }
 
-/// Run the handler on one entry with retries, per the failure policy.
+/// Run one attempt of the handler on one entry (the entry's `retries`-th retry), per the failure policy.
+/// A failure with deliveries left is `Fate::Retry`: the job holds the entry for the backoff instead of
+/// sleeping on its worker.
 async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     let policy = shared.config.failure_policy;
     let max = policy.max_deliveries.max(1);
@@ -371,59 +387,67 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         return exhausted(policy.on_exhausted, entry.delivery_count, error);
     }
     let manual = shared.config.ack_policy == AckPolicy::Manual;
-    let mut retry = 0;
-    loop {
-        let deliveries = entry.delivery_count + retry;
-        let acked = Arc::new(AtomicBool::new(false));
-        let acker = manual.then(|| Acker {
-            shared: shared.clone(),
-            stream_key: spec.key.clone(),
-            lease: spec.lease.clone(),
-            acked: acked.clone(),
-        });
-        let delivery = Delivery {
-            payload,
-            id: &entry.id,
-            key: entry.key(),
-            shard: spec.shard,
-            delivery_count: deliveries,
-            token: &spec.token,
-            acker,
-        };
-        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.handler.call(delivery)
-        }));
-        let result = match called {
-            Ok(Ok(future)) => CatchUnwind { future }.await,
-            Ok(Err(decode_error)) => {
-                return Fate::DeadLetter {
-                    deliveries,
-                    error: format!("undecodable payload: {decode_error}"),
+    let retry = entry.retries;
+    let deliveries = entry.delivery_count + retry;
+    let acked = Arc::new(AtomicBool::new(false));
+    let acker = manual.then(|| Acker {
+        shared: shared.clone(),
+        stream_key: spec.key.clone(),
+        lease: spec.lease.clone(),
+        acked: acked.clone(),
+    });
+    let delivery = Delivery {
+        payload,
+        id: &entry.id,
+        key: entry.key(),
+        shard: spec.shard,
+        delivery_count: deliveries,
+        token: &spec.token,
+        acker,
+    };
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        shared.handler.call(delivery)
+    }));
+    let result = match called {
+        Ok(Ok(future)) => match shared.config.handler_timeout {
+            None => CatchUnwind { future }.await,
+            Some(limit) => match tokio::time::timeout(limit, CatchUnwind { future }).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, ?limit, "handler timed out; the attempt counts as failed");
+                    Err(HandlerError::msg(format!(
+                        "handler timed out after {} ms",
+                        limit.as_millis()
+                    )))
                 }
+            },
+        },
+        Ok(Err(decode_error)) => {
+            return Fate::DeadLetter {
+                deliveries,
+                error: format!("undecodable payload: {decode_error}"),
             }
-            Err(panic) => Err(HandlerError::msg(format!(
-                "handler panicked: {}",
-                super::message::panic_message(&*panic)
-            ))),
-        };
-        let error = match result {
-            Ok(()) if manual => return Fate::Done,
-            Ok(()) => return Fate::Ack,
-            Err(_) if acked.load(Ordering::Acquire) => return Fate::Done,
-            Err(error) => error,
-        };
-        tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, %error, "handler failed");
-        if deliveries >= max {
-            return exhausted(policy.on_exhausted, deliveries, error.to_string());
         }
-        if spec.stop.load(Ordering::Acquire) {
-            return Fate::Stopped;
-        }
-        tokio::time::sleep(policy.backoff(retry)).await;
-        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
-            return Fate::Stopped;
-        }
-        retry += 1;
+        Err(panic) => Err(HandlerError::msg(format!(
+            "handler panicked: {}",
+            super::message::panic_message(&*panic)
+        ))),
+    };
+    let error = match result {
+        Ok(()) if manual => return Fate::Done,
+        Ok(()) => return Fate::Ack,
+        Err(_) if acked.load(Ordering::Acquire) => return Fate::Done,
+        Err(error) => error,
+    };
+    tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, %error, "handler failed");
+    if deliveries >= max {
+        return exhausted(policy.on_exhausted, deliveries, error.to_string());
+    }
+    if spec.stop.load(Ordering::Acquire) {
+        return Fate::Stopped;
+    }
+    Fate::Retry {
+        after: policy.backoff(retry),
     }
 }
 

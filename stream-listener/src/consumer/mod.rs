@@ -508,6 +508,15 @@ impl Scheduler {
                 && state.held.is_empty()
                 && state.missing_group.is_none()
         };
+        // Ready shards the wait cannot serve (held entries: a retry or a moved key) need a worker first.
+        let busy_ready = self
+            .ready
+            .iter()
+            .filter(|shard| self.shards.get(shard).is_some_and(|s| !eligible(s)))
+            .count();
+        if busy_ready >= self.free_slots.len() {
+            return;
+        }
         let mut shards = Vec::new();
         let mut reclaim = Vec::new();
         let mut members = Vec::new();

@@ -718,6 +718,8 @@ pub(crate) struct Entry {
     pub(crate) delivery_count: u32,
     /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
     pub(crate) deleted: bool,
+    /// Local retries so far (a failed entry held for its backoff carries them to its next attempt).
+    pub(crate) retries: u32,
 }
 
 impl Entry {
@@ -836,6 +838,7 @@ fn parse_entries(value: Value) -> Vec<Entry> {
             fields,
             delivery_count: 1,
             deleted,
+            retries: 0,
         });
     }
     entries
