@@ -50,6 +50,7 @@ pub mod registry;
 pub mod replay;
 pub mod routing;
 pub mod runtime;
+mod startup;
 pub mod store;
 pub mod topology;
 

@@ -50,9 +50,39 @@ pub enum RuntimeError {
     /// A consumer could not start.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
+    /// Redis did not answer within the startup limit ([`Runtime::startup_timeout`]).
+    #[error("Redis at {url} unreachable for {waited_ms} ms ({attempts} attempts): {last_error}")]
+    Unreachable {
+        /// The URL, credentials redacted.
+        url: String,
+        /// Connection attempts made.
+        attempts: u32,
+        /// How long the runtime kept trying.
+        waited_ms: u64,
+        /// The last attempt's error.
+        last_error: redis::RedisError,
+    },
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
+    /// Two listeners of this process would run the same member of the same group: they would fence each
+    /// other forever. Give one an `id` (attribute) or a [`ConsumerBuilder::member_id`].
+    #[error(
+        "listeners {first} and {second} would both run member `{member_id}` of group `{group}` on stream `{stream}`: \
+         give one of them another id (`id = \"...\"` on the attribute, `ConsumerBuilder::member_id`)"
+    )]
+    DuplicateMemberId {
+        /// The member id both would use.
+        member_id: String,
+        /// The stream.
+        stream: String,
+        /// The group.
+        group: String,
+        /// The first listener (handler path and source location, or the builder).
+        first: String,
+        /// The second listener.
+        second: String,
+    },
 }
 
 /// One explicitly registered member (the spec's `CoordinatorConsumerProperties.consumer(...)`).
@@ -76,6 +106,7 @@ pub struct ConsumerBuilder {
     ack: Option<AckPolicy>,
     failure: Option<FailurePolicy>,
     dead_letter: Option<String>,
+    handler_timeout: Option<Duration>,
     handler: Option<BoxedHandler>,
 }
 
@@ -93,6 +124,7 @@ impl ConsumerBuilder {
             ack: None,
             failure: None,
             dead_letter: None,
+            handler_timeout: None,
             handler: None,
         }
     }
@@ -145,6 +177,13 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long one handler attempt may run (default: no limit). An attempt past it is cancelled and
+    /// counts as a failed delivery: retried, then dead-lettered per the failure policy.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = Some(timeout);
+        self
+    }
+
     /// A handler of JSON payloads: a closure or any [`Handler`].
     pub fn handler<T, H>(mut self, handler: H) -> Self
     where
@@ -177,6 +216,7 @@ impl ConsumerBuilder {
             config.failure_policy = failure;
         }
         config.dead_letter_stream = self.dead_letter.clone();
+        config.handler_timeout = self.handler_timeout;
         config
     }
 }
@@ -185,6 +225,8 @@ impl ConsumerBuilder {
 #[derive(Debug, Clone)]
 struct MemberPlan {
     label: String,
+    /// Where the listener was declared, for errors.
+    origin: String,
     member_id: String,
     weight: u32,
     consumer: ConsumerConfig,
@@ -200,6 +242,7 @@ pub struct Runtime {
     group_config: GroupConfig,
     shard_count: u32,
     shutdown_timeout: Duration,
+    startup_timeout: Option<Duration>,
     annotated: bool,
     builders: Vec<ConsumerBuilder>,
 }
@@ -213,6 +256,7 @@ impl Runtime {
             group_config: GroupConfig::default(),
             shard_count: DEFAULT_SHARD_COUNT,
             shutdown_timeout: Duration::from_secs(30),
+            startup_timeout: None,
             annotated: true,
             builders: Vec::new(),
         }
@@ -252,6 +296,15 @@ impl Runtime {
         self
     }
 
+    /// How long [`start`](Self::start) keeps trying to reach Redis before it gives up with
+    /// [`RuntimeError::Unreachable`]. Default: no limit (it keeps trying, with exponential backoff from
+    /// 100 ms to 5 s plus jitter, and logs each failed attempt), so a pod started before its Redis does not
+    /// crash-loop.
+    pub fn startup_timeout(mut self, limit: Duration) -> Self {
+        self.startup_timeout = Some(limit);
+        self
+    }
+
     /// Runs only builder-registered consumers, not the annotated listeners of the binary.
     pub fn without_annotated_listeners(mut self) -> Self {
         self.annotated = false;
@@ -279,7 +332,9 @@ impl Runtime {
         if plans.is_empty() {
             return Err(RuntimeError::NoListeners);
         }
+        check_unique_members(&plans)?;
         let client = redis::Client::open(self.redis_url.expose())?;
+        crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut groups: Vec<(String, String)> = plans
             .iter()
@@ -332,6 +387,12 @@ impl Runtime {
             for member_id in reg.member_ids(&base.id) {
                 plans.push(MemberPlan {
                     label: reg.qualified_name(),
+                    origin: format!(
+                        "#[stream_listener] {} ({}:{})",
+                        reg.qualified_name(),
+                        reg.file,
+                        reg.line
+                    ),
                     consumer: reg.consumer_config(&member_id),
                     member_id,
                     weight: reg.member_weight(),
@@ -339,7 +400,7 @@ impl Runtime {
                 });
             }
         }
-        for builder in &self.builders {
+        for (index, builder) in self.builders.iter().enumerate() {
             let Some(handler) = builder.handler.clone() else {
                 tracing::warn!(stream = %builder.stream, group = %builder.group, "consumer without a handler: skipped");
                 continue;
@@ -350,6 +411,12 @@ impl Runtime {
             });
             plans.push(MemberPlan {
                 label: format!("{}/{}", builder.stream, builder.group),
+                origin: format!(
+                    "ConsumerBuilder::new({:?}, {:?}) (consumer #{} of the Runtime)",
+                    builder.stream,
+                    builder.group,
+                    index + 1
+                ),
                 consumer: builder.consumer_config(&member_id),
                 member_id,
                 weight: builder.weight,
@@ -608,6 +675,29 @@ async fn follow_topology(
             Err(error) => tracing::warn!(%stream, %group, %error, "shard count change failed"),
         }
     }
+}
+
+/// Refuses two plans with the same member of the same group (they would fence each other forever).
+fn check_unique_members(plans: &[MemberPlan]) -> Result<(), RuntimeError> {
+    let mut seen: std::collections::HashMap<(&str, &str, &str), &MemberPlan> =
+        std::collections::HashMap::new();
+    for plan in plans {
+        let key = (
+            plan.consumer.stream_prefix.as_str(),
+            plan.consumer.group.as_str(),
+            plan.member_id.as_str(),
+        );
+        if let Some(first) = seen.insert(key, plan) {
+            return Err(RuntimeError::DuplicateMemberId {
+                member_id: plan.member_id.clone(),
+                stream: plan.consumer.stream_prefix.clone(),
+                group: plan.consumer.group.clone(),
+                first: first.origin.clone(),
+                second: plan.origin.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A nonce that differs between processes and restarts using the same memberId.

@@ -1,0 +1,101 @@
+//! Waiting for Redis at startup: a pod often starts before its Redis answers (a rollout, a node restart).
+//! Failing at once turns that into a crash loop, so the runtime retries with bounded exponential backoff
+//! and jitter, logging every failed attempt, until Redis answers or the configured limit passes.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::redact::RedisUrl;
+use crate::runtime::RuntimeError;
+
+/// First wait between attempts.
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest wait between attempts.
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Bound of one attempt (connect plus `PING`).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The wait before attempt `attempt + 1` (0-based): `100 ms * 2^attempt`, at most 5 s, then a random
+/// 50 % to 100 % of it, so a fleet restarted at once does not reconnect in lockstep.
+pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
+    let base = INITIAL_BACKOFF
+        .saturating_mul(1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX))
+        .min(MAX_BACKOFF);
+    let half = base / 2;
+    half + Duration::from_nanos(random % (half.as_nanos() as u64 + 1))
+}
+
+/// Connects and `PING`s until Redis answers, or `limit` (if any) has passed.
+pub(crate) async fn wait_for_redis(
+    client: &redis::Client,
+    url: &RedisUrl,
+    limit: Option<Duration>,
+) -> Result<(), RuntimeError> {
+    let start = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, ping(client)).await;
+        let error = match result {
+            Ok(Ok(())) => {
+                if attempt > 0 {
+                    tracing::info!(%url, attempts = attempt + 1, "Redis reachable");
+                }
+                return Ok(());
+            }
+            Ok(Err(error)) => error,
+            Err(_) => redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "connect and PING timed out",
+                format!("no answer within {ATTEMPT_TIMEOUT:?}"),
+            )),
+        };
+        attempt += 1;
+        let wait = backoff(attempt - 1, crate::store::random_u64());
+        let waited = start.elapsed();
+        if let Some(limit) = limit {
+            if waited + wait > limit {
+                tracing::error!(%url, attempts = attempt, %error, "Redis unreachable; giving up");
+                return Err(RuntimeError::Unreachable {
+                    url: url.to_string(),
+                    attempts: attempt,
+                    waited_ms: waited.as_millis() as u64,
+                    last_error: error,
+                });
+            }
+        }
+        tracing::warn!(%url, attempt, %error, retry_in = ?wait, "Redis unreachable at startup; retrying");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn ping(client: &redis::Client) -> redis::RedisResult<()> {
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    redis::cmd("PING").query_async::<()>(&mut conn).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_is_bounded_and_jittered() {
+        assert_eq!(backoff(0, 0), Duration::from_millis(50));
+        assert_eq!(
+            backoff(0, u64::MAX - 1).max(backoff(0, 0)),
+            backoff(0, u64::MAX - 1)
+        );
+        assert!(backoff(0, 12345) <= Duration::from_millis(100));
+        assert_eq!(backoff(3, 0), Duration::from_millis(400));
+        for attempt in 0..100 {
+            for random in [0, 7, u64::MAX] {
+                let wait = backoff(attempt, random);
+                assert!(
+                    wait <= MAX_BACKOFF && wait >= Duration::from_millis(50),
+                    "{wait:?}"
+                );
+            }
+        }
+        assert_eq!(backoff(40, 0), MAX_BACKOFF / 2);
+    }
+}

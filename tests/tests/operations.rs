@@ -1,0 +1,398 @@
+//! Operating a service, against real Redis: handler timeouts, retries that do not hold a worker, duplicate
+//! member ids refused at start, startup while Redis is still down, a shutdown that misses its deadline.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use stream_listener::consumer::{dead_letter_fields, FailurePolicy};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::topology::Topology;
+use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener_test_support::RedisServer;
+use tokio::time::Instant;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 1_500,
+    rebalance_timeout_ms: 3_000,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Job {
+    key: String,
+    seq: u32,
+}
+
+async fn connect(url: &str) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn producer(url: &str, stream: &str, shards: u32) -> Producer {
+    let mut conn = connect(url).await;
+    Topology::ensure(&mut conn, stream, shards).await.unwrap();
+    Producer::new(conn, stream).await.unwrap()
+}
+
+/// Sends `key` once, returning its shard.
+async fn send(producer: &Producer, key: &str, seq: u32) -> u32 {
+    let job = Job {
+        key: key.to_owned(),
+        seq,
+    };
+    producer.send(key, &job).await.unwrap().shard
+}
+
+/// Keys (`{prefix}{i}`) that route to `shard` of two, `n` of them, each sent once.
+async fn send_to_shard(producer: &Producer, prefix: &str, shard: u32, n: usize) -> Vec<String> {
+    let mut sent = Vec::new();
+    let mut i = 0;
+    while sent.len() < n {
+        assert!(i < 10_000, "no key routes to shard {shard}");
+        let key = format!("{prefix}{i}");
+        i += 1;
+        if stream_listener::routing::shard_for_key(key.as_bytes(), 2) == shard {
+            send(producer, &key, 0).await;
+            sent.push(key);
+        }
+    }
+    sent
+}
+
+async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn dead_letters(url: &str, stream: &str) -> Vec<HashMap<String, String>> {
+    let mut conn = connect(url).await;
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(format!("{stream}:dlq"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    reply
+        .ids
+        .into_iter()
+        .map(|entry| {
+            entry
+                .map
+                .into_iter()
+                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
+                .collect()
+        })
+        .collect()
+}
+
+fn failing_policy(max_deliveries: u32, initial_backoff: Duration) -> FailurePolicy {
+    let mut policy = FailurePolicy::default();
+    policy.max_deliveries = max_deliveries;
+    policy.initial_backoff = initial_backoff;
+    policy.max_backoff = initial_backoff * 4;
+    policy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_handler_times_out_is_retried_then_dead_lettered_while_other_shards_flow() {
+    static HANG_ATTEMPTS: AtomicU32 = AtomicU32::new(0);
+    static HANDLED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "hung", 2).await;
+    let hung_shard = send(&producer, "hang", 0).await;
+    let consumer = ConsumerBuilder::new("hung", "g")
+        .member_id("solo")
+        .runtime_max_concurrency(2)
+        .handler_timeout(Duration::from_millis(800))
+        .failure(failing_policy(3, Duration::from_millis(50)))
+        .handler(|msg: Message<Job>| async move {
+            if msg.payload.key == "hang" {
+                HANG_ATTEMPTS.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+            }
+            HANDLED.lock().unwrap().push(msg.payload.key.clone());
+            Ok::<(), String>(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+    wait_until("the first hung attempt", Duration::from_secs(20), || {
+        HANG_ATTEMPTS.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // While the handler hangs (three attempts of 0.8 s), the other shard keeps flowing.
+    let others = send_to_shard(&producer, "other", 1 - hung_shard, 10).await;
+    wait_until("the other shard's entries", Duration::from_secs(2), || {
+        let handled = HANDLED.lock().unwrap();
+        others.iter().all(|k| handled.contains(k))
+    })
+    .await;
+    assert!(
+        dead_letters(&url, "hung").await.is_empty(),
+        "the other shard flowed while the hung entry was still being retried"
+    );
+    // Behind the hung entry, its shard waits (per-key order), then goes on after the dead letter.
+    let behind = send_to_shard(&producer, "behind", hung_shard, 3).await;
+    let start = Instant::now();
+    let letters = loop {
+        let letters = dead_letters(&url, "hung").await;
+        if !letters.is_empty() {
+            break letters;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no dead letter");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(letter[dead_letter_fields::DELIVERY_COUNT], "3");
+    assert!(
+        letter[dead_letter_fields::ERROR].contains("timed out after 800 ms"),
+        "{letter:?}"
+    );
+    assert_eq!(
+        HANG_ATTEMPTS.load(Ordering::SeqCst),
+        3,
+        "retried, then dead-lettered"
+    );
+    wait_until(
+        "the entries behind the hung one",
+        Duration::from_secs(5),
+        || {
+            let handled = HANDLED.lock().unwrap();
+            behind.iter().all(|k| handled.contains(k))
+        },
+    )
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_backoff_holds_its_shard_but_not_the_only_worker() {
+    static FAILURES: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+    static HANDLED: Mutex<Vec<(String, Instant)>> = Mutex::new(Vec::new());
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "backoff", 2).await;
+    let bad_shard = send(&producer, "bad", 0).await;
+    let consumer = ConsumerBuilder::new("backoff", "g")
+        .member_id("solo")
+        .runtime_max_concurrency(1)
+        .failure(failing_policy(2, Duration::from_secs(3)))
+        .handler(|msg: Message<Job>| async move {
+            if msg.payload.key == "bad" {
+                FAILURES.lock().unwrap().push(Instant::now());
+                return Err("always fails".to_owned());
+            }
+            HANDLED
+                .lock()
+                .unwrap()
+                .push((msg.payload.key.clone(), Instant::now()));
+            Ok(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+    wait_until("the first failure", Duration::from_secs(20), || {
+        !FAILURES.lock().unwrap().is_empty()
+    })
+    .await;
+    let first_failure = FAILURES.lock().unwrap()[0];
+    // Behind the failing entry on its shard, and on the other shard.
+    let behind = send_to_shard(&producer, "behind", bad_shard, 2).await;
+    let others = send_to_shard(&producer, "other", 1 - bad_shard, 5).await;
+    wait_until("the other shard's entries", Duration::from_secs(2), || {
+        let handled = HANDLED.lock().unwrap();
+        others.iter().all(|k| handled.iter().any(|(h, _)| h == k))
+    })
+    .await;
+    let handled_others = HANDLED.lock().unwrap().clone();
+    assert!(
+        handled_others
+            .iter()
+            .filter(|(k, _)| others.contains(k))
+            .all(|(_, at)| at.duration_since(first_failure) < Duration::from_secs(2)),
+        "the other shard did not wait for the 3 s backoff"
+    );
+    assert!(
+        handled_others.iter().all(|(k, _)| !behind.contains(k)),
+        "entries behind the failing one wait for it"
+    );
+    wait_until(
+        "the entries behind the failing one",
+        Duration::from_secs(20),
+        || {
+            let handled = HANDLED.lock().unwrap();
+            behind.iter().all(|k| handled.iter().any(|(h, _)| h == k))
+        },
+    )
+    .await;
+    let failures = FAILURES.lock().unwrap().clone();
+    assert_eq!(failures.len(), 2, "max_deliveries = 2");
+    assert!(failures[1].duration_since(failures[0]) >= Duration::from_secs(3));
+    let handled = HANDLED.lock().unwrap().clone();
+    assert!(
+        handled
+            .iter()
+            .filter(|(k, _)| behind.contains(k))
+            .all(|(_, at)| *at >= failures[1]),
+        "per-key order on the failing shard"
+    );
+    assert_eq!(dead_letters(&url, "backoff").await.len(), 1);
+    runtime.shutdown().await;
+}
+
+#[stream_listener::stream_listener(stream = "dup", group = "g", id = "dup")]
+async fn on_dup(msg: Message<Job>) -> Result<(), String> {
+    drop(msg);
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
+    let handler = |msg: Message<Job>| async move {
+        drop(msg);
+        Ok::<(), String>(())
+    };
+    // Nothing is contacted before the check: no server needed.
+    let url = "redis://127.0.0.1:1/";
+
+    // The annotated listener runs `dup-m0`; a builder asks for the same member of the same group.
+    let error = Runtime::new(url)
+        .consumer(
+            ConsumerBuilder::new("dup", "g")
+                .member_id("dup-m0")
+                .handler(handler),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("`dup-m0`"), "{text}");
+    assert!(
+        text.contains("#[stream_listener] operations::on_dup (tests/tests/operations.rs:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ConsumerBuilder::new(\"dup\", \"g\") (consumer #1"),
+        "{text}"
+    );
+
+    // Two builders of one group get the same default id (`{base}-{group}`).
+    let error = Runtime::new(url)
+        .without_annotated_listeners()
+        .base_member_id("host")
+        .consumer(ConsumerBuilder::new("orders", "billing").handler(handler))
+        .consumer(ConsumerBuilder::new("orders", "billing").handler(handler))
+        .start()
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("member `host-billing` of group `billing` on stream `orders`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("consumer #1") && text.contains("consumer #2"),
+        "{text}"
+    );
+
+    // The same id in two different groups is fine (and fails later, on the unreachable server).
+    let result = Runtime::new(url)
+        .without_annotated_listeners()
+        .base_member_id("host")
+        .startup_timeout(Duration::from_millis(300))
+        .consumer(ConsumerBuilder::new("orders", "billing").handler(handler))
+        .consumer(ConsumerBuilder::new("orders", "shipping").handler(handler))
+        .start()
+        .await;
+    assert!(
+        !matches!(
+            result,
+            Err(stream_listener::RuntimeError::DuplicateMemberId { .. })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_waits_for_a_redis_that_comes_up_after_it_and_then_consumes() {
+    static HANDLED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    // A free loopback port with nothing listening yet: start a server to own the port, then stop it.
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    assert!(!redis.ping(), "the server is down");
+    let consumer = ConsumerBuilder::new("late", "g").member_id("solo").handler(
+        |msg: Message<Job>| async move {
+            HANDLED.lock().unwrap().push(msg.payload.key);
+            Ok::<(), String>(())
+        },
+    );
+    let start = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(consumer)
+        .start();
+    let mut start = Box::pin(start);
+    // It keeps trying well past the old 0.5 s (several attempts) instead of failing.
+    tokio::select! {
+        result = &mut start => panic!("start returned while Redis was down: {result:?}"),
+        _ = tokio::time::sleep(Duration::from_millis(1_500)) => {}
+    }
+    tokio::task::block_in_place(|| redis.restart());
+    let runtime = tokio::time::timeout(Duration::from_secs(20), start)
+        .await
+        .expect("started within 20 s of Redis coming up")
+        .unwrap();
+    let producer = producer(&url, "late", 16).await;
+    for i in 0..5 {
+        send(&producer, &format!("k{i}"), 0).await;
+    }
+    wait_until("every entry handled", Duration::from_secs(20), || {
+        HANDLED.lock().unwrap().len() == 5
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
+    // Port 1 on loopback: nothing listens there.
+    let error = Runtime::new("redis://alice:secret@127.0.0.1:1/")
+        .without_annotated_listeners()
+        .startup_timeout(Duration::from_millis(500))
+        .consumer(
+            ConsumerBuilder::new("orders", "g").handler(|msg: Message<Job>| async move {
+                drop(msg);
+                Ok::<(), String>(())
+            }),
+        )
+        .start()
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("unreachable"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+    assert!(
+        matches!(error, stream_listener::RuntimeError::Unreachable { attempts, .. } if attempts >= 2),
+        "{error:?}"
+    );
+}
