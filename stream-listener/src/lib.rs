@@ -43,6 +43,7 @@
 
 pub mod consumer;
 pub mod coordinator;
+pub mod health;
 pub mod member;
 pub mod producer;
 pub mod redact;

@@ -62,6 +62,15 @@ pub enum RuntimeError {
         /// The last attempt's error.
         last_error: redis::RedisError,
     },
+    /// A graceful shutdown missed its deadline; what was still running was aborted (entries in flight stay
+    /// pending for the next owner).
+    #[error("shutdown missed its deadline of {timeout_ms} ms; stuck: {}", .stuck.join("; "))]
+    ShutdownTimedOut {
+        /// The shutdown timeout.
+        timeout_ms: u64,
+        /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
+        stuck: Vec<String>,
+    },
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
@@ -317,13 +326,13 @@ impl Runtime {
         self
     }
 
-    /// Starts everything and runs until SIGTERM or ctrl-c, then shuts down gracefully.
+    /// Starts everything and runs until SIGTERM or ctrl-c, then shuts down gracefully. A shutdown that
+    /// misses its deadline is an error ([`RuntimeError::ShutdownTimedOut`]), so the binary exits non-zero.
     pub async fn run(self) -> Result<(), RuntimeError> {
         let running = self.start().await?;
         wait_for_signal().await;
         tracing::info!("shutting down");
-        running.shutdown().await;
-        Ok(())
+        running.stop().await
     }
 
     /// Starts everything and returns a handle (for embedding and tests).
@@ -465,6 +474,7 @@ impl Runtime {
         let consumer = Consumer::connect(client.clone(), consumer_config, plan.handler)
             .await?
             .with_deadline(deadline.clone());
+        let probe = consumer.probe();
         let identity = MemberIdentity {
             member_id: plan.member_id.as_str().into(),
             member_name: Some(plan.label.clone()),
@@ -518,6 +528,7 @@ impl Runtime {
         );
         Ok(RunningMember {
             member_id: plan.member_id,
+            probe,
             status,
             heartbeat_task,
             consumer_task,
@@ -529,6 +540,7 @@ impl Runtime {
 #[derive(Debug)]
 struct RunningMember {
     member_id: String,
+    probe: crate::health::Probe,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
     consumer_task: JoinHandle<()>,
@@ -558,27 +570,84 @@ impl RunningRuntime {
     }
 
     /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
-    /// reports REVOKED and leaves the group; bounded by the shutdown timeout.
+    /// reports REVOKED and leaves the group; bounded by the shutdown timeout. What missed the deadline is
+    /// logged; [`stop`](Self::stop) returns it as an error.
     pub async fn shutdown(self) {
+        if let Err(error) = self.stop().await {
+            tracing::error!(%error, "shutdown incomplete");
+        }
+    }
+
+    /// [`shutdown`](Self::shutdown), returning [`RuntimeError::ShutdownTimedOut`] naming every member that
+    /// did not stop in time (its shards and running handlers). Those are aborted: their entries stay pending
+    /// and the next owner claims them.
+    pub async fn stop(self) -> Result<(), RuntimeError> {
+        for member in &self.members {
+            member.probe.take_aborted();
+        }
+        let begun = tokio::time::Instant::now();
         let _ = self.shutdown.send(true);
         for follower in self.followers {
             follower.abort();
         }
-        let deadline = tokio::time::Instant::now() + self.timeout + Duration::from_secs(1);
+        let deadline = begun + self.timeout + Duration::from_secs(1);
+        let mut stuck = Vec::new();
         for member in self.members {
-            if tokio::time::timeout_at(deadline, member.heartbeat_task)
+            let heartbeat = member.heartbeat_task.abort_handle();
+            // The heartbeat loop gives up the leave at the shutdown timeout (and fences the consumer).
+            let heartbeat_late = tokio::time::timeout_at(deadline, member.heartbeat_task)
                 .await
                 .is_err()
-            {
-                tracing::warn!(member = %member.member_id, "heartbeat loop did not stop in time");
+                || begun.elapsed() >= self.timeout;
+            if heartbeat_late {
+                tracing::warn!(member = %member.member_id, "the leave did not complete within the shutdown timeout");
+                heartbeat.abort();
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
-            if tokio::time::timeout_at(deadline, member.consumer_task)
+            let consumer = member.consumer_task.abort_handle();
+            let consumer_late = tokio::time::timeout_at(deadline, member.consumer_task)
                 .await
-                .is_err()
-            {
-                tracing::warn!(member = %member.member_id, "consumer did not stop in time");
+                .is_err();
+            if heartbeat_late || consumer_late {
+                let owned = member.status.borrow().owned.clone();
+                let mut handlers = member.probe.take_aborted();
+                handlers.extend(member.probe.in_flight());
+                let what = format!(
+                    "member {} ({}{}; shards {:?}; handlers running: {})",
+                    member.member_id,
+                    if heartbeat_late {
+                        "leave not completed"
+                    } else {
+                        ""
+                    },
+                    match (heartbeat_late, consumer_late) {
+                        (true, true) => ", consumer",
+                        (false, true) => "consumer",
+                        _ => "",
+                    },
+                    owned,
+                    if handlers.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        handlers
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                );
+                tracing::warn!(member = %member.member_id, stuck = %what, "did not stop in time; aborting");
+                consumer.abort();
+                stuck.push(what);
             }
+        }
+        if stuck.is_empty() {
+            Ok(())
+        } else {
+            Err(RuntimeError::ShutdownTimedOut {
+                timeout_ms: self.timeout.as_millis() as u64,
+                stuck,
+            })
         }
     }
 }

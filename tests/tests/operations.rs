@@ -94,6 +94,14 @@ async fn dead_letters(url: &str, stream: &str) -> Vec<HashMap<String, String>> {
         .collect()
 }
 
+/// `XPENDING key group`: count, smallest id, largest id, per-consumer counts.
+type XPendingSummary = (
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
 fn failing_policy(max_deliveries: u32, initial_backoff: Duration) -> FailurePolicy {
     let mut policy = FailurePolicy::default();
     policy.max_deliveries = max_deliveries;
@@ -395,4 +403,60 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
         matches!(error, stream_listener::RuntimeError::Unreachable { attempts, .. } if attempts >= 2),
         "{error:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck() {
+    static STARTED: AtomicU32 = AtomicU32::new(0);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "stuck", 2).await;
+    let consumer = ConsumerBuilder::new("stuck", "g")
+        .member_id("solo")
+        .handler(|msg: Message<Job>| async move {
+            drop(msg);
+            STARTED.fetch_add(1, Ordering::SeqCst);
+            // Ignores shutdown: never returns.
+            std::future::pending::<()>().await;
+            Ok::<(), String>(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .shutdown_timeout(Duration::from_secs(1))
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+    let shard = send(&producer, "k", 0).await;
+    wait_until("the handler started", Duration::from_secs(20), || {
+        STARTED.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let begun = Instant::now();
+    let error = runtime.stop().await.unwrap_err();
+    assert!(
+        begun.elapsed() < Duration::from_secs(5),
+        "bounded by the timeout: {:?}",
+        begun.elapsed()
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("shutdown missed its deadline of 1000 ms"),
+        "{text}"
+    );
+    assert!(text.contains("member solo (leave not completed"), "{text}");
+    assert!(
+        text.contains(&format!("handlers running: shard {shard} entry ")),
+        "{text}"
+    );
+    // The entry stays pending for the next owner.
+    let mut conn = connect(&url).await;
+    let pending: XPendingSummary = redis::cmd("XPENDING")
+        .arg(format!("stuck:{shard}"))
+        .arg("g")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.0, 1, "{text}");
 }

@@ -405,6 +405,10 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         token: &spec.token,
         acker,
     };
+    let _running =
+        shared
+            .probe
+            .handler_started(spec.shard, &entry.id, shared.config.handler_timeout);
     let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         shared.handler.call(delivery)
     }));

@@ -150,6 +150,11 @@ impl Consumer {
         &self.shared.config
     }
 
+    /// What the consumer is doing now: running handlers, failing reads (see [`crate::health`]).
+    pub fn probe(&self) -> crate::health::Probe {
+        self.shared.probe.clone()
+    }
+
     /// The Redis server version detected at connect time.
     pub fn server_version(&self) -> ServerVersion {
         self.shared.version
@@ -426,6 +431,7 @@ impl Scheduler {
             return;
         };
         state.lease.end();
+        self.shared.probe.forget_shard(shard);
         self.outbox
             .retain(|r| !matches!(r, ShardReport::Progress(p) if p.shard.shard_index == shard));
         self.outbox.push_back(ShardReport::Revoked { shard });
@@ -437,6 +443,7 @@ impl Scheduler {
 
     fn fence(&mut self) {
         tracing::warn!(shards = self.shards.len(), "fenced: aborting every handler");
+        self.shared.probe.aborting();
         for state in self.shards.values() {
             state.lease.end();
             state.stop.store(true, Ordering::Release);
@@ -737,6 +744,9 @@ impl Scheduler {
         state.phase = Some(outcome.next_phase.unwrap_or(Phase::Claim {
             cursor: "0-0".to_owned(),
         }));
+        self.shared
+            .probe
+            .read_result(shard, outcome.error.is_some());
         if let Some(error) = &outcome.error {
             state.error_backoff =
                 (state.error_backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));

@@ -193,6 +193,8 @@ pub(crate) struct Shared {
     warned_missing_group: std::sync::atomic::AtomicBool,
     /// Last stale-layout warning, and stale writes seen since.
     stale_warned: Mutex<(Option<Instant>, u64)>,
+    /// Handlers running and failing reads, for health and shutdown reports.
+    pub(crate) probe: crate::health::Probe,
 }
 
 impl Shared {
@@ -227,6 +229,7 @@ impl Shared {
             layout: Mutex::new(LayoutCache::default()),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             stale_warned: Mutex::new((None, 0)),
+            probe: crate::health::Probe::default(),
         })
     }
 

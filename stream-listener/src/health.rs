@@ -1,0 +1,158 @@
+//! What a member's consumer is doing right now, for health checks and for naming what is stuck when a
+//! shutdown misses its deadline: the handlers running (shard, entry, since when, their timeout) and the
+//! shards whose reads keep failing.
+//!
+//! The consumer's jobs write it (a handler registers itself for the length of the attempt, a shard's
+//! read error streak is set when its job ends); the runtime reads it. Plain mutexes: a handful of
+//! updates per handled entry, never held across an `.await`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A handler attempt in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    /// Shard index.
+    pub shard: u32,
+    /// Entry id.
+    pub id: String,
+    /// How long it has been running.
+    pub running_for: Duration,
+    /// Its timeout, if the listener has one.
+    pub timeout: Option<Duration>,
+}
+
+impl InFlight {
+    /// Whether it has been running past its timeout (it should have been cancelled; a handler that
+    /// blocks its thread without awaiting cannot be).
+    pub fn overdue(&self) -> bool {
+        self.timeout.is_some_and(|t| self.running_for > t)
+    }
+}
+
+impl std::fmt::Display for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {} entry {} running for {} ms",
+            self.shard,
+            self.id,
+            self.running_for.as_millis()
+        )
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// (shard, entry id) -> (start, timeout).
+    handlers: HashMap<(u32, String), (Instant, Option<Duration>)>,
+    /// Shard -> consecutive failed reads (absent: the last read went through).
+    read_errors: HashMap<u32, u32>,
+    /// Handlers that were running when the consumer was fenced (and so aborted), since the last take.
+    aborted: Vec<InFlight>,
+}
+
+/// One member consumer's live state. Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct Probe {
+    state: Arc<Mutex<State>>,
+}
+
+impl Probe {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Plain data: a panic elsewhere cannot leave it half-updated.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a handler attempt until the returned guard is dropped.
+    pub(crate) fn handler_started(
+        &self,
+        shard: u32,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> HandlerGuard {
+        let key = (shard, id.to_owned());
+        self.state()
+            .handlers
+            .insert(key.clone(), (Instant::now(), timeout));
+        HandlerGuard {
+            probe: self.clone(),
+            key: Some(key),
+        }
+    }
+
+    /// Records how a shard's last read went.
+    pub(crate) fn read_result(&self, shard: u32, failed: bool) {
+        let mut state = self.state();
+        if failed {
+            *state.read_errors.entry(shard).or_insert(0) += 1;
+        } else {
+            state.read_errors.remove(&shard);
+        }
+    }
+
+    /// Notes the handlers running now as aborted (the consumer is fenced: at a shutdown deadline, or its
+    /// lease was lost).
+    pub(crate) fn aborting(&self) {
+        let running = self.in_flight();
+        self.state().aborted.extend(running);
+    }
+
+    /// The handlers aborted by fences since the last call.
+    pub fn take_aborted(&self) -> Vec<InFlight> {
+        std::mem::take(&mut self.state().aborted)
+    }
+
+    /// Forgets a shard (revoked, fenced).
+    pub(crate) fn forget_shard(&self, shard: u32) {
+        self.state().read_errors.remove(&shard);
+    }
+
+    /// The handler attempts running now, oldest first.
+    pub fn in_flight(&self) -> Vec<InFlight> {
+        let now = Instant::now();
+        let mut all: Vec<InFlight> = self
+            .state()
+            .handlers
+            .iter()
+            .map(|((shard, id), (started, timeout))| InFlight {
+                shard: *shard,
+                id: id.clone(),
+                running_for: now.saturating_duration_since(*started),
+                timeout: *timeout,
+            })
+            .collect();
+        all.sort_by_key(|h| std::cmp::Reverse(h.running_for));
+        all
+    }
+
+    /// Shards whose last `n >= 1` reads failed, with `n`, by shard.
+    pub fn failing_reads(&self) -> Vec<(u32, u32)> {
+        let mut all: Vec<(u32, u32)> = self
+            .state()
+            .read_errors
+            .iter()
+            .map(|(s, n)| (*s, *n))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+/// Unregisters a handler attempt when dropped (also when the attempt is cancelled or aborted).
+#[derive(Debug)]
+pub(crate) struct HandlerGuard {
+    probe: Probe,
+    key: Option<(u32, String)>,
+}
+
+impl Drop for HandlerGuard {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.probe.state().handlers.remove(&key);
+        }
+    }
+}
