@@ -45,6 +45,7 @@ pub mod consumer;
 pub mod coordinator;
 pub mod health;
 pub mod member;
+pub mod metrics;
 pub mod producer;
 pub mod redact;
 pub mod registry;

@@ -507,6 +507,12 @@ impl Runtime {
             owned: Vec::new(),
             failures: 0,
         });
+        tokio::spawn(crate::metrics::follow_member(
+            status.clone(),
+            stream.clone(),
+            group.clone(),
+            plan.member_id.clone(),
+        ));
         let session = MemberSession::new(
             identity,
             self.group_config.session_timeout_ms,

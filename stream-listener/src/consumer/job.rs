@@ -214,7 +214,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                     tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
                     letters.push((entry, deliveries, error));
                 }
-                Fate::LeavePending => outcome.left_pending += 1,
+                Fate::LeavePending => {
+                    crate::metrics::messages(&shared.config, "left_pending", 1);
+                    outcome.left_pending += 1
+                }
                 Fate::Done => {}
                 Fate::Stopped => {
                     stopped = true;
@@ -409,6 +412,8 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         shared
             .probe
             .handler_started(spec.shard, &entry.id, shared.config.handler_timeout);
+    let started = std::time::Instant::now();
+    let mut timed_out = false;
     let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         shared.handler.call(delivery)
     }));
@@ -418,6 +423,7 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
             Some(limit) => match tokio::time::timeout(limit, CatchUnwind { future }).await {
                 Ok(result) => result,
                 Err(_) => {
+                    timed_out = true;
                     tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, ?limit, "handler timed out; the attempt counts as failed");
                     Err(HandlerError::msg(format!(
                         "handler timed out after {} ms",
@@ -437,6 +443,14 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
             super::message::panic_message(&*panic)
         ))),
     };
+    let config = &shared.config;
+    let outcome = match (&result, timed_out) {
+        (Ok(()), _) => "ok",
+        (Err(_), true) => "timeout",
+        (Err(_), false) => "error",
+    };
+    crate::metrics::handler_attempt(config, outcome, started.elapsed());
+    crate::metrics::messages(config, if result.is_ok() { "handled" } else { "failed" }, 1);
     let error = match result {
         Ok(()) if manual => return Fate::Done,
         Ok(()) => return Fate::Ack,
@@ -450,6 +464,7 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     if spec.stop.load(Ordering::Acquire) {
         return Fate::Stopped;
     }
+    crate::metrics::messages(config, "retried", 1);
     Fate::Retry {
         after: policy.backoff(retry),
     }
@@ -485,6 +500,7 @@ async fn finish(
             if !lettered {
                 shared.dead_letter(&spec.key, spec.shard, letters).await?;
                 lettered = true;
+                crate::metrics::messages(&shared.config, "dead_lettered", letters.len() as u64);
             }
             shared.ack(&spec.key, &all).await
         }

@@ -1,0 +1,136 @@
+//! Metrics reach whatever recorder is installed: a known workload against real Redis, then the values
+//! a test recorder (`metrics-util`'s `DebuggingRecorder`) holds.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use serde::{Deserialize, Serialize};
+use stream_listener::consumer::FailurePolicy;
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::topology::Topology;
+use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener_test_support::RedisServer;
+use tokio::time::Instant;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 1_500,
+    rebalance_timeout_ms: 3_000,
+};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Job {
+    key: String,
+}
+
+/// Every metric as `name{label=value,...}` (labels sorted) -> value, accumulated into `seen`: the
+/// recorder resets what it hands out, so counters and histogram sample counts are summed over snapshots
+/// and gauges keep their last non-zero reading.
+fn accumulate(snapshotter: &Snapshotter, seen: &mut BTreeMap<String, f64>) {
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let mut labels: Vec<String> = key
+            .key()
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        labels.sort();
+        let name = format!("{}{{{}}}", key.key().name(), labels.join(","));
+        let slot = seen.entry(name).or_insert(0.0);
+        match value {
+            DebugValue::Counter(n) => *slot += n as f64,
+            DebugValue::Histogram(samples) => *slot += samples.len() as f64,
+            DebugValue::Gauge(g) if g.into_inner() != 0.0 => *slot = g.into_inner(),
+            DebugValue::Gauge(_) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_workload_shows_up_in_the_recorder() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
+        .await
+        .unwrap();
+    Topology::ensure(&mut conn, "metered", 4).await.unwrap();
+    let producer = Producer::new(conn, "metered").await.unwrap();
+    for i in 0..10 {
+        let key = format!("k{i}");
+        producer
+            .send(&key, &Job { key: key.clone() })
+            .await
+            .unwrap();
+    }
+    producer
+        .send("bad", &Job { key: "bad".into() })
+        .await
+        .unwrap();
+    let mut policy = FailurePolicy::default();
+    policy.max_deliveries = 2;
+    policy.initial_backoff = Duration::from_millis(10);
+    let consumer = ConsumerBuilder::new("metered", "g")
+        .member_id("solo")
+        .failure(policy)
+        .handler(|msg: Message<Job>| async move {
+            if msg.payload.key == "bad" {
+                Err("always fails".to_owned())
+            } else {
+                Ok(())
+            }
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+
+    let messages = |outcome: &str| {
+        format!("stream_listener_messages_total{{group=g,outcome={outcome},stream=metered}}")
+    };
+    let member = "group=g,member=solo,stream=metered";
+    let start = Instant::now();
+    let mut seen = BTreeMap::new();
+    loop {
+        accumulate(&snapshotter, &mut seen);
+        if seen.get(&messages("dead_lettered")) == Some(&1.0)
+            && seen.get(&messages("handled")) == Some(&10.0)
+            && seen.get(&format!("stream_listener_owned_shards{{{member}}}")) == Some(&4.0)
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{seen:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen[&messages("failed")], 2.0, "{seen:#?}");
+    assert_eq!(seen[&messages("retried")], 1.0, "{seen:#?}");
+    assert_eq!(
+        seen["stream_listener_handler_duration_seconds{group=g,outcome=ok,stream=metered}"], 10.0,
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen["stream_listener_handler_duration_seconds{group=g,outcome=error,stream=metered}"], 2.0,
+        "{seen:#?}"
+    );
+    assert!(seen[&format!("stream_listener_member_epoch{{{member}}}")] > 0.0);
+    assert_eq!(
+        seen[&format!("stream_listener_heartbeat_failures{{{member}}}")],
+        0.0
+    );
+    for name in seen.keys() {
+        let base = name.split('{').next().unwrap();
+        assert!(
+            stream_listener::metrics::NAMES.contains(&base),
+            "{base} is listed"
+        );
+    }
+    runtime.shutdown().await;
+}
