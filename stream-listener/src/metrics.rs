@@ -8,7 +8,10 @@
 //! | `stream_listener_owned_shards` | gauge | `stream`, `group`, `member` | shards the member reads now |
 //! | `stream_listener_member_epoch` | gauge | `stream`, `group`, `member` | the member's epoch |
 //! | `stream_listener_heartbeat_failures` | gauge | `stream`, `group`, `member` | heartbeats failed in a row |
+//! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
+//! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
@@ -16,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::consumer::ConsumerConfig;
 use crate::member::heartbeat::MemberStatus;
+use crate::member::lifecycle::OwnershipDeadline;
 
 /// Every metric name the library emits.
 pub const NAMES: &[&str] = &[
@@ -24,6 +28,11 @@ pub const NAMES: &[&str] = &[
     OWNED_SHARDS,
     MEMBER_EPOCH,
     HEARTBEAT_FAILURES,
+    LEASE_REMAINING,
+    STORE_COMMITS,
+    STORE_CONFLICTS,
+    STORE_LOADS,
+    STORE_LOCK_WAITS,
 ];
 
 /// Entries by outcome.
@@ -36,6 +45,17 @@ pub const OWNED_SHARDS: &str = "stream_listener_owned_shards";
 pub const MEMBER_EPOCH: &str = "stream_listener_member_epoch";
 /// Heartbeats failed in a row.
 pub const HEARTBEAT_FAILURES: &str = "stream_listener_heartbeat_failures";
+
+/// Time left before the member self-fences.
+pub const LEASE_REMAINING: &str = "stream_listener_lease_remaining_seconds";
+/// Store commits.
+pub const STORE_COMMITS: &str = "stream_listener_store_commits_total";
+/// Store commits refused because someone committed first.
+pub const STORE_CONFLICTS: &str = "stream_listener_store_conflicts_total";
+/// Store snapshot loads.
+pub const STORE_LOADS: &str = "stream_listener_store_loads_total";
+/// Waits for the store's writer lock.
+pub const STORE_LOCK_WAITS: &str = "stream_listener_store_lock_waits_total";
 
 /// `n` entries of the consumer's group had `outcome`.
 pub(crate) fn messages(config: &ConsumerConfig, outcome: &'static str, n: u64) {
@@ -52,9 +72,11 @@ pub(crate) fn handler_attempt(config: &ConsumerConfig, outcome: &'static str, el
         .record(elapsed.as_secs_f64());
 }
 
-/// Publishes a member's status as gauges until the member's status channel closes.
+/// Publishes a member's status as gauges until the member's status channel closes, and samples its
+/// lease and the store's counters every second.
 pub(crate) async fn follow_member(
     mut status: watch::Receiver<MemberStatus>,
+    deadline: Arc<OwnershipDeadline>,
     stream: String,
     group: String,
     member: String,
@@ -63,6 +85,9 @@ pub(crate) async fn follow_member(
     let owned = gauge!(OWNED_SHARDS, &labels);
     let epoch = gauge!(MEMBER_EPOCH, &labels);
     let failures = gauge!(HEARTBEAT_FAILURES, &labels);
+    let lease = gauge!(LEASE_REMAINING, &labels);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         {
             let now = status.borrow_and_update();
@@ -70,9 +95,20 @@ pub(crate) async fn follow_member(
             epoch.set(now.epoch as f64);
             failures.set(f64::from(now.failures));
         }
-        if status.changed().await.is_err() {
-            owned.set(0.0);
-            return;
+        tokio::select! {
+            changed = status.changed() => if changed.is_err() {
+                owned.set(0.0);
+                lease.set(0.0);
+                return;
+            },
+            _ = tick.tick() => {
+                lease.set(deadline.remaining().map_or(0.0, |left| left.as_secs_f64()));
+                let stats = crate::store::stats();
+                counter!(STORE_COMMITS).absolute(stats.commits);
+                counter!(STORE_CONFLICTS).absolute(stats.conflicts);
+                counter!(STORE_LOADS).absolute(stats.loads);
+                counter!(STORE_LOCK_WAITS).absolute(stats.lock_waits);
+            }
         }
     }
 }

@@ -509,6 +509,7 @@ impl Runtime {
         });
         tokio::spawn(crate::metrics::follow_member(
             status.clone(),
+            deadline.clone(),
             stream.clone(),
             group.clone(),
             plan.member_id.clone(),

@@ -104,6 +104,14 @@ async fn a_known_workload_shows_up_in_the_recorder() {
         if seen.get(&messages("dead_lettered")) == Some(&1.0)
             && seen.get(&messages("handled")) == Some(&10.0)
             && seen.get(&format!("stream_listener_owned_shards{{{member}}}")) == Some(&4.0)
+            && seen
+                .get(&format!(
+                    "stream_listener_lease_remaining_seconds{{{member}}}"
+                ))
+                .is_some_and(|left| *left > 0.0)
+            && seen
+                .get("stream_listener_store_commits_total{}")
+                .is_some_and(|n| *n > 0.0)
         {
             break;
         }
@@ -124,6 +132,10 @@ async fn a_known_workload_shows_up_in_the_recorder() {
     assert_eq!(
         seen[&format!("stream_listener_heartbeat_failures{{{member}}}")],
         0.0
+    );
+    assert!(
+        seen[&format!("stream_listener_lease_remaining_seconds{{{member}}}")] <= 1.5,
+        "at most 4/5 of the 1.5 s session: {seen:#?}"
     );
     for name in seen.keys() {
         let base = name.split('{').next().unwrap();
