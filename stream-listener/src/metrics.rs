@@ -10,6 +10,9 @@
 //! | `stream_listener_heartbeat_failures` | gauge | `stream`, `group`, `member` | heartbeats failed in a row |
 //! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
 //! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
+//!
+//! With the cargo feature `prometheus`, [`install_prometheus`] installs a Prometheus recorder that serves
+//! them at `http://{addr}/metrics` (see `examples/src/bin/metrics.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,4 +114,22 @@ pub(crate) async fn follow_member(
             }
         }
     }
+}
+
+/// Installs a Prometheus recorder as the process's global recorder, serving every metric in the text
+/// format at `http://{addr}/metrics` (any path answers). Call it once, inside a Tokio runtime, before
+/// starting the runtime.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus(
+    addr: std::net::SocketAddr,
+) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(HANDLER_DURATION.to_owned()),
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ],
+        )?
+        .install()
 }
