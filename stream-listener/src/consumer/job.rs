@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
+use tracing::Instrument;
 
 use crate::member::lifecycle::FencingToken;
 
@@ -414,23 +415,39 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
             .handler_started(spec.shard, &entry.id, shared.config.handler_timeout);
     let started = std::time::Instant::now();
     let mut timed_out = false;
-    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        shared.handler.call(delivery)
-    }));
+    // The handler runs inside the message's span, so its own logs carry where the entry came from.
+    let span = tracing::info_span!(
+        "message",
+        stream = %shared.config.stream_prefix,
+        group = %shared.config.group,
+        shard = spec.shard,
+        entry_id = %entry.id,
+        key = entry.key(),
+        member = %spec.token.member_id,
+        epoch = spec.token.member_epoch,
+        delivery_count = deliveries,
+    );
+    let called = span.in_scope(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.handler.call(delivery)
+        }))
+    });
     let result = match called {
         Ok(Ok(future)) => match shared.config.handler_timeout {
-            None => CatchUnwind { future }.await,
-            Some(limit) => match tokio::time::timeout(limit, CatchUnwind { future }).await {
-                Ok(result) => result,
-                Err(_) => {
-                    timed_out = true;
-                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, ?limit, "handler timed out; the attempt counts as failed");
-                    Err(HandlerError::msg(format!(
-                        "handler timed out after {} ms",
-                        limit.as_millis()
-                    )))
+            None => CatchUnwind { future }.instrument(span).await,
+            Some(limit) => {
+                match tokio::time::timeout(limit, CatchUnwind { future }.instrument(span)).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        timed_out = true;
+                        tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, ?limit, "handler timed out; the attempt counts as failed");
+                        Err(HandlerError::msg(format!(
+                            "handler timed out after {} ms",
+                            limit.as_millis()
+                        )))
+                    }
                 }
-            },
+            }
         },
         Ok(Err(decode_error)) => {
             return Fate::DeadLetter {

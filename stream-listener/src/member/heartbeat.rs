@@ -113,7 +113,13 @@ impl MemberLoop {
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(10), interval);
             let request = self.session.heartbeat(local(), 0);
-            match tokio::time::timeout(budget, self.store.heartbeat(&request)).await {
+            let span = tracing::debug_span!("heartbeat", member = %self.session.member_id(), epoch = request.member_epoch);
+            match tokio::time::timeout(
+                budget,
+                tracing::Instrument::instrument(self.store.heartbeat(&request), span),
+            )
+            .await
+            {
                 Ok(Ok(response)) => {
                     failures = 0;
                     if response.status.requires_rejoin() {

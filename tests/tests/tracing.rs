@@ -1,0 +1,160 @@
+//! The handler runs inside a span per message that says where the entry came from, and a healthy idle
+//! member logs nothing at INFO or above. A capturing subscriber (a `tracing-subscriber` layer) records
+//! every event with its span's fields.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::topology::Topology;
+use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener_test_support::RedisServer;
+use tokio::time::Instant;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 1_500,
+    rebalance_timeout_ms: 3_000,
+};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Job {
+    key: String,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Fields(BTreeMap<String, String>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Captured {
+    level: Level,
+    target: String,
+    fields: Fields,
+    span: Option<(String, Fields)>,
+}
+
+static EVENTS: Mutex<Vec<Captured>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let span = ctx.event_span(event).map(|span| {
+            let fields = span
+                .extensions()
+                .get::<Fields>()
+                .cloned()
+                .unwrap_or_default();
+            (span.name().to_owned(), fields)
+        });
+        EVENTS.lock().unwrap().push(Captured {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            fields,
+            span,
+        });
+    }
+}
+
+fn events() -> Vec<Captured> {
+    EVENTS.lock().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_quiet() {
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+        .expect("the only subscriber of this test binary");
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
+        .await
+        .unwrap();
+    Topology::ensure(&mut conn, "traced", 2).await.unwrap();
+    let producer = Producer::new(conn, "traced").await.unwrap();
+    let receipt = producer
+        .send(
+            "customer-42",
+            &Job {
+                key: "customer-42".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let consumer = ConsumerBuilder::new("traced", "g")
+        .member_id("solo")
+        .handler(|msg: Message<Job>| async move {
+            tokio::task::yield_now().await;
+            tracing::info!(key = %msg.payload.key, "handling");
+            Ok::<(), String>(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let handled = loop {
+        if let Some(e) = events()
+            .into_iter()
+            .find(|e| e.fields.0.get("message").is_some_and(|m| m == "handling"))
+        {
+            break e;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (name, span) = handled.span.expect("inside a span");
+    assert_eq!(name, "message");
+    let span = span.0;
+    assert_eq!(span["stream"], "traced");
+    assert_eq!(span["group"], "g");
+    assert_eq!(span["shard"], receipt.shard.to_string());
+    assert_eq!(span["entry_id"], receipt.id);
+    assert_eq!(span["key"], "customer-42");
+    assert_eq!(span["member"], "solo");
+    assert_eq!(span["delivery_count"], "1");
+    assert!(span["epoch"].parse::<i64>().unwrap() > 0, "{span:?}");
+
+    // Idle from here on: over a second of heartbeats and idle waits, nothing at INFO or above.
+    let before = events().len();
+    let idle_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < idle_until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let loud: Vec<Captured> = events()[before..]
+        .iter()
+        .filter(|e| e.target.starts_with("stream_listener") && e.level <= Level::INFO)
+        .cloned()
+        .collect();
+    assert!(loud.is_empty(), "an idle member logged: {loud:#?}");
+    runtime.shutdown().await;
+}
