@@ -156,3 +156,84 @@ impl Drop for HandlerGuard {
         }
     }
 }
+
+/// Consecutive failed reads of one shard from which it counts as stuck in a read error loop.
+pub const READ_ERROR_LOOP: u32 = 3;
+
+/// One member's health, as [`RunningRuntime::health`](crate::RunningRuntime::health) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemberHealth {
+    /// The member id.
+    pub member_id: String,
+    /// Its heartbeat loop is running.
+    pub heartbeating: bool,
+    /// It has joined (has an epoch) and its lease is ahead: not self-fenced.
+    pub joined: bool,
+    /// Heartbeats failed in a row.
+    pub heartbeat_failures: u32,
+    /// Shards whose last reads all failed ([`READ_ERROR_LOOP`] or more in a row), with the count.
+    pub failing_reads: Vec<(u32, u32)>,
+    /// Handlers running past their timeout (blocking their thread: a timeout cannot cancel them).
+    pub overdue_handlers: Vec<InFlight>,
+}
+
+impl MemberHealth {
+    /// Alive: heartbeating, and no handler stuck past its timeout.
+    pub fn live(&self) -> bool {
+        self.heartbeating && self.overdue_handlers.is_empty()
+    }
+
+    /// Ready: live, joined and not self-fenced, and no shard stuck in a read error loop.
+    pub fn ready(&self) -> bool {
+        self.live() && self.joined && self.failing_reads.is_empty()
+    }
+}
+
+/// The process's health: readiness and liveness for Kubernetes probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Every member.
+    pub members: Vec<MemberHealth>,
+}
+
+impl Health {
+    /// Liveness: every member is live (restart the process otherwise).
+    pub fn live(&self) -> bool {
+        self.members.iter().all(MemberHealth::live)
+    }
+
+    /// Readiness: every member is ready.
+    pub fn ready(&self) -> bool {
+        self.members.iter().all(MemberHealth::ready)
+    }
+}
+
+impl Probe {
+    /// This member's health from its probe and what the runtime knows.
+    pub(crate) fn member_health(
+        &self,
+        member_id: &str,
+        heartbeating: bool,
+        joined: bool,
+        heartbeat_failures: u32,
+    ) -> MemberHealth {
+        MemberHealth {
+            member_id: member_id.to_owned(),
+            heartbeating,
+            joined,
+            heartbeat_failures,
+            failing_reads: self
+                .failing_reads()
+                .into_iter()
+                .filter(|(_, n)| *n >= READ_ERROR_LOOP)
+                .collect(),
+            overdue_handlers: self
+                .in_flight()
+                .into_iter()
+                .filter(InFlight::overdue)
+                .collect(),
+        }
+    }
+}

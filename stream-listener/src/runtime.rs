@@ -475,6 +475,7 @@ impl Runtime {
             .await?
             .with_deadline(deadline.clone());
         let probe = consumer.probe();
+        let health_deadline = deadline.clone();
         let identity = MemberIdentity {
             member_id: plan.member_id.as_str().into(),
             member_name: Some(plan.label.clone()),
@@ -536,6 +537,7 @@ impl Runtime {
         Ok(RunningMember {
             member_id: plan.member_id,
             probe,
+            lease: health_deadline,
             status,
             heartbeat_task,
             consumer_task,
@@ -548,6 +550,7 @@ impl Runtime {
 struct RunningMember {
     member_id: String,
     probe: crate::health::Probe,
+    lease: std::sync::Arc<OwnershipDeadline>,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
     consumer_task: JoinHandle<()>,
@@ -566,6 +569,26 @@ impl RunningRuntime {
     /// The memberIds this process runs, in start order.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.iter().map(|m| m.member_id.clone()).collect()
+    }
+
+    /// Readiness and liveness of every member: heartbeating, joined and not self-fenced, no shard in a
+    /// read error loop, no handler past its timeout (see [`crate::health`]).
+    pub fn health(&self) -> crate::health::Health {
+        crate::health::Health {
+            members: self
+                .members
+                .iter()
+                .map(|m| {
+                    let status = m.status.borrow();
+                    m.probe.member_health(
+                        &m.member_id,
+                        !m.heartbeat_task.is_finished(),
+                        status.phase == Phase::Member && m.lease.is_valid(),
+                        status.failures,
+                    )
+                })
+                .collect(),
+        }
     }
 
     /// The current status of every member.

@@ -460,3 +460,62 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
         .unwrap();
     assert_eq!(pending.0, 1, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_away() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "healthy", 2).await;
+    let consumer = ConsumerBuilder::new("healthy", "g")
+        .member_id("solo")
+        .handler_timeout(Duration::from_millis(200))
+        .handler(|msg: Message<Job>| async move {
+            if msg.payload.key == "block" {
+                // Blocks its thread: the timeout cannot cancel it.
+                std::thread::sleep(Duration::from_millis(2_000));
+            }
+            Ok::<(), String>(())
+        });
+    let runtime = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .shutdown_timeout(Duration::from_millis(500))
+        .consumer(consumer)
+        .start()
+        .await
+        .unwrap();
+    wait_until("ready", Duration::from_secs(20), || {
+        runtime.health().ready()
+    })
+    .await;
+    assert!(runtime.health().live());
+
+    let shard = send(&producer, "block", 0).await;
+    wait_until(
+        "not live while the handler overruns",
+        Duration::from_secs(10),
+        || !runtime.health().live(),
+    )
+    .await;
+    let health = runtime.health();
+    assert!(!health.ready());
+    let overdue = &health.members[0].overdue_handlers;
+    assert_eq!(overdue.len(), 1, "{health:?}");
+    assert_eq!(overdue[0].shard, shard);
+    wait_until(
+        "live again once it returned",
+        Duration::from_secs(10),
+        || runtime.health().ready(),
+    )
+    .await;
+
+    redis.kill();
+    wait_until("not ready without Redis", Duration::from_secs(10), || {
+        !runtime.health().ready()
+    })
+    .await;
+    let member = &runtime.health().members[0];
+    assert!(!member.joined, "self-fenced: {member:?}");
+    assert!(member.heartbeating, "the loop keeps trying: {member:?}");
+    let _ = runtime.stop().await;
+}
