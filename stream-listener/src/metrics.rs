@@ -11,7 +11,7 @@
 //! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
 //! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
 //!
-//! With the cargo feature `prometheus`, [`install_prometheus`] installs a Prometheus recorder that serves
+//! With the cargo feature `prometheus`, `install_prometheus` installs a Prometheus recorder that serves
 //! them at `http://{addr}/metrics` (see `examples/src/bin/metrics.rs`).
 
 use std::sync::Arc;
