@@ -146,3 +146,66 @@ async fn a_known_workload_shows_up_in_the_recorder() {
     }
     runtime.shutdown().await;
 }
+
+/// Every metric name in `text` (`stream_listener_...`), histogram series suffixes removed.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("stream_listener_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| {
+                name.strip_suffix(suffix)
+                    .filter(|b| b.ends_with("_seconds"))
+            })
+            .unwrap_or(name);
+        names.push(base.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[test]
+fn every_dashboard_query_names_a_metric_the_library_emits() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/grafana-dashboard.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queries.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    for variable in dashboard["templating"]["list"].as_array().unwrap() {
+        if variable["type"] == "query" {
+            queries.push(variable["query"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(queries.len() >= 10, "{queries:?}");
+    let mut used = std::collections::BTreeSet::new();
+    for query in &queries {
+        let names = metric_names(query);
+        assert!(
+            !names.is_empty(),
+            "a query without a library metric: {query}"
+        );
+        for name in names {
+            assert!(
+                stream_listener::metrics::NAMES.contains(&name.as_str()),
+                "`{name}` (in `{query}`) is not a metric the library emits"
+            );
+            used.insert(name);
+        }
+    }
+    for name in stream_listener::metrics::NAMES {
+        assert!(used.contains(*name), "the dashboard does not show {name}");
+    }
+}
