@@ -507,7 +507,7 @@ impl Scheduler {
         let Some(&slot) = self.free_slots.last() else {
             return;
         };
-        let half = self.shared.config.reclaim_idle;
+        let reclaim_every = self.shared.config.reclaim_idle;
         let eligible = |state: &ShardState| {
             !state.running
                 && state.mode == Mode::Owned
@@ -535,7 +535,7 @@ impl Scheduler {
                 return true;
             }
             state.running = true;
-            if state.reclaimed_at.elapsed() >= half {
+            if state.reclaimed_at.elapsed() >= reclaim_every {
                 state.reclaimed_at = Instant::now();
                 reclaim.push(*shard);
             }
@@ -587,8 +587,8 @@ impl Scheduler {
         if let Some(error) = &outcome.error {
             tracing::warn!(%error, "idle wait failed; polling the shards one by one");
         }
-        if outcome.missing_group {
-            // Which shard lost its group is found by the shards' own reads: poll them one by one.
+        if outcome.missing_group || outcome.error.is_some() {
+            // Which shard is at fault is found by the shards' own reads: poll them one by one.
             self.idle_streak = 0;
         }
         let again = outcome.error.is_some() || outcome.expired || outcome.missing_group;
