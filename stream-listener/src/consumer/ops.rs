@@ -490,21 +490,7 @@ impl Shared {
             .into_iter()
             .filter(|e| !e.deleted)
             .collect();
-        if let (Some(first), Some(last)) = (entries.first(), entries.last()) {
-            let counts: Value = redis::cmd("XPENDING")
-                .arg(key)
-                .arg(&self.config.group)
-                .arg(&first.id)
-                .arg(&last.id)
-                .arg(entries.len())
-                .arg(&self.config.consumer_name)
-                .query_async(&mut conn)
-                .await?;
-            let counts = parse_pending_counts(counts);
-            for entry in &mut entries {
-                entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
-            }
-        }
+        self.set_delivery_counts(key, &mut entries).await?;
         Ok(entries)
     }
 
@@ -602,22 +588,29 @@ impl Shared {
                 .query_async::<i64>(&mut conn)
                 .await?;
         }
-        if let (Some(first), Some(last)) = (live.first(), live.last()) {
-            let pending: Value = redis::cmd("XPENDING")
-                .arg(key)
-                .arg(&self.config.group)
-                .arg(&first.id)
-                .arg(&last.id)
-                .arg(live.len())
-                .arg(&self.config.consumer_name)
-                .query_async(&mut conn)
-                .await?;
-            let counts = parse_pending_counts(pending);
-            for entry in &mut live {
-                entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
-            }
-        }
+        self.set_delivery_counts(key, &mut live).await?;
         Ok((next, live))
+    }
+
+    /// Sets the delivery counts of entries just claimed by this consumer (`XPENDING` over their range).
+    async fn set_delivery_counts(&self, key: &str, entries: &mut [Entry]) -> RedisResult<()> {
+        let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+            return Ok(());
+        };
+        let pending: Value = redis::cmd("XPENDING")
+            .arg(key)
+            .arg(&self.config.group)
+            .arg(&first.id)
+            .arg(&last.id)
+            .arg(entries.len())
+            .arg(&self.config.consumer_name)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let counts = parse_pending_counts(pending);
+        for entry in entries {
+            entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
+        }
+        Ok(())
     }
 
     /// Delete consumer names of this shard's group, other than ours, that have nothing pending: pods come
