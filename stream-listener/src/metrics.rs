@@ -10,6 +10,7 @@
 //! | `stream_listener_heartbeat_failures` | gauge | `stream`, `group`, `member` | heartbeats failed in a row |
 //! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
 //! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
+//! | `stream_listener_stale_writes_total` | counter | `stream`, `group` | entries a producer routed with a topology older than the last resize and wrote after its cut (possible order violations, see ARCHITECTURE.md) |
 //!
 //! With the cargo feature `prometheus`, `install_prometheus` installs a Prometheus recorder that serves
 //! them at `http://{addr}/metrics` (see `examples/src/bin/metrics.rs`).
@@ -36,6 +37,7 @@ pub const NAMES: &[&str] = &[
     STORE_CONFLICTS,
     STORE_LOADS,
     STORE_LOCK_WAITS,
+    STALE_WRITES,
 ];
 
 /// Entries by outcome.
@@ -59,6 +61,15 @@ pub const STORE_CONFLICTS: &str = "stream_listener_store_conflicts_total";
 pub const STORE_LOADS: &str = "stream_listener_store_loads_total";
 /// Waits for the store's writer lock.
 pub const STORE_LOCK_WAITS: &str = "stream_listener_store_lock_waits_total";
+
+/// Late writes under a stale layout, detected by consumers.
+pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";
+
+/// A consumer of `config`'s group found a late write under a stale layout.
+pub(crate) fn stale_write(config: &ConsumerConfig) {
+    counter!(STALE_WRITES, "stream" => config.stream_prefix.clone(), "group" => config.group.clone())
+        .increment(1);
+}
 
 /// `n` entries of the consumer's group had `outcome`.
 pub(crate) fn messages(config: &ConsumerConfig, outcome: &'static str, n: u64) {

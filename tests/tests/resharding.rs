@@ -812,6 +812,12 @@ async fn a_stale_producer_during_a_shrink_loses_nothing() {
 /// counted (nothing lost either).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stale_producer_during_a_grow_is_detected() {
+    // The metric, too: the only recorder of this test binary (other tests' metrics land in it harmlessly).
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
     let redis = RedisServer::start();
     let url = redis.url();
     let mut conn = connect(&url).await;
@@ -882,6 +888,27 @@ async fn a_stale_producer_during_a_grow_is_detected() {
     assert!(
         detected > 0,
         "the stale producer's late writes were detected"
+    );
+    let metric: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| {
+            key.key().name() == stream_listener::metrics::STALE_WRITES
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "stream" && l.value() == "late")
+        })
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert!(
+        metric >= detected,
+        "{} counted {metric}, Redis counted {detected}",
+        stream_listener::metrics::STALE_WRITES
     );
     runtime.shutdown().await;
 }

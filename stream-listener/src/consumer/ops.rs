@@ -350,6 +350,7 @@ impl Shared {
             return;
         }
         crate::topology::count_stale_write_seen();
+        crate::metrics::stale_write(&self.config);
         let prefix = &self.config.stream_prefix;
         if let Err(error) =
             Topology::count_stale_write(&mut self.conn.clone(), prefix, &self.config.group).await
