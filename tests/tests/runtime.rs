@@ -411,6 +411,26 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
         || SEEN.lock().unwrap().len() == 100,
     )
     .await;
+    // Every owned shard's consumer group comes back, idle ones (no key of this test lands on some) too.
+    let mut conn = connect(&url).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for shard in 0..4 {
+        loop {
+            let groups: redis::RedisResult<Vec<redis::Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(format!("phoenix:{shard}"))
+                .query_async(&mut conn)
+                .await;
+            if groups.is_ok_and(|g| g.len() == 1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "shard {shard}'s group was not recreated"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     runtime.shutdown().await;
     assert_eq!(
         pending(&url, "phoenix", "g", 4).await,
