@@ -1,12 +1,17 @@
-//! Consumption throughput: the [`Consumer`] (no-op handler) against a hand-written redis-rs loop, draining
-//! the same 8 shards x 50,000 entries on a redis-server this benchmark starts itself.
+//! Consumption throughput: the [`Consumer`] against a hand-written redis-rs loop, draining the same shard
+//! streams on a redis-server this benchmark starts itself, in three scenarios:
 //!
-//! `cargo bench -p stream-listener --bench throughput` (set `SL_BENCH_ENTRIES` for entries per shard).
+//! - `raw`: 8 shards x 50,000 entries, one member, a no-op handler over the payload bytes;
+//! - `json`: the same, with both sides decoding every payload into a struct with serde_json;
+//! - `spread`: 64 shards over 16 members (4 shards each), 6,250 entries per shard.
 //!
-//! Both sides drain the same streams through two different consumer groups, one run after the other, each
-//! with one multiplexed connection for its non-blocking reads and acks. The baseline is the leanest loop
-//! one would write: one task per shard, `XREADGROUP COUNT 100 STREAMS key >` without `BLOCK`, ids picked
-//! out of the raw reply, one `XACK` per batch.
+//! `cargo bench -p stream-listener --bench throughput` (`SL_BENCH_ROUNDS`, default 5; `SL_BENCH_ENTRIES`
+//! scales the entries; `SL_BENCH_SCENARIOS=raw,json,spread` picks scenarios).
+//!
+//! Both sides drain the same streams through two different consumer groups, one run after the other (which
+//! goes first alternates per round), each member with one multiplexed connection for its non-blocking reads
+//! and acks. The baseline is the leanest loop one would write: one task per shard, `XREADGROUP COUNT 100
+//! STREAMS key >` without `BLOCK`, entries picked out of the raw reply, one `XACK` per batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,12 +19,30 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessage};
+use serde::Deserialize;
+use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, Message, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, Notify};
 
-const SHARDS: u32 = 8;
+/// What the JSON scenario decodes, on both sides.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Order {
+    id: u64,
+    customer: String,
+    amount_cents: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Scenario {
+    name: &'static str,
+    shards: u32,
+    members: u32,
+    per_shard: u64,
+    json: bool,
+}
+
 const BATCH: usize = 100;
 const PREFIX: &str = "bench";
 
@@ -27,8 +50,8 @@ fn key(shard: u32) -> String {
     format!("{PREFIX}:{shard}")
 }
 
-async fn fill(conn: &mut MultiplexedConnection, per_shard: u64) {
-    for shard in 0..SHARDS {
+async fn fill(conn: &mut MultiplexedConnection, scenario: Scenario) {
+    for shard in 0..scenario.shards {
         for group in ["raw", "consumer"] {
             let _: () = redis::cmd("XGROUP")
                 .arg("CREATE")
@@ -41,9 +64,9 @@ async fn fill(conn: &mut MultiplexedConnection, per_shard: u64) {
                 .expect("XGROUP CREATE");
         }
         let mut n = 0;
-        while n < per_shard {
+        while n < scenario.per_shard {
             let mut pipe = redis::pipe();
-            for i in n..(n + 1000).min(per_shard) {
+            for i in n..(n + 1000).min(scenario.per_shard) {
                 pipe.cmd("XADD")
                     .arg(key(shard))
                     .arg("*")
@@ -63,8 +86,8 @@ async fn fill(conn: &mut MultiplexedConnection, per_shard: u64) {
     }
 }
 
-/// Entry ids out of a raw single-stream `XREADGROUP` reply.
-fn ids(reply: Value) -> Vec<Vec<u8>> {
+/// Entries (id, payload) out of a raw single-stream `XREADGROUP` reply.
+fn entries(reply: Value) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
     let Value::Array(mut streams) = reply else {
         return Vec::new();
     };
@@ -76,20 +99,34 @@ fn ids(reply: Value) -> Vec<Vec<u8>> {
     };
     entries
         .into_iter()
-        .filter_map(|entry| match entry {
-            Value::Array(mut pair) if !pair.is_empty() => match pair.swap_remove(0) {
-                Value::BulkString(id) => Some(id),
-                _ => None,
-            },
-            _ => None,
+        .filter_map(|entry| {
+            let Value::Array(mut pair) = entry else {
+                return None;
+            };
+            let fields = pair.pop()?;
+            let Value::BulkString(id) = pair.pop()? else {
+                return None;
+            };
+            let mut payload = None;
+            if let Value::Array(fields) = fields {
+                let mut fields = fields.into_iter();
+                while let (Some(Value::BulkString(name)), Some(Value::BulkString(value))) =
+                    (fields.next(), fields.next())
+                {
+                    if name == b"p" {
+                        payload = Some(value);
+                    }
+                }
+            }
+            Some((id, payload))
         })
         .collect()
 }
 
-async fn run_baseline(conn: &MultiplexedConnection) -> (Duration, u64) {
+async fn run_baseline(conn: &MultiplexedConnection, scenario: Scenario) -> (Duration, u64) {
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for shard in 0..SHARDS {
+    for shard in 0..scenario.shards {
         let mut conn = conn.clone();
         tasks.push(tokio::spawn(async move {
             let key = key(shard);
@@ -107,9 +144,18 @@ async fn run_baseline(conn: &MultiplexedConnection) -> (Duration, u64) {
                     .query_async(&mut conn)
                     .await
                     .expect("XREADGROUP");
-                let ids = ids(reply);
-                if ids.is_empty() {
+                let entries = entries(reply);
+                if entries.is_empty() {
                     return handled;
+                }
+                let mut ids = Vec::with_capacity(entries.len());
+                for (id, payload) in entries {
+                    if scenario.json {
+                        let order: Order = serde_json::from_slice(&payload.expect("payload"))
+                            .expect("decodable payload");
+                        std::hint::black_box(order);
+                    }
+                    ids.push(id);
                 }
                 handled += ids.len() as u64;
                 let _: i64 = redis::cmd("XACK")
@@ -129,9 +175,9 @@ async fn run_baseline(conn: &MultiplexedConnection) -> (Duration, u64) {
     (started.elapsed(), total)
 }
 
-async fn total_pending(conn: &mut MultiplexedConnection, group: &str) -> i64 {
+async fn total_pending(conn: &mut MultiplexedConnection, group: &str, shards: u32) -> i64 {
     let mut total = 0;
-    for shard in 0..SHARDS {
+    for shard in 0..shards {
         let reply: Value = redis::cmd("XPENDING")
             .arg(key(shard))
             .arg(group)
@@ -147,9 +193,9 @@ async fn total_pending(conn: &mut MultiplexedConnection, group: &str) -> i64 {
     total
 }
 
-async fn lag(conn: &mut MultiplexedConnection, group: &str) -> i64 {
+async fn lag(conn: &mut MultiplexedConnection, group: &str, shards: u32) -> i64 {
     let mut total = 0;
-    for shard in 0..SHARDS {
+    for shard in 0..shards {
         let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
             .arg("GROUPS")
             .arg(key(shard))
@@ -167,55 +213,98 @@ async fn lag(conn: &mut MultiplexedConnection, group: &str) -> i64 {
     total
 }
 
-async fn run_consumer(url: &str, conn: &mut MultiplexedConnection, expected: u64) -> Duration {
-    // The handler signals the last entry itself, so waiting costs no CPU while the consumer runs.
-    let handled = Arc::new(AtomicU64::new(0));
-    let all_handled = Arc::new(Notify::new());
-    let (counter, done) = (handled.clone(), all_handled.clone());
-    let handler = BoxedHandler::raw(move |_msg: RawMessage| {
-        if counter.fetch_add(1, Ordering::Relaxed) + 1 == expected {
-            done.notify_one();
+/// Counts handled entries and wakes the bench at the last one, so waiting costs no CPU while it runs.
+#[derive(Clone)]
+struct Counter {
+    handled: Arc<AtomicU64>,
+    all_handled: Arc<Notify>,
+    expected: u64,
+}
+
+impl Counter {
+    fn count(&self) {
+        if self.handled.fetch_add(1, Ordering::Relaxed) + 1 == self.expected {
+            self.all_handled.notify_one();
         }
-        std::future::ready(Ok::<(), std::convert::Infallible>(()))
-    });
-    let mut config = ConsumerConfig::new(PREFIX, "consumer", "bench-m0");
-    config.batch_size = BATCH;
-    config.runtime_max_concurrency = SHARDS as usize;
-    let client = redis::Client::open(url).expect("client");
-    let consumer = Consumer::connect(client, config, handler)
-        .await
-        .expect("consumer");
-    let (commands, command_rx) = mpsc::channel(16);
-    let (report_tx, mut report_rx) = mpsc::channel(1024);
-    tokio::spawn(async move { while report_rx.recv().await.is_some() {} });
-    let started = Instant::now();
-    let task = tokio::spawn(consumer.run(command_rx, report_tx));
-    let token = FencingToken {
-        member_id: Arc::from("bench-m0"),
-        member_epoch: 1,
-    };
-    for shard in 0..SHARDS {
-        commands
-            .send(ShardCommand::Assign {
-                shard,
-                token: token.clone(),
-            })
-            .await
-            .expect("assign");
     }
-    tokio::time::timeout(Duration::from_secs(600), all_handled.notified())
+}
+
+fn handler(scenario: Scenario, counter: Counter) -> BoxedHandler {
+    if scenario.json {
+        BoxedHandler::json(move |msg: Message<Order>| {
+            std::hint::black_box(msg.payload);
+            counter.count();
+            std::future::ready(Ok::<(), std::convert::Infallible>(()))
+        })
+    } else {
+        BoxedHandler::raw(move |_msg: RawMessage| {
+            counter.count();
+            std::future::ready(Ok::<(), std::convert::Infallible>(()))
+        })
+    }
+}
+
+async fn run_consumer(
+    url: &str,
+    conn: &mut MultiplexedConnection,
+    scenario: Scenario,
+    expected: u64,
+) -> Duration {
+    let counter = Counter {
+        handled: Arc::new(AtomicU64::new(0)),
+        all_handled: Arc::new(Notify::new()),
+        expected,
+    };
+    let shards_per_member = scenario.shards / scenario.members;
+    let mut members = Vec::new();
+    for member in 0..scenario.members {
+        let member_id = format!("bench-m{member}");
+        let mut config = ConsumerConfig::new(PREFIX, "consumer", &member_id);
+        config.batch_size = BATCH;
+        config.runtime_max_concurrency = shards_per_member as usize;
+        let client = redis::Client::open(url).expect("client");
+        let consumer = Consumer::connect(client, config, handler(scenario, counter.clone()))
+            .await
+            .expect("consumer");
+        members.push((member_id, consumer));
+    }
+    let started = Instant::now();
+    let mut running = Vec::new();
+    for (member, (member_id, consumer)) in (0..).zip(members) {
+        let (commands, command_rx) = mpsc::channel(64);
+        let (report_tx, mut report_rx) = mpsc::channel(1024);
+        tokio::spawn(async move { while report_rx.recv().await.is_some() {} });
+        let task = tokio::spawn(consumer.run(command_rx, report_tx));
+        let token = FencingToken {
+            member_id: Arc::from(member_id.as_str()),
+            member_epoch: 1,
+        };
+        for shard in member * shards_per_member..(member + 1) * shards_per_member {
+            commands
+                .send(ShardCommand::Assign {
+                    shard,
+                    token: token.clone(),
+                })
+                .await
+                .expect("assign");
+        }
+        running.push((commands, task));
+    }
+    tokio::time::timeout(Duration::from_secs(600), counter.all_handled.notified())
         .await
         .expect("consumer did not finish");
-    assert_eq!(handled.load(Ordering::Relaxed), expected);
+    assert_eq!(counter.handled.load(Ordering::Relaxed), expected);
     // Done means acknowledged, not just handled: the last acks are at most one round trip away.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while total_pending(conn, "consumer").await > 0 {
+    while total_pending(conn, "consumer", scenario.shards).await > 0 {
         assert!(Instant::now() < deadline, "consumer did not ack");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed();
-    drop(commands);
-    task.await.expect("consumer task");
+    for (commands, task) in running {
+        drop(commands);
+        task.await.expect("consumer task");
+    }
     elapsed
 }
 
@@ -232,7 +321,34 @@ fn main() {
             .unwrap_or(default)
     };
     let per_shard = env("SL_BENCH_ENTRIES", 50_000);
-    let rounds = env("SL_BENCH_ROUNDS", 3).max(1);
+    let rounds = env("SL_BENCH_ROUNDS", 5).max(1);
+    let wanted = std::env::var("SL_BENCH_SCENARIOS").unwrap_or_else(|_| "raw,json,spread".into());
+    let scenarios: Vec<Scenario> = [
+        Scenario {
+            name: "raw",
+            shards: 8,
+            members: 1,
+            per_shard,
+            json: false,
+        },
+        Scenario {
+            name: "json",
+            shards: 8,
+            members: 1,
+            per_shard,
+            json: true,
+        },
+        Scenario {
+            name: "spread",
+            shards: 64,
+            members: 16,
+            per_shard: per_shard / 8,
+            json: false,
+        },
+    ]
+    .into_iter()
+    .filter(|s| wanted.split(',').any(|w| w.trim() == s.name))
+    .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -248,47 +364,64 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
-        let expected = per_shard * u64::from(SHARDS);
-        println!(
-            "redis {:?}; {SHARDS} shards x {per_shard} entries, batch {BATCH}; {rounds} rounds",
-            server.version()
-        );
-        let (mut baseline_rates, mut consumer_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let _: () = redis::cmd("FLUSHALL")
-                .query_async(&mut conn)
-                .await
-                .expect("FLUSHALL");
-            fill(&mut conn, per_shard).await;
-            // Alternate which side goes first, so neither always meets a warmer server.
-            let (mut baseline, mut ours) = (Duration::ZERO, Duration::ZERO);
-            for side in [round % 2, 1 - round % 2] {
-                if side == 0 {
-                    let (elapsed, total) = run_baseline(&raw_conn).await;
-                    assert_eq!(total, expected, "baseline drained everything");
-                    assert_eq!(total_pending(&mut conn, "raw").await, 0);
-                    baseline = elapsed;
-                } else {
-                    ours = run_consumer(&server.url(), &mut conn, expected).await;
-                    assert_eq!(lag(&mut conn, "consumer").await, 0, "consumer drained everything");
-                }
-            }
-            let baseline_rate = expected as f64 / baseline.as_secs_f64();
-            let rate = expected as f64 / ours.as_secs_f64();
+        println!("redis {:?}; batch {BATCH}; {rounds} rounds per scenario", server.version());
+        let mut summary = Vec::new();
+        for scenario in scenarios {
+            let expected = scenario.per_shard * u64::from(scenario.shards);
             println!(
-                "round {round}: hand-written {baseline_rate:>8.0} entries/s ({baseline:.2?}), \
-                 Consumer {rate:>8.0} entries/s ({ours:.2?}), ratio {:.2}",
-                rate / baseline_rate
+                "scenario {}: {} shards x {} entries over {} member(s){}",
+                scenario.name,
+                scenario.shards,
+                scenario.per_shard,
+                scenario.members,
+                if scenario.json { ", JSON-decoding handlers" } else { "" }
             );
-            baseline_rates.push(baseline_rate);
-            consumer_rates.push(rate);
-            ratios.push(rate / baseline_rate);
+            let (mut baseline_rates, mut consumer_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let _: () = redis::cmd("FLUSHALL")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("FLUSHALL");
+                fill(&mut conn, scenario).await;
+                // Alternate which side goes first, so neither always meets a warmer server.
+                let (mut baseline, mut ours) = (Duration::ZERO, Duration::ZERO);
+                for side in [round % 2, 1 - round % 2] {
+                    if side == 0 {
+                        let (elapsed, total) = run_baseline(&raw_conn, scenario).await;
+                        assert_eq!(total, expected, "baseline drained everything");
+                        assert_eq!(total_pending(&mut conn, "raw", scenario.shards).await, 0);
+                        baseline = elapsed;
+                    } else {
+                        ours = run_consumer(&server.url(), &mut conn, scenario, expected).await;
+                        assert_eq!(
+                            lag(&mut conn, "consumer", scenario.shards).await,
+                            0,
+                            "consumer drained everything"
+                        );
+                    }
+                }
+                let baseline_rate = expected as f64 / baseline.as_secs_f64();
+                let rate = expected as f64 / ours.as_secs_f64();
+                println!(
+                    "  round {round}: hand-written {baseline_rate:>8.0} entries/s ({baseline:.2?}), \
+                     Consumer {rate:>8.0} entries/s ({ours:.2?}), ratio {:.2}",
+                    rate / baseline_rate
+                );
+                baseline_rates.push(baseline_rate);
+                consumer_rates.push(rate);
+                ratios.push(rate / baseline_rate);
+            }
+            summary.push((
+                scenario.name,
+                median(baseline_rates),
+                median(consumer_rates),
+                median(ratios),
+            ));
         }
-        println!(
-            "median: hand-written {:.0} entries/s, Consumer {:.0} entries/s, ratio Consumer / hand-written = {:.2}",
-            median(baseline_rates),
-            median(consumer_rates),
-            median(ratios)
-        );
+        println!("\n| scenario | hand-written (median) | Consumer (median) | median of ratios |");
+        println!("|---|---|---|---|");
+        for (name, baseline, ours, ratio) in summary {
+            println!("| {name} | {baseline:.0}/s | {ours:.0}/s | {ratio:.2} |");
+        }
     });
 }
