@@ -539,14 +539,15 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
                 break;
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let after = stream_listener::store::stats();
     let n = members as f64;
     let commits = (after.commits - stats_before.commits) as f64;
     println!(
         "  store work until then: {commits:.0} commits ({:.2} per member), {} refused commits ({:.3} per commit), \
-         {:.2} snapshot loads per member, {:.1} KB loaded and {:.1} KB committed per member, {:.2} lock waits per commit",
+         {:.2} snapshot loads per member, {:.1} KB loaded and {:.1} KB committed per member, {:.2} lock waits per commit, \
+         {} heartbeats queued for the writer, {} applied in batches by another member's store ({:.1} per commit)",
         commits / n,
         after.conflicts - stats_before.conflicts,
         (after.conflicts - stats_before.conflicts) as f64 / commits.max(1.0),
@@ -554,6 +555,9 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         (after.load_bytes - stats_before.load_bytes) as f64 / n / 1024.0,
         (after.commit_bytes - stats_before.commit_bytes) as f64 / n / 1024.0,
         (after.lock_waits - stats_before.lock_waits) as f64 / commits.max(1.0),
+        after.queued - stats_before.queued,
+        after.batched - stats_before.batched,
+        (after.batched - stats_before.batched) as f64 / commits.max(1.0),
     );
     for stop in &stops {
         let _ = stop.send(true);

@@ -680,3 +680,131 @@ async fn two_hundred_fifty_six_members_joining_at_once_converge() {
         let _ = m.shutdown.send(true);
     }
 }
+
+/// The audit stream's events as (kind-bearing JSON, revision of the commit that wrote them).
+async fn audit_events(conn: &mut ConnectionManager, store: &GroupStore) -> Vec<(String, String)> {
+    let audit: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&store.keys().audit)
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .unwrap();
+    audit
+        .into_iter()
+        .map(|(_, fields)| (fields["event"].clone(), fields["revision"].clone()))
+        .collect()
+}
+
+async fn inbox_len(conn: &mut ConnectionManager, store: &GroupStore) -> i64 {
+    redis::cmd("LLEN")
+        .arg(&store.keys().inbox)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_one_batch() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let probe = store(&redis.url(), "batch", 8).await;
+    // Someone holds the writer lock: every join queues in the inbox.
+    let _: () = redis::cmd("SET")
+        .arg(&probe.keys().writer)
+        .arg("someone")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut joins = Vec::new();
+    for id in ["a", "b", "c", "d"] {
+        let url = redis.url();
+        joins.push(tokio::spawn(async move {
+            // Senders wait one heartbeat interval for an answer: a long one, so none gives up here.
+            let config = GroupConfig {
+                heartbeat_interval_ms: 5_000,
+                session_timeout_ms: 30_000,
+                rebalance_timeout_ms: 30_000,
+            };
+            let mut s = GroupStore::new(connect(&url).await, "orders", "batch", 8, config).unwrap();
+            let mut member = session(id);
+            s.heartbeat(&member.heartbeat(0, 1)).await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inbox_len(&mut conn, &probe).await < 4 {
+        assert!(Instant::now() < deadline, "the joins did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The holder goes away: the first waiter to take the lock applies all four and commits once.
+    let _: () = redis::cmd("DEL")
+        .arg(&probe.keys().writer)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for join in joins {
+        let response = join.await.unwrap().expect("join answered");
+        assert!(response.status.is_accepted(), "{response:?}");
+    }
+    let events = audit_events(&mut conn, &probe).await;
+    let joined: Vec<&(String, String)> = events
+        .iter()
+        .filter(|(event, _)| event.contains("MEMBER_JOINED"))
+        .collect();
+    assert_eq!(joined.len(), 4, "every join committed once: {events:?}");
+    assert!(
+        joined.iter().all(|(_, revision)| *revision == joined[0].1),
+        "one commit for the whole batch: {joined:?}"
+    );
+    assert_eq!(
+        inbox_len(&mut conn, &probe).await,
+        0,
+        "the batch was taken out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_expired_queue_entries_are_dropped_never_applied() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "forged", 4).await;
+    let ghost = serde_json::to_string(&session("ghost").heartbeat(0, 1)).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for entry in [
+        "garbage".to_string(),
+        "1 ../meta {}".to_string(),
+        format!("{} abc {{\"memberId\": 7}}", now_ms + 60_000),
+        // A join whose sender stopped waiting a minute ago.
+        format!("{} abc1 {ghost}", now_ms - 60_000),
+    ] {
+        let _: () = redis::cmd("RPUSH")
+            .arg(&s.keys().inbox)
+            .arg(entry)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let mut a = session("a");
+    let response = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+    assert!(response.status.is_accepted());
+    let (_, coordinator) = s.load().await.unwrap();
+    let members: Vec<&String> = coordinator.metadata().members.keys().collect();
+    assert_eq!(members, ["a"], "only the real join was applied");
+    assert_eq!(
+        inbox_len(&mut conn, &s).await,
+        0,
+        "the bad entries were trimmed"
+    );
+    let reply: i64 = redis::cmd("EXISTS")
+        .arg(s.keys().reply("abc1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply, 0,
+        "nobody waits for the expired entry: no answer is written"
+    );
+}

@@ -1,16 +1,18 @@
 -- Commits a new snapshot under the store revision compare-and-set, with its leases, audit events and
 -- monitoring projection, atomically.
--- KEYS: meta, rev, leases, audit, projection
+-- KEYS: meta, rev, leases, audit, projection, inbox, reply key*n
 -- ARGV: expected revision, now the core used, snapshot, projection, audit max length,
 --       n checks, (memberId, lease the core used)*n   -- members it removed: their lease must be unchanged
 --       n leases, (memberId, lease)*n                 -- live members (only ever moved forward)
 --       n removed, memberId*n
 --       n events, event*n
--- Returns {1, now, new revision} or {0, now} on conflict.
+--       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[7..])
+-- Returns {1, now, new revision} or {0, now} on conflict. Queued heartbeats are answered only here, after
+-- the commit that applied them, so a sender never sees a response that was not persisted.
 -- The revision is max(previous + 1, now * 1000): it never repeats, even after the store lost the revision
 -- key or rolled back to an older one (a failover), so a process caching an old snapshot can never match it.
 -- Refuse before writing anything: Redis does not roll back a script that fails half-way.
-local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[5], 'string'}}
+local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[5], 'string'}, {KEYS[6], 'list'}}
 for _, pair in ipairs(expected) do
   local kind = redis.call('TYPE', pair[1])['ok']
   if kind ~= 'none' and kind ~= pair[2] then
@@ -47,4 +49,13 @@ for _ = 1, n do
   i = i + 1
 end
 redis.call('SET', KEYS[5], ARGV[4])
+local taken = tonumber(ARGV[i]); i = i + 1
+if taken > 0 then redis.call('LTRIM', KEYS[6], taken, -1) end
+local ttl = ARGV[i]; i = i + 1
+n = tonumber(ARGV[i]); i = i + 1
+for k = 1, n do
+  redis.call('RPUSH', KEYS[6 + k], ARGV[i])
+  redis.call('PEXPIRE', KEYS[6 + k], ttl)
+  i = i + 1
+end
 return {1, now, rev}

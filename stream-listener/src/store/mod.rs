@@ -17,6 +17,14 @@
 //!   members therefore costs `O(n)` loads and commits, not `O(n^2)`. The lock is for speed only: the
 //!   revision compare-and-set stays the safety guard, so a holder that paused past the lock's expiry is
 //!   refused at commit like any stale writer.
+//! * **Batched commits.** A heartbeat that needs a real change queues itself in the group's inbox (one
+//!   script: `RPUSH` and `SET NX` of the writer lock). Whoever holds the lock applies its own input and
+//!   up to [`inbox::BATCH`] queued heartbeats to one snapshot and commits them in **one** write; the
+//!   commit script answers each queued sender on its own reply key, after the write. Waiting senders block
+//!   in Redis on their reply key and the turn list, so a join storm of `n` members costs about `n / BATCH`
+//!   commits per round instead of `n`. Applying another member's heartbeat is exactly what that member
+//!   would have done itself, under the same compare-and-set; an answer its sender stopped waiting for is a
+//!   lost response, which the core already handles.
 //! * On any refusal the store reloads and applies the input again: bounded retries with jitter.
 //! * **Lost metadata.** A missing snapshot is never trusted to mean a new group: the store creates it with
 //!   [`Coordinator::create`], which pauses grants until members of a lost state have self-fenced
@@ -26,22 +34,34 @@
 //!
 //! Key layout (one Redis Cluster slot per group thanks to the hash tag): see [`GroupKeys`].
 
-use std::time::Duration;
+mod inbox;
+
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use redis::Script;
+use redis::{Script, Value};
 
+use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
 use crate::coordinator::projection::GroupProjection;
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
-use crate::coordinator::{AdminCommand, Change, CommandError, Coordinator, Creation, Outcome};
+use crate::coordinator::{
+    AdminCommand, Change, CommandError, Coordinator, Creation, Outcome, Writes,
+};
 
 /// Attempts of one input before giving up with [`StoreError::Contention`].
 const MAX_ATTEMPTS: u32 = 16;
 /// Audit entries kept (approximately).
 const AUDIT_MAX_LEN: u64 = 10_000;
-/// How long the writer lock lives if its holder never releases it (crashed or paused).
-const WRITER_LOCK_MS: u64 = 500;
+/// How long the writer lock lives if its holder never releases it (crashed or paused). The holder extends
+/// it before every batch.
+const WRITER_LOCK_MS: u64 = 1000;
+/// Batches one holder of the writer lock commits before letting others have a turn.
+const MAX_BATCHES: usize = 64;
+/// A queued heartbeat whose sender stops waiting this soon is not applied: its answer would come too late.
+const DEADLINE_MARGIN_MS: i64 = 20;
+/// How long a sender waits for its queued heartbeat to be applied before giving up.
+const MAX_QUEUED_WAIT: Duration = Duration::from_secs(30);
 /// How long one wait for the writer lock blocks in Redis before trying again.
 const WRITER_WAIT_S: f64 = 0.05;
 
@@ -56,6 +76,8 @@ const WRITER_WAIT_S: f64 = 0.05;
 /// | `sl:{<stream>/<group>}:projection` | string | the monitoring projection (JSON) |
 /// | `sl:{<stream>/<group>}:writer` | string | the writer lock (holder's token, expires after 500 ms) |
 /// | `sl:{<stream>/<group>}:turn` | list | wakes one waiting writer when the lock is released |
+/// | `sl:{<stream>/<group>}:inbox` | list | heartbeats queued for the lock holder (see `store/inbox.rs`) |
+/// | `sl:{<stream>/<group>}:reply:<id>` | list | the answer to one queued heartbeat (short-lived) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupKeys {
     /// Snapshot.
@@ -72,6 +94,8 @@ pub struct GroupKeys {
     pub writer: String,
     /// Writer wake-ups.
     pub turn: String,
+    /// Heartbeats queued for the writer.
+    pub inbox: String,
 }
 
 impl GroupKeys {
@@ -86,7 +110,14 @@ impl GroupKeys {
             projection: format!("{base}:projection"),
             writer: format!("{base}:writer"),
             turn: format!("{base}:turn"),
+            inbox: format!("{base}:inbox"),
         }
+    }
+
+    /// Where the answer to the queued heartbeat `id` is pushed.
+    pub fn reply(&self, id: &str) -> String {
+        let base = self.meta.strip_suffix(":meta").unwrap_or(&self.meta);
+        format!("{base}:reply:{id}")
     }
 }
 
@@ -137,6 +168,10 @@ pub struct StoreStats {
     pub renewals: u64,
     /// Times a writer waited for the writer lock.
     pub lock_waits: u64,
+    /// Heartbeats this process queued for the lock holder.
+    pub queued: u64,
+    /// Queued heartbeats of others this process applied and answered.
+    pub batched: u64,
 }
 
 mod stats {
@@ -149,6 +184,8 @@ mod stats {
     pub(super) static COMMIT_BYTES: AtomicU64 = AtomicU64::new(0);
     pub(super) static RENEWALS: AtomicU64 = AtomicU64::new(0);
     pub(super) static LOCK_WAITS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static QUEUED: AtomicU64 = AtomicU64::new(0);
+    pub(super) static BATCHED: AtomicU64 = AtomicU64::new(0);
 
     pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
@@ -170,6 +207,8 @@ pub fn stats() -> StoreStats {
         commit_bytes: get(&COMMIT_BYTES),
         renewals: get(&RENEWALS),
         lock_waits: get(&LOCK_WAITS),
+        queued: get(&QUEUED),
+        batched: get(&BATCHED),
     }
 }
 
@@ -206,6 +245,10 @@ pub struct GroupStore {
     cache: Option<Snapshot>,
     /// Last Redis time seen and the local instant it was seen at: `now` for the core between reads.
     clock: Option<(i64, std::time::Instant)>,
+    /// Queue the next heartbeat without reloading first (see [`GroupStore::heartbeat`]).
+    defer_reload: bool,
+    /// The group's heartbeat interval as last read.
+    interval_ms: i64,
     scripts: Scripts,
 }
 
@@ -215,6 +258,9 @@ struct Scripts {
     renew: Script,
     commit: Script,
     release: Script,
+    enqueue: Script,
+    peek: Script,
+    cancel: Script,
 }
 
 impl GroupStore {
@@ -240,11 +286,16 @@ impl GroupStore {
             config,
             cache: None,
             clock: None,
+            defer_reload: false,
+            interval_ms: config.heartbeat_interval_ms,
             scripts: Scripts {
                 load: Script::new(include_str!("load.lua")),
                 renew: Script::new(include_str!("renew.lua")),
                 commit: Script::new(include_str!("commit.lua")),
                 release: Script::new(include_str!("writer.lua")),
+                enqueue: Script::new(include_str!("enqueue.lua")),
+                peek: Script::new(include_str!("peek.lua")),
+                cancel: Script::new(include_str!("cancel.lua")),
             },
         })
     }
@@ -254,20 +305,337 @@ impl GroupStore {
         &self.keys
     }
 
-    /// Applies one heartbeat.
+    /// Applies one heartbeat: on the cache when it changes nothing or only renews the sender's lease, else
+    /// queued for the writer (which may be this call) and committed in a batch.
     pub async fn heartbeat(
         &mut self,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, StoreError> {
-        self.apply(|c, now| c.heartbeat(req, now), Some(&req.member_id))
-            .await
+        for _ in 0..MAX_ATTEMPTS {
+            if self.cache.is_none() {
+                if self.defer_reload {
+                    // Our last heartbeat changed the group and was applied by another process: the
+                    // assignment is still moving, so queue this one too instead of reading the whole
+                    // snapshot now (in a storm, a reload per member per change is O(n^2) bytes).
+                    return self.queued(req, None).await;
+                }
+                self.reload().await?;
+            }
+            let mut snapshot = self.cache.take().expect("loaded above");
+            let now = self.now();
+            let outcome = snapshot.coordinator.heartbeat(req, now);
+            match outcome.change {
+                Change::None => {
+                    self.cache = Some(snapshot);
+                    return Ok(outcome.response);
+                }
+                Change::Lease => {
+                    if self.renew(&mut snapshot, &req.member_id).await? {
+                        self.cache = Some(snapshot);
+                        return Ok(outcome.response);
+                    }
+                    // Refused: the group moved on; reload and look again.
+                }
+                Change::Metadata => {
+                    let prepared = Prepared {
+                        snapshot,
+                        now,
+                        outcome,
+                    };
+                    return self.queued(req, Some(prepared)).await;
+                }
+            }
+        }
+        Err(StoreError::Contention)
+    }
+
+    /// Queues `req` for the writer and waits for its answer, becoming the writer when the lock is free.
+    async fn queued(
+        &mut self,
+        req: &HeartbeatRequest,
+        prepared: Option<Prepared>,
+    ) -> Result<HeartbeatResponse, StoreError> {
+        self.defer_reload = false;
+        let id = format!("{:x}", random_u64());
+        let token = format!("{:x}", random_u64());
+        let ttl = self.queue_ttl_ms();
+        let reply_key = self.keys.reply(&id);
+        let (taken, now): (i64, i64) = self
+            .scripts
+            .enqueue
+            .key(&self.keys.inbox)
+            .key(&self.keys.writer)
+            .arg(&id)
+            .arg(serde_json::to_string(req).expect("heartbeats serialize"))
+            .arg(ttl)
+            .arg(&token)
+            .arg(WRITER_LOCK_MS)
+            .invoke_async(&mut self.conn)
+            .await?;
+        self.observe_time(now);
+        stats::add(&stats::QUEUED, 1);
+        let mut locked = taken == 1;
+        let mut prepared = prepared;
+        let give_up = Instant::now() + MAX_QUEUED_WAIT;
+        loop {
+            if locked {
+                // If this future is dropped (the caller's timeout) while holding the lock, release it
+                // anyway: otherwise every other writer would wait for it to expire.
+                let guard = self.lock_guard(&token);
+                let result = self.drain(Some((&id, req)), &token, prepared.take()).await;
+                guard.disarm();
+                self.unlock(&token).await;
+                match result {
+                    Err(error) => {
+                        self.cache = None;
+                        self.cancel(&id).await;
+                        return Err(error);
+                    }
+                    Ok(Some(response)) => return Ok(response),
+                    // The lock lapsed before this heartbeat was applied: wait again.
+                    Ok(None) => locked = false,
+                }
+            }
+            if Instant::now() > give_up {
+                self.cancel(&id).await;
+                return Err(StoreError::Contention);
+            }
+            let popped: Option<(String, Vec<u8>)> = redis::cmd("BLPOP")
+                .arg(&reply_key)
+                .arg(&self.keys.turn)
+                .arg(WRITER_WAIT_S)
+                .query_async(&mut self.conn)
+                .await?;
+            if let Some((key, answer)) = popped.filter(|(key, _)| *key == reply_key) {
+                debug_assert_eq!(key, reply_key);
+                return self.answer(&reply_key, &answer);
+            }
+            stats::add(&stats::LOCK_WAITS, 1);
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&self.keys.writer)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(WRITER_LOCK_MS)
+                .query_async(&mut self.conn)
+                .await?;
+            if taken.is_some() {
+                // The previous holder may have answered between the wait and the lock.
+                let answer: Option<Vec<u8>> = redis::cmd("LPOP")
+                    .arg(&reply_key)
+                    .query_async(&mut self.conn)
+                    .await?;
+                if let Some(answer) = answer {
+                    self.unlock(&token).await;
+                    return self.answer(&reply_key, &answer);
+                }
+                locked = true;
+            }
+        }
+    }
+
+    /// Takes our queued heartbeat back (best effort: Redis may be what failed).
+    async fn cancel(&mut self, id: &str) {
+        let removed: Result<i64, _> = self
+            .scripts
+            .cancel
+            .key(&self.keys.inbox)
+            .arg(id)
+            .invoke_async(&mut self.conn)
+            .await;
+        if let Err(error) = removed {
+            tracing::debug!(%error, "taking a queued heartbeat back failed");
+        }
+    }
+
+    /// An answer another process committed for us: `C` (our heartbeat changed the group) or `Q` (it
+    /// only renewed our lease), then the response JSON. Our cache is behind that commit: it was taken.
+    fn answer(&mut self, key: &str, answer: &[u8]) -> Result<HeartbeatResponse, StoreError> {
+        self.cache = None;
+        let (json, changed) = match answer.split_first() {
+            Some((b'C', json)) => (json, true),
+            Some((b'Q', json)) => (json, false),
+            _ => (answer, false),
+        };
+        self.defer_reload = changed;
+        serde_json::from_slice(json).map_err(|e| StoreError::Metadata {
+            key: key.to_string(),
+            source: MetadataError::Corrupt(e.to_string()),
+        })
+    }
+
+    /// How long a queued heartbeat waits to be applied: the member's own response timeout.
+    fn queue_ttl_ms(&self) -> i64 {
+        self.interval_ms.max(100)
+    }
+
+    /// As the lock holder: applies `own` and the queued heartbeats, a batch per commit, until the inbox is
+    /// empty. Returns the answer to `own`, or `None` if the lock lapsed before it was applied.
+    async fn drain(
+        &mut self,
+        mut own: Option<(&str, &HeartbeatRequest)>,
+        token: &str,
+        mut prepared: Option<Prepared>,
+    ) -> Result<Option<HeartbeatResponse>, StoreError> {
+        let mut own_response = None;
+        let mut refusals = 0;
+        for _ in 0..MAX_BATCHES {
+            let (revision, now, entries) = match self.peek(token).await? {
+                Some(peeked) => peeked,
+                None => return Ok(own_response),
+            };
+            let only_own = entries.iter().all(|entry| {
+                own.is_some_and(|(id, _)| {
+                    inbox::decode(entry).is_ok_and(|queued| queued.reply_id == id)
+                })
+            });
+            // Uncontended: nobody committed since this heartbeat was computed on the cache and nobody
+            // else is queued, so what was computed is what a reload would compute.
+            if let Some(mut ready) = prepared
+                .take()
+                .filter(|p| own.is_some() && only_own && p.snapshot.revision == revision)
+            {
+                let outcome = &ready.outcome;
+                if self
+                    .commit(
+                        &mut ready.snapshot,
+                        ready.now,
+                        &outcome.writes,
+                        &outcome.events,
+                        entries.len(),
+                        &[],
+                    )
+                    .await?
+                {
+                    self.cache = Some(ready.snapshot);
+                    return Ok(Some(ready.outcome.response));
+                }
+                continue;
+            }
+            let mut snapshot = match self.cache.take() {
+                Some(snapshot) if snapshot.revision == revision => snapshot,
+                _ => {
+                    self.reload().await?;
+                    self.cache.take().expect("loaded above")
+                }
+            };
+            let now = now.max(self.now());
+            let mut batch = Batch::default();
+            let mut own_answer = None;
+            if let Some((_, req)) = own {
+                let outcome = snapshot.coordinator.heartbeat(req, now);
+                own_answer = Some(batch.add(outcome));
+            }
+            let mut answers = Vec::new();
+            let mut bad = 0;
+            for entry in &entries {
+                let queued = match inbox::decode(entry) {
+                    Ok(queued) => queued,
+                    Err(_) => {
+                        bad += 1;
+                        continue;
+                    }
+                };
+                if own.is_some_and(|(id, _)| id == queued.reply_id)
+                    || queued.deadline <= now + DEADLINE_MARGIN_MS
+                {
+                    continue;
+                }
+                let outcome = snapshot.coordinator.heartbeat(&queued.request, now);
+                let mut answer = vec![if outcome.change == Change::Metadata {
+                    b'C'
+                } else {
+                    b'Q'
+                }];
+                serde_json::to_writer(&mut answer, &batch.add(outcome))
+                    .expect("responses serialize");
+                answers.push((queued.reply_id, answer));
+            }
+            if bad > 0 {
+                tracing::warn!(inbox = %self.keys.inbox, bad, "skipped queued heartbeats that do not decode");
+            }
+            if batch.changed || !entries.is_empty() {
+                let committed = self
+                    .commit(
+                        &mut snapshot,
+                        now,
+                        &batch.writes,
+                        &batch.events,
+                        entries.len(),
+                        &answers,
+                    )
+                    .await?;
+                if !committed {
+                    refusals += 1;
+                    if refusals >= MAX_ATTEMPTS {
+                        return Err(StoreError::Contention);
+                    }
+                    continue;
+                }
+            }
+            stats::add(&stats::BATCHED, answers.len() as u64);
+            self.cache = Some(snapshot);
+            if let Some(answer) = own_answer {
+                own_response = Some(answer);
+                own = None;
+            }
+            if entries.len() < inbox::BATCH {
+                break;
+            }
+        }
+        Ok(own_response)
+    }
+
+    /// The writer's look at its next batch: `None` if the lock is no longer ours.
+    async fn peek(&mut self, token: &str) -> Result<Option<(i64, i64, Vec<Vec<u8>>)>, StoreError> {
+        let reply: Vec<Value> = self
+            .scripts
+            .peek
+            .key(&self.keys.writer)
+            .key(&self.keys.rev)
+            .key(&self.keys.inbox)
+            .arg(token)
+            .arg(WRITER_LOCK_MS)
+            .arg(inbox::BATCH)
+            .invoke_async(&mut self.conn)
+            .await?;
+        let mut values = reply.into_iter();
+        let shape = |what: &str| StoreError::Reply {
+            script: "peek.lua",
+            reply: vec![what.len() as i64],
+        };
+        let (Some(Value::Int(holds)), Some(Value::Int(revision)), Some(Value::Int(now))) =
+            (values.next(), values.next(), values.next())
+        else {
+            return Err(shape("header"));
+        };
+        self.observe_time(now);
+        if holds != 1 {
+            return Ok(None);
+        }
+        let entries = values
+            .map(|value| match value {
+                Value::BulkString(bytes) => Ok(bytes),
+                _ => Err(shape("entry")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Some((revision, now, entries)))
+    }
+
+    fn lock_guard(&self, token: &str) -> LockGuard {
+        LockGuard {
+            conn: self.conn.clone(),
+            release: self.scripts.release.clone(),
+            keys: self.keys.clone(),
+            token: Some(token.to_string()),
+        }
     }
 
     /// Applies timers that are due (expiry, rebalance timeouts, fenced holds), committing if anything
     /// changed.
     pub async fn tick(&mut self) -> Result<(), StoreError> {
         self.cache = None;
-        self.apply(|c, now| c.tick(now), None).await
+        self.apply(|c, now| c.tick(now)).await
     }
 
     /// Applies an operator command.
@@ -276,8 +644,7 @@ impl GroupStore {
         command: AdminCommand,
     ) -> Result<Result<(), CommandError>, StoreError> {
         self.cache = None;
-        self.apply(|c, now| c.command(command.clone(), now), None)
-            .await
+        self.apply(|c, now| c.command(command.clone(), now)).await
     }
 
     /// The current snapshot, freshly read (for operators and tests).
@@ -302,59 +669,23 @@ impl GroupStore {
         .transpose()
     }
 
+    /// Applies an input that is not a heartbeat under the writer lock (the heartbeats others queued wait
+    /// for the next holder).
     async fn apply<R>(
         &mut self,
         mut input: impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
-        sender: Option<&str>,
     ) -> Result<R, StoreError> {
-        // The common case needs no lock: nothing to write, or only the sender's lease to renew. A real
-        // change computed on the cache is kept for the locked path below.
-        let mut prepared = None;
-        if let Some(mut snapshot) = self.cache.take() {
-            let now = self.now();
-            let outcome = input(&mut snapshot.coordinator, now);
-            match outcome.change {
-                Change::None => {
-                    self.cache = Some(snapshot);
-                    return Ok(outcome.response);
-                }
-                Change::Lease => {
-                    let member = sender.expect("only heartbeats renew leases");
-                    if self.renew(&mut snapshot, member).await? {
-                        self.cache = Some(snapshot);
-                        return Ok(outcome.response);
-                    }
-                }
-                Change::Metadata => prepared = Some((snapshot, now, outcome)),
-            }
-        }
         let token = self.lock().await?;
-        // If this future is dropped (the caller's timeout) while holding the lock, release it anyway:
-        // otherwise every other writer would wait for it to expire.
-        let guard = LockGuard {
-            conn: self.conn.clone(),
-            release: self.scripts.release.clone(),
-            keys: self.keys.clone(),
-            token: Some(token.clone()),
-        };
+        // If this future is dropped (the caller's timeout) while holding the lock, release it anyway.
+        let guard = self.lock_guard(&token);
         let result = async {
-            if let Some((mut snapshot, now, outcome)) = prepared {
-                // Nobody committed since the cache was read: what was computed on it is what a reload
-                // would compute, so commit it as it is (the commit's compare-and-set still checks).
-                if self.revision().await? == snapshot.revision
-                    && self.commit(&mut snapshot, now, &outcome).await?
-                {
-                    self.cache = Some(snapshot);
-                    return Ok(outcome.response);
-                }
-            }
             for attempt in 0..MAX_ATTEMPTS {
                 if attempt > 0 {
                     // Someone wrote without the lock (it expired while we worked): spread out and retry.
                     let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
-                if let Some(response) = self.attempt(&mut input, sender).await? {
+                if let Some(response) = self.attempt(&mut input).await? {
                     return Ok(response);
                 }
             }
@@ -369,21 +700,11 @@ impl GroupStore {
         result
     }
 
-    /// The store revision in Redis now.
-    async fn revision(&mut self) -> Result<i64, StoreError> {
-        let revision: Option<i64> = redis::cmd("GET")
-            .arg(&self.keys.rev)
-            .query_async(&mut self.conn)
-            .await?;
-        Ok(revision.unwrap_or(0))
-    }
-
     /// Reloads the snapshot, runs the input on it and writes the outcome. `None`: refused, the cache is
     /// dropped.
     async fn attempt<R>(
         &mut self,
         input: &mut impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
-        sender: Option<&str>,
     ) -> Result<Option<R>, StoreError> {
         self.reload().await?;
         let now = self.now();
@@ -394,11 +715,11 @@ impl GroupStore {
         let outcome = input(&mut snapshot.coordinator, now);
         let written = match outcome.change {
             Change::None => true,
-            Change::Lease => {
-                let member = sender.expect("only heartbeats renew leases");
-                self.renew(&mut snapshot, member).await?
+            // Only heartbeats renew a lease; anything else that moved one is committed in full.
+            Change::Lease | Change::Metadata => {
+                self.commit(&mut snapshot, now, &outcome.writes, &outcome.events, 0, &[])
+                    .await?
             }
-            Change::Metadata => self.commit(&mut snapshot, now, &outcome).await?,
         };
         if !written {
             return Ok(None);
@@ -500,6 +821,7 @@ impl GroupStore {
         for (member, deadline) in leases {
             coordinator.set_lease(&member, deadline);
         }
+        self.interval_ms = coordinator.metadata().config.heartbeat_interval_ms;
         self.cache = Some(Snapshot {
             revision,
             coordinator,
@@ -534,11 +856,16 @@ impl GroupStore {
         Ok(true)
     }
 
-    async fn commit<R>(
+    /// Writes the snapshot with the writes and events of the inputs applied to it, trims the `taken`
+    /// queued heartbeats and pushes their `answers`, all under the revision compare-and-set.
+    async fn commit(
         &mut self,
         snapshot: &mut Snapshot,
         now: i64,
-        outcome: &Outcome<R>,
+        writes: &Writes,
+        events: &[AuditEvent],
+        taken: usize,
+        answers: &[(String, Vec<u8>)],
     ) -> Result<bool, StoreError> {
         let meta = snapshot.coordinator.metadata();
         let meta_json = meta.to_json();
@@ -552,13 +879,17 @@ impl GroupStore {
             .key(&self.keys.leases)
             .key(&self.keys.audit)
             .key(&self.keys.projection)
+            .key(&self.keys.inbox);
+        for (id, _) in answers {
+            invocation.key(self.keys.reply(id));
+        }
+        invocation
             .arg(snapshot.revision)
             .arg(now)
             .arg(meta_json)
             .arg(projection)
             .arg(AUDIT_MAX_LEN);
         // The core says which leases it relied on and which members are gone.
-        let writes = &outcome.writes;
         invocation.arg(writes.lease_checks.len());
         for (id, lease) in &writes.lease_checks {
             invocation.arg(id).arg(*lease);
@@ -567,13 +898,26 @@ impl GroupStore {
         for (id, m) in &meta.members {
             invocation.arg(id).arg(m.lease_deadline_ms);
         }
-        invocation.arg(writes.removed.len());
-        for id in &writes.removed {
+        // A member removed by one input of a batch and back by a later one keeps its lease.
+        let removed: Vec<&String> = writes
+            .removed
+            .iter()
+            .filter(|id| !meta.members.contains_key(*id))
+            .collect();
+        invocation.arg(removed.len());
+        for id in removed {
             invocation.arg(id);
         }
-        invocation.arg(outcome.events.len());
-        for event in &outcome.events {
+        invocation.arg(events.len());
+        for event in events {
             invocation.arg(serde_json::to_string(event).expect("events serialize"));
+        }
+        invocation
+            .arg(taken)
+            .arg(self.queue_ttl_ms().max(1000))
+            .arg(answers.len());
+        for (_, answer) in answers {
+            invocation.arg(answer.as_slice());
         }
         let reply: Vec<i64> = invocation.invoke_async(&mut self.conn).await?;
         let (committed, now, revision) = decode_reply("commit.lua", reply)?;
@@ -586,6 +930,41 @@ impl GroupStore {
         stats::add(&stats::COMMIT_BYTES, bytes);
         snapshot.revision = revision;
         Ok(true)
+    }
+}
+
+/// A heartbeat computed on the cache that needs a commit, kept in case nobody else writes first.
+struct Prepared {
+    snapshot: Snapshot,
+    now: i64,
+    outcome: Outcome<HeartbeatResponse>,
+}
+
+/// The inputs of one batch, merged into one commit.
+#[derive(Default)]
+struct Batch {
+    changed: bool,
+    writes: Writes,
+    events: Vec<AuditEvent>,
+}
+
+impl Batch {
+    /// Folds one outcome in and returns its response. A lease check keeps the first value seen: the one
+    /// in the store before the batch.
+    fn add<R>(&mut self, outcome: Outcome<R>) -> R {
+        self.changed |= outcome.change != Change::None;
+        for (id, lease) in outcome.writes.lease_checks {
+            if !self.writes.lease_checks.iter().any(|(seen, _)| *seen == id) {
+                self.writes.lease_checks.push((id, lease));
+            }
+        }
+        for id in outcome.writes.removed {
+            if !self.writes.removed.contains(&id) {
+                self.writes.removed.push(id);
+            }
+        }
+        self.events.extend(outcome.events);
+        outcome.response
     }
 }
 

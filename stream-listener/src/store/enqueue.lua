@@ -1,0 +1,13 @@
+-- Queues a heartbeat for whichever process holds the writer lock, and takes the lock if it is free.
+-- KEYS: inbox, writer. ARGV: reply id, heartbeat JSON, ttl ms (how long the sender waits for an answer),
+-- lock token, lock ms.
+-- The entry is "<deadline ms> <reply id> <heartbeat JSON>"; a writer never applies an entry past its
+-- deadline (its sender stopped waiting). Returns {1 if this call took the lock else 0, now}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('RPUSH', KEYS[1], string.format('%d', now + ttl) .. ' ' .. ARGV[1] .. ' ' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], math.max(ttl * 4, 10000))
+local taken = redis.call('SET', KEYS[2], ARGV[4], 'NX', 'PX', ARGV[5])
+if taken then return {1, now} end
+return {0, now}
