@@ -498,9 +498,14 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     let mut observer = store(url, group, config).await;
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
+    // Connections first, so every member starts at once and none waits for a connection behind the others.
+    let mut stores = Vec::with_capacity(members);
+    for _ in 0..members {
+        stores.push(store(url, group, config).await);
+    }
     let stats_before = stream_listener::store::stats();
     let start = Instant::now();
-    for i in 0..members {
+    for (i, member_store) in stores.into_iter().enumerate() {
         let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
         let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
@@ -519,7 +524,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         });
         let member = MemberLoop {
             session: session(&format!("j{i}"), config.session_timeout_ms, i as u64),
-            store: store(url, group, config).await,
+            store: member_store,
             commands: commands_tx,
             reports: reports_rx,
             shutdown: stop_rx,
