@@ -15,6 +15,8 @@ pub enum PayloadKind {
     Json,
     /// `RawMessage` / `Message<Vec<u8>>`: the payload bytes as they are.
     Raw,
+    /// `Message<Fields>`: the entry's field map, for entries written by other clients (no `p` field).
+    Fields,
 }
 
 /// One `#[stream_listener]` handler, as the macro registered it.

@@ -24,6 +24,11 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
             quote!(::core::stringify!(#argument)),
             quote_spanned!(span=> #private::BoxedHandler::raw),
         ),
+        Payload::Fields => (
+            quote!(#private::PayloadKind::Fields),
+            quote!(::core::stringify!(#argument)),
+            quote_spanned!(span=> #private::BoxedHandler::fields),
+        ),
     };
 
     // The handler's future must be `Send` (workers run on a multi-threaded runtime). Passing it through

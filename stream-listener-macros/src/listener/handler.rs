@@ -4,8 +4,8 @@ use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 
 use super::Errors;
 
-const ARGUMENT_HINT: &str =
-    "`msg: Message<T>` (JSON payload decoded into `T`) or `msg: RawMessage` (payload bytes)";
+const ARGUMENT_HINT: &str = "`msg: Message<T>` (JSON payload decoded into `T`), `msg: RawMessage` \
+     (payload bytes) or `msg: Message<Fields>` (the entry's field map)";
 
 /// How the handler's payload is decoded, read off its argument type. Built once per handler: its size
 /// does not matter.
@@ -16,6 +16,8 @@ pub(crate) enum Payload {
     Json(Type),
     /// `RawMessage` or `Message<Vec<u8>>`.
     Raw,
+    /// `Message<Fields>`: the entry's field map (entries written by other clients).
+    Fields,
 }
 
 /// A handler signature that passed every check.
@@ -207,6 +209,10 @@ fn payload_of(ty: &Type) -> Option<Payload> {
     let inner = single_type_argument(segment)?;
     if is_bytes(inner) {
         Some(Payload::Raw)
+    } else if last_segment(inner)
+        .is_some_and(|segment| segment.ident == "Fields" && segment.arguments.is_none())
+    {
+        Some(Payload::Fields)
     } else {
         Some(Payload::Json(inner.clone()))
     }

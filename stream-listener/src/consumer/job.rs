@@ -377,12 +377,6 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
         return Fate::Ack;
     }
-    let Some(payload) = entry.payload() else {
-        return Fate::DeadLetter {
-            deliveries: entry.delivery_count,
-            error: "undecodable payload: the entry has no `p` field".to_owned(),
-        };
-    };
     if entry.delivery_count > max {
         let error = format!(
             "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
@@ -401,7 +395,7 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         acked: acked.clone(),
     });
     let delivery = Delivery {
-        payload,
+        fields: &entry.fields,
         id: &entry.id,
         key: entry.key(),
         shard: spec.shard,

@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
-use super::ops::Shared;
+use super::fields::Fields;
+use super::ops::{Shared, PAYLOAD_FIELD};
 
 /// A boxed, sendable future: handlers are stored as trait objects, so they return one of these.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -209,7 +210,8 @@ where
 
 /// Everything about one delivery except the decoded payload.
 pub(crate) struct Delivery<'a> {
-    pub(crate) payload: &'a [u8],
+    /// The entry's fields as read, in order; the decoder picks what it needs.
+    pub(crate) fields: &'a [(Vec<u8>, Vec<u8>)],
     pub(crate) id: &'a str,
     pub(crate) key: &'a str,
     pub(crate) shard: u32,
@@ -260,6 +262,36 @@ impl BoxedHandler {
         D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
         H: Handler<T>,
     {
+        Self::decoded(
+            move |fields: &[(Vec<u8>, Vec<u8>)]| {
+                let payload = fields
+                    .iter()
+                    .find(|(name, _)| name.as_slice() == PAYLOAD_FIELD.as_bytes())
+                    .map(|(_, value)| value.as_slice())
+                    .ok_or_else(|| "the entry has no `p` field".to_owned())?;
+                decode(payload).map_err(|e| e.to_string())
+            },
+            handler,
+        )
+    }
+
+    /// A handler of the entry's whole field map ([`Fields`]): entries written by other clients (the
+    /// spec's JVM and Python producers, `XADD` by hand, [`Producer::send_fields`](crate::Producer::send_fields))
+    /// with arbitrary fields and no `p`. Never an undecodable entry.
+    pub fn fields<H: Handler<Fields>>(handler: H) -> Self {
+        Self::decoded(
+            |fields: &[(Vec<u8>, Vec<u8>)]| Ok(Fields::from_entry(fields)),
+            handler,
+        )
+    }
+
+    /// A handler whose decoder sees every field of the entry.
+    fn decoded<T, D, H>(decode: D, handler: H) -> Self
+    where
+        T: Send + 'static,
+        D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
+        H: Handler<T>,
+    {
         Self {
             inner: Arc::new(Typed {
                 decode,
@@ -290,18 +322,17 @@ struct Typed<T, D, H> {
     _payload: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T, E, D, H> ErasedHandler for Typed<T, D, H>
+impl<T, D, H> ErasedHandler for Typed<T, D, H>
 where
     T: Send + 'static,
-    E: fmt::Display,
-    D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
+    D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
     H: Handler<T>,
 {
     fn call(
         &self,
         delivery: Delivery<'_>,
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
-        let payload = (self.decode)(delivery.payload).map_err(|e| e.to_string())?;
+        let payload = (self.decode)(delivery.fields)?;
         Ok(self.handler.handle(Message {
             payload,
             id: delivery.id.to_owned(),
