@@ -57,10 +57,18 @@ pub mod store;
 pub mod topology;
 
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
+    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, Message, OnExhausted,
+    RawMessage,
 };
-pub use producer::Producer;
-pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
+pub use coordinator::metadata::GroupConfig;
+pub use member::lifecycle::FencingToken;
+pub use producer::{Producer, ProducerConfig, ProducerError};
+/// The `redis` crate this library is built with, so users need not match its version and features.
+pub use redis;
+pub use runtime::{
+    ConsumerBuilder, ListenerSpec, RunningRuntime, Runtime, RuntimeError, State,
+};
+pub use topology::{StartFrom, Topology};
 /// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
 pub use stream_listener_macros::stream_listener;
 
@@ -71,6 +79,9 @@ pub mod __private {
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
     pub use crate::registry::{ListenerRegistration, PayloadKind};
+    pub use crate::runtime::{MissingState, State, States};
+    pub use crate::topology::StartFrom;
+    pub use core::result::Result;
     pub use inventory;
 }
 

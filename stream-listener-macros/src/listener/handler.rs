@@ -27,6 +27,8 @@ pub(crate) struct Handler {
     pub(crate) argument: Type,
     /// How to decode it.
     pub(crate) payload: Payload,
+    /// The second argument's type, `State<T>` as written, if there is one.
+    pub(crate) state: Option<Type>,
 }
 
 impl Handler {
@@ -85,6 +87,7 @@ impl Handler {
 
         // A `self` receiver gets its own error; the message-count check looks at the other arguments.
         let mut argument = None;
+        let mut state = None;
         let mut typed_index = 0;
         for input in &sig.inputs {
             let index = typed_index;
@@ -101,12 +104,23 @@ impl Handler {
                     ),
                 ),
                 FnArg::Typed(typed) if index == 0 => argument = Some(&*typed.ty),
+                FnArg::Typed(typed) if index == 1 && is_state(&typed.ty) => {
+                    state = Some((*typed.ty).clone())
+                }
+                FnArg::Typed(typed) if index == 1 => fail(
+                    errors,
+                    syn::Error::new_spanned(
+                        &typed.ty,
+                        "the second argument of a `#[stream_listener]` handler must be `State<T>`: \
+                         a value registered with `Runtime::state(..)`, e.g. `State(db): State<Db>`",
+                    ),
+                ),
                 FnArg::Typed(typed) => fail(
                     errors,
                     syn::Error::new_spanned(
                         typed,
                         format!(
-                            "`#[stream_listener]` handlers take exactly one argument, the message: \
+                            "`#[stream_listener]` handlers take the message and at most one `State<T>`: \
                              {ARGUMENT_HINT}"
                         ),
                     ),
@@ -119,7 +133,7 @@ impl Handler {
                 syn::Error::new(
                     sig.paren_token.span.join(),
                     format!(
-                        "`#[stream_listener]` handlers take exactly one argument, the message: \
+                        "`#[stream_listener]` handlers take the message as their first argument: \
                          {ARGUMENT_HINT}"
                     ),
                 ),
@@ -163,6 +177,7 @@ impl Handler {
             (true, Some(argument), Some(payload)) => Some(Self {
                 argument: argument.clone(),
                 payload,
+                state,
             }),
             _ => None,
         }
@@ -225,6 +240,12 @@ fn is_bytes(ty: &Type) -> bool {
         .and_then(single_type_argument)
         .and_then(last_segment)
         .is_some_and(|segment| segment.ident == "u8" && segment.arguments.is_none())
+}
+
+/// `State<T>` (under any path).
+fn is_state(ty: &Type) -> bool {
+    last_segment(ty)
+        .is_some_and(|segment| segment.ident == "State" && single_type_argument(segment).is_some())
 }
 
 fn is_result(ty: &Type) -> bool {
