@@ -18,6 +18,9 @@ pub enum PayloadKind {
     Raw,
     /// `Message<Fields>`: the entry's field map, for entries written by other clients (no `p` field).
     Fields,
+    /// `Vec<Message<T>>`: a batch handler of JSON payloads (see
+    /// [`BoxedHandler::json_batch`](crate::consumer::BoxedHandler::json_batch)).
+    JsonBatch,
 }
 
 /// One `#[stream_listener]` handler, as the macro registered it.

@@ -24,6 +24,11 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
             quote!(::core::stringify!(#argument)),
             quote_spanned!(span=> #private::BoxedHandler::raw),
         ),
+        Payload::JsonBatch(ty) => (
+            quote!(#private::PayloadKind::JsonBatch),
+            quote!(::core::stringify!(#ty)),
+            quote_spanned!(span=> #private::BoxedHandler::json_batch::<#ty, _>),
+        ),
         Payload::Fields => (
             quote!(#private::PayloadKind::Fields),
             quote!(::core::stringify!(#argument)),

@@ -5,7 +5,7 @@ use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 use super::Errors;
 
 const ARGUMENT_HINT: &str = "`msg: Message<T>` (JSON payload decoded into `T`), `msg: RawMessage` \
-     (payload bytes) or `msg: Message<Fields>` (the entry's field map)";
+     (payload bytes), `msg: Message<Fields>` (the entry's field map) or `batch: Vec<Message<T>>` (a batch)";
 
 /// How the handler's payload is decoded, read off its argument type. Built once per handler: its size
 /// does not matter.
@@ -18,6 +18,8 @@ pub(crate) enum Payload {
     Raw,
     /// `Message<Fields>`: the entry's field map (entries written by other clients).
     Fields,
+    /// `Vec<Message<T>>`: a batch handler of JSON payloads.
+    JsonBatch(Type),
 }
 
 /// A handler signature that passed every check.
@@ -215,6 +217,13 @@ fn single_type_argument(segment: &syn::PathSegment) -> Option<&Type> {
 
 fn payload_of(ty: &Type) -> Option<Payload> {
     let segment = last_segment(ty)?;
+    if segment.ident == "Vec" {
+        let message = last_segment(single_type_argument(segment)?)?;
+        if message.ident != "Message" {
+            return None;
+        }
+        return Some(Payload::JsonBatch(single_type_argument(message)?.clone()));
+    }
     if segment.ident == "RawMessage" && segment.arguments.is_none() {
         return Some(Payload::Raw);
     }

@@ -52,7 +52,9 @@ mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
 pub use fields::{FieldError, Fields};
-pub use message::{AckError, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage};
+pub use message::{
+    AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
+};
 pub use ops::{dead_letter_fields, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};

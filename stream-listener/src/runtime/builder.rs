@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::consumer::{AckPolicy, BoxedHandler, FailurePolicy, Fields, Handler, Message};
+use crate::consumer::{
+    AckPolicy, BatchHandler, BoxedHandler, FailurePolicy, Fields, Handler, Message,
+};
 use crate::topology::StartFrom;
 
 use super::spec::{ListenerSpec, Origin};
@@ -157,6 +159,17 @@ impl ConsumerBuilder {
                 handler(message, state.clone())
             }))
         })));
+        self
+    }
+
+    /// A batch handler of JSON payloads: each read of a shard, up to [`batch_size`](Self::batch_size)
+    /// entries, in one call; all or nothing (see [`BoxedHandler::json_batch`]).
+    pub fn batch_handler<T, H>(mut self, handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: BatchHandler<T>,
+    {
+        self.spec.handler = Some(HandlerSource::Ready(BoxedHandler::json_batch(handler)));
         self
     }
 
