@@ -393,10 +393,11 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
         .consumer(
             ConsumerBuilder::new("batched", "g")
                 .batch_size(10)
-                .failure(stream_listener::FailurePolicy {
-                    max_deliveries: 2,
-                    initial_backoff: Duration::from_millis(50),
-                    ..Default::default()
+                .failure({
+                    let mut policy = stream_listener::FailurePolicy::default();
+                    policy.max_deliveries = 2;
+                    policy.initial_backoff = Duration::from_millis(50);
+                    policy
                 })
                 .batch_handler(|batch: Vec<Message<u64>>| async move {
                     let values: Vec<u64> = batch.iter().map(|m| m.payload).collect();
