@@ -80,14 +80,12 @@ async fn start_from_latest_skips_entries_written_before_the_group_existed() {
                     Ok::<(), String>(())
                 }),
         )
-        .consumer(
-            ConsumerBuilder::new("positions", "from-earliest").handler(
-                |msg: Message<u64>| async move {
-                    EARLIEST.lock().unwrap().insert(msg.payload);
-                    Ok::<(), String>(())
-                },
-            ),
-        )
+        .consumer(ConsumerBuilder::new("positions", "from-earliest").handler(
+            |msg: Message<u64>| async move {
+                EARLIEST.lock().unwrap().insert(msg.payload);
+                Ok::<(), String>(())
+            },
+        ))
         .start()
         .await
         .unwrap();
@@ -95,9 +93,11 @@ async fn start_from_latest_skips_entries_written_before_the_group_existed() {
     for n in 100..110u64 {
         producer.send(format!("k{n}"), &n).await.unwrap();
     }
-    wait_until("both groups handled the new entries", Duration::from_secs(30), || {
-        LATEST.lock().unwrap().len() >= 10 && EARLIEST.lock().unwrap().len() >= 20
-    })
+    wait_until(
+        "both groups handled the new entries",
+        Duration::from_secs(30),
+        || LATEST.lock().unwrap().len() >= 10 && EARLIEST.lock().unwrap().len() >= 20,
+    )
     .await;
     runtime.stop().await.unwrap();
     assert_eq!(
@@ -196,7 +196,11 @@ async fn entries_written_by_other_clients_are_handled_as_field_maps() {
             ),
         ]
     );
-    assert_eq!(stream_len(&url, "foreign:dlq").await, 0, "nothing dead-lettered");
+    assert_eq!(
+        stream_len(&url, "foreign:dlq").await,
+        0,
+        "nothing dead-lettered"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,7 +229,10 @@ async fn a_json_handler_still_dead_letters_an_entry_without_a_payload() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while stream_len(&url, "nopayload:dlq").await == 0 {
-        assert!(Instant::now() < deadline, "timed out waiting for the dead letter");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the dead letter"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     runtime.stop().await.unwrap();
@@ -280,9 +287,11 @@ async fn state_reaches_annotated_and_builder_handlers_and_the_environment_rename
         tallied.send(format!("k{n}"), &n).await.unwrap();
         counted.send(format!("k{n}"), &n).await.unwrap();
     }
-    wait_until("both handlers saw their state", Duration::from_secs(30), || {
-        tally.seen.lock().unwrap().len() >= 5 && builder_calls.load(Ordering::SeqCst) >= 5
-    })
+    wait_until(
+        "both handlers saw their state",
+        Duration::from_secs(30),
+        || tally.seen.lock().unwrap().len() >= 5 && builder_calls.load(Ordering::SeqCst) >= 5,
+    )
     .await;
     runtime.stop().await.unwrap();
     let mut seen = tally.seen.lock().unwrap().clone();
@@ -320,12 +329,15 @@ async fn a_handler_whose_state_nobody_registered_is_a_start_error_naming_it() {
 async fn invalid_builder_settings_are_a_start_error_naming_the_builder() {
     let error = Runtime::new("redis://127.0.0.1:1")
         .without_annotated_listeners()
-        .consumer(ConsumerBuilder::new("s", "g").handler(
-            |_msg: Message<u64>| async move { Ok::<(), String>(()) },
-        ))
-        .consumer(ConsumerBuilder::new("s", "h").batch_size(0).handler(
-            |_msg: Message<u64>| async move { Ok::<(), String>(()) },
-        ))
+        .consumer(
+            ConsumerBuilder::new("s", "g")
+                .handler(|_msg: Message<u64>| async move { Ok::<(), String>(()) }),
+        )
+        .consumer(
+            ConsumerBuilder::new("s", "h")
+                .batch_size(0)
+                .handler(|_msg: Message<u64>| async move { Ok::<(), String>(()) }),
+        )
         .start()
         .await
         .unwrap_err();
@@ -347,9 +359,11 @@ async fn a_bad_environment_override_is_a_start_error_naming_the_variable() {
     std::env::set_var("STREAM_LISTENER_ENVBAD_CONCURRENCY", "lots");
     let error = Runtime::new("redis://127.0.0.1:1")
         .without_annotated_listeners()
-        .consumer(ConsumerBuilder::new("s", "g").name("envbad").handler(
-            |_msg: Message<u64>| async move { Ok::<(), String>(()) },
-        ))
+        .consumer(
+            ConsumerBuilder::new("s", "g")
+                .name("envbad")
+                .handler(|_msg: Message<u64>| async move { Ok::<(), String>(()) }),
+        )
         .start()
         .await
         .unwrap_err();
@@ -364,9 +378,11 @@ async fn a_bad_environment_override_is_a_start_error_naming_the_variable() {
         .without_annotated_listeners()
         .without_env_overrides()
         .startup_timeout(Duration::from_millis(1))
-        .consumer(ConsumerBuilder::new("s", "g").name("envbad").handler(
-            |_msg: Message<u64>| async move { Ok::<(), String>(()) },
-        ))
+        .consumer(
+            ConsumerBuilder::new("s", "g")
+                .name("envbad")
+                .handler(|_msg: Message<u64>| async move { Ok::<(), String>(()) }),
+        )
         .start()
         .await
         .unwrap_err();
@@ -383,7 +399,9 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
     static FAILED_ONCE: AtomicUsize = AtomicUsize::new(0);
     let redis = RedisServer::start();
     let url = redis.url();
-    let producer = Producer::connect_creating(&url, "batched", 1).await.unwrap();
+    let producer = Producer::connect_creating(&url, "batched", 1)
+        .await
+        .unwrap();
     for n in 0..30u64 {
         producer.send(format!("k{n}"), &n).await.unwrap();
     }
@@ -418,7 +436,11 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while HANDLED.lock().unwrap().len() < 20 || stream_len(&url, "batched:dlq").await < 10 {
-        assert!(Instant::now() < deadline, "timed out: handled {:?}", HANDLED.lock().unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "timed out: handled {:?}",
+            HANDLED.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     runtime.stop().await.unwrap();
@@ -426,7 +448,11 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
     let sizes = SIZES.lock().unwrap().clone();
     assert!(sizes.iter().all(|&n| n <= 10), "{sizes:?}");
     assert!(sizes.contains(&10), "whole reads in one call: {sizes:?}");
-    assert_eq!(FAILED_ONCE.load(Ordering::SeqCst), 2, "the failed batch was retried once");
+    assert_eq!(
+        FAILED_ONCE.load(Ordering::SeqCst),
+        2,
+        "the failed batch was retried once"
+    );
     // The poisoned batch failed max_deliveries = 2 times, then every entry of it was dead-lettered.
     let mut conn = connect(&url).await;
     let letters: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
@@ -443,6 +469,9 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
         .map(|l| l.get::<String>("dlq_error").unwrap())
         .collect();
     assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors.iter().next().unwrap().contains("poison 25"), "{errors:?}");
+    assert!(
+        errors.iter().next().unwrap().contains("poison 25"),
+        "{errors:?}"
+    );
     assert_eq!(stream_len(&url, "batched:0").await, 30);
 }

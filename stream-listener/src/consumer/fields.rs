@@ -56,7 +56,9 @@ impl Fields {
     }
 
     /// Fields from `(name, value)` pairs (for tests of handlers).
-    pub fn new<N: Into<String>, V: Into<Vec<u8>>>(fields: impl IntoIterator<Item = (N, V)>) -> Self {
+    pub fn new<N: Into<String>, V: Into<Vec<u8>>>(
+        fields: impl IntoIterator<Item = (N, V)>,
+    ) -> Self {
         Self {
             entries: fields
                 .into_iter()
@@ -103,8 +105,10 @@ impl Fields {
             .entries
             .iter()
             .map(|(name, value)| (name.as_str(), Text(String::from_utf8_lossy(value))));
-        T::deserialize(de::value::MapDeserializer::<_, de::value::Error>::new(pairs))
-            .map_err(|e| FieldError::Decode(e.to_string()))
+        T::deserialize(de::value::MapDeserializer::<_, de::value::Error>::new(
+            pairs,
+        ))
+        .map_err(|e| FieldError::Decode(e.to_string()))
     }
 
     /// `(name, value)` pairs in entry order.
@@ -139,9 +143,10 @@ impl Text<'_> {
     where
         T::Err: fmt::Display,
     {
-        self.0.trim().parse().map_err(|e: T::Err| {
-            de::Error::custom(format_args!("{:?} is not {what}: {e}", self.0))
-        })
+        self.0
+            .trim()
+            .parse()
+            .map_err(|e: T::Err| de::Error::custom(format_args!("{:?} is not {what}: {e}", self.0)))
     }
 }
 
@@ -227,12 +232,8 @@ mod tests {
 
     #[test]
     fn keeps_order_and_drops_the_library_fields() {
-        let fields = Fields::from_entry(&entry(&[
-            ("k", "c-1"),
-            ("b", "2"),
-            ("a", "1"),
-            ("v", "3"),
-        ]));
+        let fields =
+            Fields::from_entry(&entry(&[("k", "c-1"), ("b", "2"), ("a", "1"), ("v", "3")]));
         let names: Vec<&str> = fields.iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["b", "a"]);
         assert_eq!(fields.get::<u32>("a"), Ok(1));
@@ -276,7 +277,10 @@ mod tests {
             ("express", "true"),
         ]);
         let error = wrong.deserialize::<Order>().unwrap_err().to_string();
-        assert!(error.contains("\"lots\" is not an unsigned integer"), "{error}");
+        assert!(
+            error.contains("\"lots\" is not an unsigned integer"),
+            "{error}"
+        );
         let missing = Fields::new([("order_id", "o-7")]);
         let error = missing.deserialize::<Order>().unwrap_err().to_string();
         assert!(error.contains("missing field `amount_cents`"), "{error}");

@@ -518,7 +518,10 @@ async fn handle_batch(
             break;
         }
         shared.note_stale_write(spec.shard, entry).await;
-        let fields = entry.fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice()));
+        let fields = entry
+            .fields
+            .iter()
+            .map(|(n, v)| (n.as_slice(), v.as_slice()));
         fates.push(if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
             Some(Fate::Ack)
         } else if entry.delivery_count > max {
@@ -541,7 +544,10 @@ async fn handle_batch(
         .max()
         .unwrap_or(1)
         + retry;
-    let acked: Vec<Arc<AtomicBool>> = handed.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let acked: Vec<Arc<AtomicBool>> = handed
+        .iter()
+        .map(|_| Arc::new(AtomicBool::new(false)))
+        .collect();
     let batch: Vec<Delivery<'_>> = handed
         .iter()
         .zip(&acked)
@@ -561,9 +567,10 @@ async fn handle_batch(
         })
         .collect();
     let first_id = entries[first].id.as_str();
-    let _running = shared
-        .probe
-        .handler_started(spec.shard, first_id, shared.config.handler_timeout);
+    let _running =
+        shared
+            .probe
+            .handler_started(spec.shard, first_id, shared.config.handler_timeout);
     let started = std::time::Instant::now();
     let span = tracing::info_span!(
         "batch",
@@ -612,7 +619,11 @@ async fn handle_batch(
             super::message::panic_message(&*panic)
         ))),
     };
-    let handled: Vec<usize> = handed.iter().copied().filter(|&i| fates[i].is_none()).collect();
+    let handled: Vec<usize> = handed
+        .iter()
+        .copied()
+        .filter(|&i| fates[i].is_none())
+        .collect();
     let config = &shared.config;
     let outcome = match (&result, timed_out) {
         (Ok(()), _) => "ok",
@@ -621,7 +632,11 @@ async fn handle_batch(
     };
     crate::metrics::handler_attempt(config, outcome, started.elapsed());
     let count = handled.len() as u64;
-    crate::metrics::messages(config, if result.is_ok() { "handled" } else { "failed" }, count);
+    crate::metrics::messages(
+        config,
+        if result.is_ok() { "handled" } else { "failed" },
+        count,
+    );
     let all_acked = manual && acked.iter().all(|a| a.load(Ordering::Acquire));
     let fate = |error: &Option<String>| -> Fate {
         match error {

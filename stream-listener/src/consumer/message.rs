@@ -398,8 +398,8 @@ trait ErasedHandler: Send + Sync + 'static {
                 Err(error) => errors.push(Some(error)),
             }
         }
-        let future: Option<BoxFuture<'static, Result<(), HandlerError>>> =
-            (!futures.is_empty()).then(|| {
+        let future: Option<BoxFuture<'static, Result<(), HandlerError>>> = (!futures.is_empty())
+            .then(|| {
                 Box::pin(async move {
                     for future in futures {
                         future.await?;

@@ -102,4 +102,3 @@ pub(super) async fn follow_topology(
         }
     }
 }
-

@@ -309,7 +309,10 @@ impl ListenerSpec {
         }
         for (what, value) in [
             ("concurrency (members)", self.members as u64),
-            ("runtime_max_concurrency", self.runtime_max_concurrency as u64),
+            (
+                "runtime_max_concurrency",
+                self.runtime_max_concurrency as u64,
+            ),
             ("weight", u64::from(self.weight)),
             ("batch_size", self.batch_size as u64),
             ("max_deliveries", u64::from(self.failure.max_deliveries)),
@@ -328,7 +331,9 @@ impl ListenerSpec {
             );
         }
         if self.handler.is_none() {
-            return fail("no handler: call `.handler(..)` (or another `*handler`) on the builder".into());
+            return fail(
+                "no handler: call `.handler(..)` (or another `*handler`) on the builder".into(),
+            );
         }
         Ok(())
     }
@@ -410,7 +415,10 @@ mod tests {
             ("STREAM_LISTENER_ORDERS_BILLING_GROUP", "billing-eu"),
             ("STREAM_LISTENER_ORDERS_BILLING_CONCURRENCY", "3"),
             ("STREAM_LISTENER_ORDERS_BILLING_MEMBER_ID", "pod-7"),
-            ("STREAM_LISTENER_ORDERS_BILLING_RUNTIME_MAX_CONCURRENCY", "8"),
+            (
+                "STREAM_LISTENER_ORDERS_BILLING_RUNTIME_MAX_CONCURRENCY",
+                "8",
+            ),
             ("STREAM_LISTENER_ORDERS_BILLING_WEIGHT", "2"),
             ("STREAM_LISTENER_ORDERS_BILLING_BATCH_SIZE", " 50 "),
             ("STREAM_LISTENER_ORDERS_BILLING_BLOCK_MS", "20"),
@@ -443,7 +451,10 @@ mod tests {
     fn a_bad_override_names_the_variable_and_the_listener() {
         let mut spec = spec();
         let error = spec
-            .apply_env(env(&[("STREAM_LISTENER_ORDERS_BILLING_BATCH_SIZE", "many")]))
+            .apply_env(env(&[(
+                "STREAM_LISTENER_ORDERS_BILLING_BATCH_SIZE",
+                "many",
+            )]))
             .unwrap_err();
         assert!(error.listener.contains("consumer #2"), "{error}");
         assert!(
@@ -453,7 +464,10 @@ mod tests {
             "{error}"
         );
         let error = spec
-            .apply_env(env(&[("STREAM_LISTENER_ORDERS_BILLING_START_FROM", "middle")]))
+            .apply_env(env(&[(
+                "STREAM_LISTENER_ORDERS_BILLING_START_FROM",
+                "middle",
+            )]))
             .unwrap_err();
         assert!(error.reason.contains("`earliest` or `latest`"), "{error}");
     }
@@ -476,7 +490,10 @@ mod tests {
         check(|s| s.stream = "{orders}".into(), "contains `{`");
         check(|s| s.group = String::new(), "group name is empty");
         check(|s| s.member_id = Some("a b".into()), "member id");
-        check(|s| s.members = 0, "concurrency (members) must be at least 1");
+        check(
+            |s| s.members = 0,
+            "concurrency (members) must be at least 1",
+        );
         check(|s| s.runtime_max_concurrency = 0, "runtime_max_concurrency");
         check(|s| s.weight = 0, "weight");
         check(|s| s.batch_size = 0, "batch_size");
