@@ -112,7 +112,7 @@ async fn start_from_latest_skips_entries_written_before_the_group_existed() {
     );
 }
 
-#[derive(Debug, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 struct ForeignOrder {
     order_id: String,
     amount_cents: u64,
@@ -174,9 +174,9 @@ async fn entries_written_by_other_clients_are_handled_as_field_maps() {
     })
     .await;
     runtime.stop().await.unwrap();
-    let seen = SEEN.lock().unwrap();
+    let seen = SEEN.lock().unwrap().clone();
     assert_eq!(
-        *seen,
+        seen,
         [
             (
                 String::new(),
