@@ -80,6 +80,9 @@ pub enum RuntimeError {
     /// A listener's settings (after the environment's overrides) are invalid; names the listener.
     #[error(transparent)]
     InvalidListener(#[from] InvalidListener),
+    /// A runtime setting from the environment ([`Runtime::from_env`]) does not parse.
+    #[error("invalid environment: {0}")]
+    InvalidEnvironment(String),
     /// A handler takes a [`State<T>`] whose type nobody registered.
     #[error("listener {listener}: {missing}")]
     MissingState {
@@ -136,6 +139,12 @@ pub struct Runtime {
     builders: Vec<ConsumerBuilder>,
     states: States,
     env_overrides: bool,
+    /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
+    env_errors: Vec<String>,
+}
+
+fn runtime_env_error(errors: &mut Vec<String>, name: &str, value: &str) {
+    errors.push(format!("{name}={value:?} is not a positive integer"));
 }
 
 impl Runtime {
@@ -152,16 +161,46 @@ impl Runtime {
             builders: Vec::new(),
             states: States::default(),
             env_overrides: true,
+            env_errors: Vec::new(),
         }
     }
 
-    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`) and `STREAM_LISTENER_MEMBER_ID`.
+    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), `STREAM_LISTENER_MEMBER_ID`,
+    /// and the timing of groups this process creates from `STREAM_LISTENER_HEARTBEAT_INTERVAL_MS`,
+    /// `STREAM_LISTENER_SESSION_TIMEOUT_MS`, `STREAM_LISTENER_REBALANCE_TIMEOUT_MS` and the shard count of
+    /// streams it creates from `STREAM_LISTENER_DEFAULT_SHARD_COUNT` (a value that does not parse makes
+    /// [`start`](Self::start) fail with [`RuntimeError::InvalidEnvironment`]). Listener settings have their
+    /// own overrides ([`ListenerSpec::apply_env`]).
     pub fn from_env() -> Self {
-        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
         let mut runtime = Self::new(url);
-        runtime.base_member_id = std::env::var("STREAM_LISTENER_MEMBER_ID")
-            .ok()
-            .filter(|s| !s.is_empty());
+        runtime.base_member_id = lookup("STREAM_LISTENER_MEMBER_ID");
+        let mut number = |name: &str, set: &mut dyn FnMut(u32)| {
+            if let Some(value) = lookup(name) {
+                match value.trim().parse::<u32>() {
+                    Ok(n) if n > 0 => set(n),
+                    _ => runtime_env_error(&mut runtime.env_errors, name, &value),
+                }
+            }
+        };
+        let mut config = runtime.group_config;
+        let mut shards = runtime.shard_count;
+        number("STREAM_LISTENER_HEARTBEAT_INTERVAL_MS", &mut |n| {
+            config.heartbeat_interval_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_SESSION_TIMEOUT_MS", &mut |n| {
+            config.session_timeout_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", &mut |n| {
+            config.rebalance_timeout_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_DEFAULT_SHARD_COUNT", &mut |n| shards = n);
+        runtime.group_config = config;
+        runtime.shard_count = shards;
         runtime
     }
 
@@ -236,6 +275,9 @@ impl Runtime {
 
     /// Starts everything and returns a handle (for embedding and tests).
     pub async fn start(self) -> Result<RunningRuntime, RuntimeError> {
+        if !self.env_errors.is_empty() {
+            return Err(RuntimeError::InvalidEnvironment(self.env_errors.join("; ")));
+        }
         let plans = self.plans()?;
         if plans.is_empty() {
             return Err(RuntimeError::NoListeners);
@@ -620,5 +662,58 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_timing_and_shard_count_come_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let runtime = Runtime::from_lookup(env(&[
+            ("REDIS_URL", "redis://10.0.0.9:6380"),
+            ("STREAM_LISTENER_MEMBER_ID", "pod-1"),
+            ("STREAM_LISTENER_HEARTBEAT_INTERVAL_MS", "250"),
+            ("STREAM_LISTENER_SESSION_TIMEOUT_MS", "4000"),
+            ("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", "9000"),
+            ("STREAM_LISTENER_DEFAULT_SHARD_COUNT", "12"),
+        ]));
+        assert_eq!(runtime.redis_url.expose(), "redis://10.0.0.9:6380");
+        assert_eq!(runtime.base_member_id.as_deref(), Some("pod-1"));
+        assert_eq!(
+            runtime.group_config,
+            GroupConfig {
+                heartbeat_interval_ms: 250,
+                session_timeout_ms: 4000,
+                rebalance_timeout_ms: 9000,
+            }
+        );
+        assert_eq!(runtime.shard_count, 12);
+        assert!(runtime.env_errors.is_empty());
+
+        let defaults = Runtime::from_lookup(env(&[]));
+        assert_eq!(defaults.group_config, GroupConfig::default());
+        assert_eq!(defaults.shard_count, DEFAULT_SHARD_COUNT);
+    }
+
+    #[tokio::test]
+    async fn an_unparsable_runtime_setting_is_a_start_error_naming_it() {
+        let runtime = Runtime::from_lookup(|name| {
+            (name == "STREAM_LISTENER_SESSION_TIMEOUT_MS").then(|| "10s".to_owned())
+        });
+        let error = runtime.start().await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid environment: STREAM_LISTENER_SESSION_TIMEOUT_MS=\"10s\" is not a positive integer"
+        );
     }
 }
