@@ -26,8 +26,15 @@
 //! }
 //! ```
 //!
-//! Producers route by key with [`Producer`]; one explicitly registered member with local workers is a
-//! [`ConsumerBuilder`].
+//! Producers route by key with [`Producer`] ([`Producer::connect`]); one explicitly registered member with
+//! local workers is a [`ConsumerBuilder`]. Both ways of declaring a listener build one [`ListenerSpec`],
+//! whose settings the environment can override (`STREAM_LISTENER_<LISTENER>_<SETTING>`). Handlers take
+//! `Message<T>` (JSON), [`RawMessage`], `Message<`[`Fields`]`>` (entries other clients wrote) or
+//! `Vec<Message<T>>` (a batch), and optionally a [`State<T>`] registered with [`Runtime::state`].
+//!
+//! The items re-exported at the crate root (and [`redis`], the version this crate is built with) are the
+//! user's surface; the layer modules below are public for operators' tools and tests, with less care
+//! for compatibility.
 //!
 //! # Layers
 //!
@@ -57,12 +64,18 @@ pub mod store;
 pub mod topology;
 
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
+    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, Message, OnExhausted,
+    RawMessage,
 };
-pub use producer::Producer;
-pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
+pub use coordinator::metadata::GroupConfig;
+pub use member::lifecycle::FencingToken;
+pub use producer::{Producer, ProducerConfig, ProducerError};
+/// The `redis` crate this library is built with, so users need not match its version and features.
+pub use redis;
+pub use runtime::{ConsumerBuilder, ListenerSpec, RunningRuntime, Runtime, RuntimeError, State};
 /// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
 pub use stream_listener_macros::stream_listener;
+pub use topology::{StartFrom, Topology};
 
 /// Items the `#[stream_listener]` expansion names. Not public API: no stability promise.
 #[doc(hidden)]
@@ -71,6 +84,9 @@ pub mod __private {
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
     pub use crate::registry::{ListenerRegistration, PayloadKind};
+    pub use crate::runtime::{MissingState, State, States};
+    pub use crate::topology::StartFrom;
+    pub use core::result::Result;
     pub use inventory;
 }
 

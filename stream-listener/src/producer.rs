@@ -73,6 +73,9 @@ pub enum ProducerError {
     /// A Redis command failed. Some messages of a batch may have been written: resending is at-least-once.
     #[error("redis error: {0}")]
     Redis(#[from] RedisError),
+    /// [`Producer::send_fields`] was given a field the library writes itself (`k` or `v`).
+    #[error("field `{0}` is reserved (the partition key `k` and the topology version `v`)")]
+    ReservedField(String),
     /// Redis answered XADD with something other than an entry id or nil.
     #[error("unexpected reply to XADD on `{stream}`: {reply:?}")]
     UnexpectedReply {
@@ -152,7 +155,15 @@ impl<C> std::fmt::Debug for Producer<C> {
 /// One message prepared for XADD.
 struct Outgoing<'a> {
     key: &'a [u8],
-    payload: std::borrow::Cow<'a, [u8]>,
+    body: Body<'a>,
+}
+
+/// What an entry carries besides its key and version.
+enum Body<'a> {
+    /// The library's layout: one payload field `p`.
+    Payload(std::borrow::Cow<'a, [u8]>),
+    /// A field map, as the spec's JVM and Python producers write (no `p`).
+    Fields(Vec<(&'a [u8], &'a [u8])>),
 }
 
 impl<C> Producer<C> {
@@ -161,6 +172,28 @@ impl<C> Producer<C> {
         self.cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Producer<ConnectionManager> {
+    /// Connects to the Redis at `url` (reconnecting on failure) and loads the topology of `stream`, which
+    /// must exist: a listener with a `shard_count`, [`Topology::ensure`], or
+    /// [`connect_creating`](Self::connect_creating) creates it.
+    pub async fn connect(url: &str, stream: &str) -> Result<Self, ProducerError> {
+        let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+        Self::new(conn, stream).await
+    }
+
+    /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
+    /// topology yet (an existing stream keeps its count).
+    pub async fn connect_creating(
+        url: &str,
+        stream: &str,
+        shard_count: u32,
+    ) -> Result<Self, ProducerError> {
+        let mut conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+        Topology::ensure(&mut conn, stream, shard_count).await?;
+        Self::new(conn, stream).await
     }
 }
 
@@ -245,7 +278,39 @@ where
     {
         let messages = [Outgoing {
             key: key.as_ref(),
-            payload: std::borrow::Cow::Borrowed(payload.as_ref()),
+            body: Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
+        }];
+        let mut receipts = self.publish(&messages).await?;
+        Ok(receipts.remove(0))
+    }
+
+    /// Publishes a field map under the partition key `key`, the way the spec's JVM and Python producers
+    /// write entries: the entry gets `k`, the given fields in order, and `v`, and no `p` field. Consumers
+    /// read it with a [`Fields`](crate::consumer::Fields) handler. The names `k` and `v` are reserved
+    /// ([`ProducerError::ReservedField`]).
+    pub async fn send_fields<K, N, V>(
+        &self,
+        key: K,
+        fields: &[(N, V)],
+    ) -> Result<SendReceipt, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let mut body = Vec::with_capacity(fields.len());
+        for (name, value) in fields {
+            let name = name.as_ref();
+            if name == KEY_FIELD.as_bytes() || name == VERSION_FIELD.as_bytes() {
+                return Err(ProducerError::ReservedField(
+                    String::from_utf8_lossy(name).into_owned(),
+                ));
+            }
+            body.push((name, value.as_ref()));
+        }
+        let messages = [Outgoing {
+            key: key.as_ref(),
+            body: Body::Fields(body),
         }];
         let mut receipts = self.publish(&messages).await?;
         Ok(receipts.remove(0))
@@ -265,7 +330,7 @@ where
             .map(|(key, payload)| {
                 Ok(Outgoing {
                     key: key.as_ref(),
-                    payload: std::borrow::Cow::Owned(serde_json::to_vec(payload)?),
+                    body: Body::Payload(std::borrow::Cow::Owned(serde_json::to_vec(payload)?)),
                 })
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()?;
@@ -285,7 +350,7 @@ where
             .iter()
             .map(|(key, payload)| Outgoing {
                 key: key.as_ref(),
-                payload: std::borrow::Cow::Borrowed(payload.as_ref()),
+                body: Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
             })
             .collect();
         self.publish(&outgoing).await
@@ -357,13 +422,18 @@ where
             if let Some(max_len) = self.config.max_len {
                 cmd.arg("MAXLEN").arg("~").arg(max_len);
             }
-            cmd.arg("*")
-                .arg(KEY_FIELD)
-                .arg(message.key)
-                .arg(PAYLOAD_FIELD)
-                .arg(message.payload.as_ref())
-                .arg(VERSION_FIELD)
-                .arg(topology.version());
+            cmd.arg("*").arg(KEY_FIELD).arg(message.key);
+            match &message.body {
+                Body::Payload(payload) => {
+                    cmd.arg(PAYLOAD_FIELD).arg(payload.as_ref());
+                }
+                Body::Fields(fields) => {
+                    for (name, value) in fields {
+                        cmd.arg(*name).arg(*value);
+                    }
+                }
+            }
+            cmd.arg(VERSION_FIELD).arg(topology.version());
             targets.push((i, shard, stream));
         }
         // Per-command errors come back in place, so a frozen shard fails only its own messages.

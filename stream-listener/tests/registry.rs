@@ -6,6 +6,7 @@ use serde::Deserialize;
 use stream_listener::consumer::{AckPolicy, DeleteRef, Message, OnExhausted, RawMessage};
 use stream_listener::registry::{registrations, ListenerRegistration, PayloadKind};
 use stream_listener::stream_listener;
+use stream_listener::{ListenerSpec, StartFrom};
 
 #[derive(Debug, Deserialize)]
 struct Order {
@@ -39,7 +40,9 @@ async fn on_order(msg: Message<Order>) -> Result<(), BillingError> {
     failure = "leave_pending",
     max_deliveries = 3,
     weight = 2,
-    handler_timeout_ms = 5000
+    handler_timeout_ms = 5000,
+    start_from = "latest",
+    shard_count = 12
 )]
 async fn archive(msg: RawMessage) -> Result<(), String> {
     drop(msg.payload);
@@ -55,6 +58,15 @@ fn find(name: &str) -> &'static ListenerRegistration {
     registration
 }
 
+fn spec(name: &str) -> ListenerSpec {
+    let mut found = ListenerSpec::registered()
+        .into_iter()
+        .filter(|s| s.name == name);
+    let spec = found.next().unwrap();
+    assert!(found.next().is_none());
+    spec
+}
+
 #[test]
 fn json_listener_is_registered_with_its_arguments() {
     let r = find("on_order");
@@ -63,7 +75,7 @@ fn json_listener_is_registered_with_its_arguments() {
     assert_eq!(r.concurrency, 4);
     assert_eq!(r.module_path, "registry");
     assert!(r.file.ends_with("registry.rs"), "{}", r.file);
-    assert_eq!(r.line, 25, "the line of `async fn on_order`");
+    assert_eq!(r.line, 26, "the line of `async fn on_order`");
     assert_eq!(r.payload, PayloadKind::Json);
     assert_eq!(r.payload_type, "Order");
     assert_eq!(r.id, None);
@@ -76,14 +88,20 @@ fn json_listener_is_registered_with_its_arguments() {
     assert_eq!(r.weight, None);
     assert_eq!(r.handler_timeout_ms, None);
 
-    let config = r.consumer_config("10.0.0.1-m3");
+    assert_eq!(r.start_from, None);
+    assert_eq!(r.shard_count, None);
+
+    let spec = spec("on_order");
+    spec.validate().unwrap();
+    let config = spec.consumer_config("10.0.0.1-m3");
     assert_eq!(config.stream_prefix, "orders");
     assert_eq!(config.group, "billing");
     assert_eq!(config.consumer_name, "10.0.0.1-m3");
     assert_eq!(config.ack_policy, AckPolicy::Ack);
     assert_eq!(config.dead_letter_key(), "orders:dlq");
-    assert_eq!(r.member_ids("10.0.0.1").len(), 4);
-    let _handler = r.handler();
+    assert_eq!(spec.member_ids(Some("10.0.0.1")).len(), 4);
+    assert_eq!(spec.start_from, StartFrom::Earliest);
+    assert_eq!(spec.name, "on_order");
 }
 
 #[test]
@@ -93,17 +111,23 @@ fn every_option_is_carried_over() {
     assert_eq!(r.payload_type, "RawMessage");
     assert_eq!(r.concurrency, 1);
     assert_eq!(r.id, Some("archiver-1"));
-    assert_eq!(r.base_member_id().id, "archiver-1");
     assert_eq!(r.batch_size, Some(10));
     assert_eq!(r.block_ms, Some(25));
     assert_eq!(r.ack, Some(AckPolicy::AckDelete(DeleteRef::DelRef)));
     assert_eq!(r.on_exhausted, Some(OnExhausted::LeavePending));
     assert_eq!(r.max_deliveries, Some(3));
     assert_eq!(r.weight, Some(2));
-    assert_eq!(r.member_weight(), 2);
     assert_eq!(r.handler_timeout_ms, Some(5000));
+    assert_eq!(r.start_from, Some(StartFrom::Latest));
+    assert_eq!(r.shard_count, Some(12));
 
-    let config = r.consumer_config("archiver-1-m0");
+    let spec = spec("archive");
+    spec.validate().unwrap();
+    assert_eq!(spec.weight, 2);
+    assert_eq!(spec.member_ids(Some("ignored")), ["archiver-1-m0"]);
+    assert_eq!(spec.start_from, StartFrom::Latest);
+    assert_eq!(spec.shard_count, Some(12));
+    let config = spec.consumer_config("archiver-1-m0");
     assert_eq!(config.batch_size, 10);
     assert_eq!(config.block_ms, 25);
     assert_eq!(config.ack_policy, AckPolicy::AckDelete(DeleteRef::DelRef));

@@ -25,7 +25,19 @@ const KEYS: &[&str] = &[
     "dead_letter",
     "weight",
     "handler_timeout_ms",
+    "start_from",
+    "shard_count",
 ];
+
+/// The `start_from` values, with the `StartFrom` each stands for.
+const START_VALUES: &[(&str, Start)] = &[("earliest", Start::Earliest), ("latest", Start::Latest)];
+
+/// Mirror of the runtime's `StartFrom`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Start {
+    Earliest,
+    Latest,
+}
 
 /// The `ack` values, with the `AckPolicy` each stands for.
 const ACK_VALUES: &[(&str, Ack)] = &[
@@ -82,6 +94,8 @@ pub(crate) struct Args {
     pub(crate) dead_letter: Option<String>,
     pub(crate) weight: Option<u32>,
     pub(crate) handler_timeout_ms: Option<u64>,
+    pub(crate) start_from: Option<Start>,
+    pub(crate) shard_count: Option<u32>,
 }
 
 /// Arguments as they are being collected: value plus the span of its key.
@@ -100,6 +114,8 @@ struct Raw {
     dead_letter: Option<(String, Span)>,
     weight: Option<u32>,
     handler_timeout_ms: Option<u64>,
+    start_from: Option<Start>,
+    shard_count: Option<u32>,
 }
 
 impl Args {
@@ -137,6 +153,8 @@ impl Args {
             dead_letter: raw.dead_letter.map(|(d, _)| d),
             weight: raw.weight,
             handler_timeout_ms: raw.handler_timeout_ms,
+            start_from: raw.start_from,
+            shard_count: raw.shard_count,
         })
     }
 }
@@ -231,6 +249,10 @@ impl Raw {
             "weight" => at_least_one(value, &key).map(|n| self.weight = Some(n)),
             "handler_timeout_ms" => {
                 at_least_one(value, &key).map(|n| self.handler_timeout_ms = Some(n))
+            }
+            "shard_count" => at_least_one(value, &key).map(|n| self.shard_count = Some(n)),
+            "start_from" => {
+                choice(value, &key, START_VALUES).map(|(s, _)| self.start_from = Some(s))
             }
             "block_ms" => integer(value, &key)
                 .and_then(|lit| lit.base10_parse())

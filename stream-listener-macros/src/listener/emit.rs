@@ -4,7 +4,7 @@
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 
-use super::args::{Ack, Args, DeleteRef, Failure};
+use super::args::{Ack, Args, DeleteRef, Failure, Start};
 use super::handler::{Handler, Payload};
 
 pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handler) -> TokenStream {
@@ -24,6 +24,16 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
             quote!(::core::stringify!(#argument)),
             quote_spanned!(span=> #private::BoxedHandler::raw),
         ),
+        Payload::JsonBatch(ty) => (
+            quote!(#private::PayloadKind::JsonBatch),
+            quote!(::core::stringify!(#ty)),
+            quote_spanned!(span=> #private::BoxedHandler::json_batch::<#ty, _>),
+        ),
+        Payload::Fields => (
+            quote!(#private::PayloadKind::Fields),
+            quote!(::core::stringify!(#argument)),
+            quote_spanned!(span=> #private::BoxedHandler::fields),
+        ),
     };
 
     // The handler's future must be `Send` (workers run on a multi-threaded runtime). Passing it through
@@ -41,11 +51,30 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
             future
         }
     };
-    let make_handler = quote_spanned! {span=>
-        fn __stream_listener_make_handler() -> #private::BoxedHandler {
-            #check_send
-            #constructor(|message: #argument| __stream_listener_check_send(#name(message)))
-        }
+    // A `State<T>` argument is looked up once, at start (a missing type is a start error naming the
+    // listener), and cloned into every call.
+    let make_handler = match &handler.state {
+        None => quote_spanned! {span=>
+            fn __stream_listener_make_handler(
+                _states: &#private::States,
+            ) -> #private::Result<#private::BoxedHandler, #private::MissingState> {
+                #check_send
+                #private::Result::Ok(#constructor(|message: #argument| {
+                    __stream_listener_check_send(#name(message))
+                }))
+            }
+        },
+        Some(state) => quote_spanned! {span=>
+            fn __stream_listener_make_handler(
+                states: &#private::States,
+            ) -> #private::Result<#private::BoxedHandler, #private::MissingState> {
+                #check_send
+                let state: #state = states.get()?;
+                #private::Result::Ok(#constructor(move |message: #argument| {
+                    __stream_listener_check_send(#name(message, ::core::clone::Clone::clone(&state)))
+                }))
+            }
+        },
     };
 
     let stream = &args.stream;
@@ -74,6 +103,11 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
         Failure::DeadLetter => quote!(#private::OnExhausted::DeadLetter),
         Failure::LeavePending => quote!(#private::OnExhausted::LeavePending),
     }));
+    let start_from = option(args.start_from.map(|start| match start {
+        Start::Earliest => quote!(#private::StartFrom::Earliest),
+        Start::Latest => quote!(#private::StartFrom::Latest),
+    }));
+    let shard_count = option(args.shard_count.map(|n| quote!(#n)));
     let line = quote_spanned!(span=> ::core::line!());
 
     quote! {
@@ -101,6 +135,8 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
                     dead_letter: #dead_letter,
                     weight: #weight,
                     handler_timeout_ms: #handler_timeout_ms,
+                    start_from: #start_from,
+                    shard_count: #shard_count,
                     payload: #payload,
                     payload_type: #payload_type,
                     make_handler: __stream_listener_make_handler,

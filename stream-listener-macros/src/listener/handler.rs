@@ -4,8 +4,8 @@ use syn::{FnArg, GenericArgument, PathArguments, ReturnType, Type};
 
 use super::Errors;
 
-const ARGUMENT_HINT: &str =
-    "`msg: Message<T>` (JSON payload decoded into `T`) or `msg: RawMessage` (payload bytes)";
+const ARGUMENT_HINT: &str = "`msg: Message<T>` (JSON payload decoded into `T`), `msg: RawMessage` \
+     (payload bytes), `msg: Message<Fields>` (the entry's field map) or `batch: Vec<Message<T>>` (a batch)";
 
 /// How the handler's payload is decoded, read off its argument type. Built once per handler: its size
 /// does not matter.
@@ -16,6 +16,10 @@ pub(crate) enum Payload {
     Json(Type),
     /// `RawMessage` or `Message<Vec<u8>>`.
     Raw,
+    /// `Message<Fields>`: the entry's field map (entries written by other clients).
+    Fields,
+    /// `Vec<Message<T>>`: a batch handler of JSON payloads.
+    JsonBatch(Type),
 }
 
 /// A handler signature that passed every check.
@@ -25,6 +29,8 @@ pub(crate) struct Handler {
     pub(crate) argument: Type,
     /// How to decode it.
     pub(crate) payload: Payload,
+    /// The second argument's type, `State<T>` as written, if there is one.
+    pub(crate) state: Option<Type>,
 }
 
 impl Handler {
@@ -83,6 +89,7 @@ impl Handler {
 
         // A `self` receiver gets its own error; the message-count check looks at the other arguments.
         let mut argument = None;
+        let mut state = None;
         let mut typed_index = 0;
         for input in &sig.inputs {
             let index = typed_index;
@@ -99,12 +106,23 @@ impl Handler {
                     ),
                 ),
                 FnArg::Typed(typed) if index == 0 => argument = Some(&*typed.ty),
+                FnArg::Typed(typed) if index == 1 && is_state(&typed.ty) => {
+                    state = Some((*typed.ty).clone())
+                }
+                FnArg::Typed(typed) if index == 1 => fail(
+                    errors,
+                    syn::Error::new_spanned(
+                        &typed.ty,
+                        "the second argument of a `#[stream_listener]` handler must be `State<T>`: \
+                         a value registered with `Runtime::state(..)`, e.g. `State(db): State<Db>`",
+                    ),
+                ),
                 FnArg::Typed(typed) => fail(
                     errors,
                     syn::Error::new_spanned(
                         typed,
                         format!(
-                            "`#[stream_listener]` handlers take exactly one argument, the message: \
+                            "`#[stream_listener]` handlers take the message and at most one `State<T>`: \
                              {ARGUMENT_HINT}"
                         ),
                     ),
@@ -117,7 +135,7 @@ impl Handler {
                 syn::Error::new(
                     sig.paren_token.span.join(),
                     format!(
-                        "`#[stream_listener]` handlers take exactly one argument, the message: \
+                        "`#[stream_listener]` handlers take the message as their first argument: \
                          {ARGUMENT_HINT}"
                     ),
                 ),
@@ -161,6 +179,7 @@ impl Handler {
             (true, Some(argument), Some(payload)) => Some(Self {
                 argument: argument.clone(),
                 payload,
+                state,
             }),
             _ => None,
         }
@@ -198,6 +217,13 @@ fn single_type_argument(segment: &syn::PathSegment) -> Option<&Type> {
 
 fn payload_of(ty: &Type) -> Option<Payload> {
     let segment = last_segment(ty)?;
+    if segment.ident == "Vec" {
+        let message = last_segment(single_type_argument(segment)?)?;
+        if message.ident != "Message" {
+            return None;
+        }
+        return Some(Payload::JsonBatch(single_type_argument(message)?.clone()));
+    }
     if segment.ident == "RawMessage" && segment.arguments.is_none() {
         return Some(Payload::Raw);
     }
@@ -207,6 +233,10 @@ fn payload_of(ty: &Type) -> Option<Payload> {
     let inner = single_type_argument(segment)?;
     if is_bytes(inner) {
         Some(Payload::Raw)
+    } else if last_segment(inner)
+        .is_some_and(|segment| segment.ident == "Fields" && segment.arguments.is_none())
+    {
+        Some(Payload::Fields)
     } else {
         Some(Payload::Json(inner.clone()))
     }
@@ -219,6 +249,12 @@ fn is_bytes(ty: &Type) -> bool {
         .and_then(single_type_argument)
         .and_then(last_segment)
         .is_some_and(|segment| segment.ident == "u8" && segment.arguments.is_none())
+}
+
+/// `State<T>` (under any path).
+fn is_state(ty: &Type) -> bool {
+    last_segment(ty)
+        .is_some_and(|segment| segment.ident == "State" && single_type_argument(segment).is_some())
 }
 
 fn is_result(ty: &Type) -> bool {

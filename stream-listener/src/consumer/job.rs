@@ -196,18 +196,29 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         let mut stopped = false;
         let mut hold: Option<(usize, Duration)> = None;
         let mut retry_at: Option<usize> = None;
+        // A batch handler's entries are gated and handled together first (`handle_batch`).
+        let mut batch_fates = if shared.handler.is_batch() {
+            handle_batch(&shared, &spec, &entries, &mut refreshed).await
+        } else {
+            Vec::new()
+        }
+        .into_iter();
         for (index, entry) in entries.iter().enumerate() {
-            if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
-                stopped = true;
-                break;
-            }
-            if let Some(delay) = gate(&shared, spec.shard, &mut refreshed, entry).await {
-                tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
-                hold = Some((index, delay));
-                break;
-            }
-            shared.note_stale_write(spec.shard, entry).await;
-            let fate = handle(&shared, &spec, entry).await;
+            let fate = if let Some(fate) = batch_fates.next() {
+                fate
+            } else {
+                if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+                    stopped = true;
+                    break;
+                }
+                if let Some(delay) = gate(&shared, spec.shard, &mut refreshed, entry).await {
+                    tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
+                    hold = Some((index, delay));
+                    break;
+                }
+                shared.note_stale_write(spec.shard, entry).await;
+                handle(&shared, &spec, entry).await
+            };
             spec.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
                 Fate::Ack => acks.push(&entry.id),
@@ -377,12 +388,6 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
         return Fate::Ack;
     }
-    let Some(payload) = entry.payload() else {
-        return Fate::DeadLetter {
-            deliveries: entry.delivery_count,
-            error: "undecodable payload: the entry has no `p` field".to_owned(),
-        };
-    };
     if entry.delivery_count > max {
         let error = format!(
             "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
@@ -401,7 +406,7 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         acked: acked.clone(),
     });
     let delivery = Delivery {
-        payload,
+        fields: &entry.fields,
         id: &entry.id,
         key: entry.key(),
         shard: spec.shard,
@@ -485,6 +490,179 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
     Fate::Retry {
         after: policy.backoff(retry),
     }
+}
+
+/// A batch handler's turn (see [`BoxedHandler::json_batch`](super::BoxedHandler::json_batch)): the
+/// entries up to the first one that must wait for its old shard (or a stop) go to the handler in one call,
+/// and every one of them gets the batch's fate, in order: the job loop then acks, dead-letters or holds
+/// them exactly as single entries. The batch's retry count is its first entry's (a held batch carries it
+/// there); an entry that does not decode, or is addressed to another group, or was delivered too often,
+/// gets its own fate and does not go to the handler.
+async fn handle_batch(
+    shared: &Arc<Shared>,
+    spec: &JobSpec,
+    entries: &[Entry],
+    refreshed: &mut bool,
+) -> Vec<Fate> {
+    let policy = shared.config.failure_policy;
+    let max = policy.max_deliveries.max(1);
+    let manual = shared.config.ack_policy == AckPolicy::Manual;
+    let retry = entries.first().map_or(0, |e| e.retries);
+    let mut fates: Vec<Option<Fate>> = Vec::new();
+    let mut handed = Vec::new();
+    for entry in entries {
+        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+            break;
+        }
+        if gate(shared, spec.shard, refreshed, entry).await.is_some() {
+            break;
+        }
+        shared.note_stale_write(spec.shard, entry).await;
+        let fields = entry
+            .fields
+            .iter()
+            .map(|(n, v)| (n.as_slice(), v.as_slice()));
+        fates.push(if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
+            Some(Fate::Ack)
+        } else if entry.delivery_count > max {
+            let error = format!(
+                "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
+                entry.delivery_count
+            );
+            Some(exhausted(policy.on_exhausted, entry.delivery_count, error))
+        } else {
+            handed.push(fates.len());
+            None
+        });
+    }
+    let Some(&first) = handed.first() else {
+        return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
+    };
+    let deliveries = handed
+        .iter()
+        .map(|&i| entries[i].delivery_count)
+        .max()
+        .unwrap_or(1)
+        + retry;
+    let acked: Vec<Arc<AtomicBool>> = handed
+        .iter()
+        .map(|_| Arc::new(AtomicBool::new(false)))
+        .collect();
+    let batch: Vec<Delivery<'_>> = handed
+        .iter()
+        .zip(&acked)
+        .map(|(&i, acked)| Delivery {
+            fields: &entries[i].fields,
+            id: &entries[i].id,
+            key: entries[i].key(),
+            shard: spec.shard,
+            delivery_count: entries[i].delivery_count + retry,
+            token: &spec.token,
+            acker: manual.then(|| Acker {
+                shared: shared.clone(),
+                stream_key: spec.key.clone(),
+                lease: spec.lease.clone(),
+                acked: acked.clone(),
+            }),
+        })
+        .collect();
+    let first_id = entries[first].id.as_str();
+    let _running =
+        shared
+            .probe
+            .handler_started(spec.shard, first_id, shared.config.handler_timeout);
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!(
+        "batch",
+        stream = %shared.config.stream_prefix,
+        group = %shared.config.group,
+        shard = spec.shard,
+        first_entry_id = %first_id,
+        entries = handed.len(),
+        member = %spec.token.member_id,
+        epoch = spec.token.member_epoch,
+        delivery_count = deliveries,
+    );
+    let called = span.in_scope(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.handler.call_batch(batch)
+        }))
+    });
+    let mut timed_out = false;
+    let result = match called {
+        Ok((errors, future)) => {
+            for (&i, error) in handed.iter().zip(errors) {
+                if let Some(error) = error {
+                    fates[i] = Some(Fate::DeadLetter {
+                        deliveries,
+                        error: format!("undecodable payload: {error}"),
+                    });
+                }
+            }
+            let Some(future) = future else {
+                return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
+            };
+            let run = CatchUnwind { future }.instrument(span);
+            match shared.config.handler_timeout {
+                None => run.await,
+                Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
+                    timed_out = true;
+                    Err(HandlerError::msg(format!(
+                        "batch handler timed out after {} ms",
+                        limit.as_millis()
+                    )))
+                }),
+            }
+        }
+        Err(panic) => Err(HandlerError::msg(format!(
+            "handler panicked: {}",
+            super::message::panic_message(&*panic)
+        ))),
+    };
+    let handled: Vec<usize> = handed
+        .iter()
+        .copied()
+        .filter(|&i| fates[i].is_none())
+        .collect();
+    let config = &shared.config;
+    let outcome = match (&result, timed_out) {
+        (Ok(()), _) => "ok",
+        (Err(_), true) => "timeout",
+        (Err(_), false) => "error",
+    };
+    crate::metrics::handler_attempt(config, outcome, started.elapsed());
+    let count = handled.len() as u64;
+    crate::metrics::messages(
+        config,
+        if result.is_ok() { "handled" } else { "failed" },
+        count,
+    );
+    let all_acked = manual && acked.iter().all(|a| a.load(Ordering::Acquire));
+    let fate = |error: &Option<String>| -> Fate {
+        match error {
+            None if manual => Fate::Done,
+            None => Fate::Ack,
+            Some(_) if all_acked => Fate::Done,
+            Some(error) if deliveries >= max => {
+                exhausted(policy.on_exhausted, deliveries, error.clone())
+            }
+            Some(_) if spec.stop.load(Ordering::Acquire) => Fate::Stopped,
+            Some(_) => Fate::Retry {
+                after: policy.backoff(retry),
+            },
+        }
+    };
+    let error = result.err().map(|e| e.to_string());
+    if let Some(error) = &error {
+        tracing::debug!(shard = spec.shard, id = %first_id, deliveries, %error, "batch handler failed");
+        if deliveries < max && !spec.stop.load(Ordering::Acquire) {
+            crate::metrics::messages(config, "retried", count);
+        }
+    }
+    for i in handled {
+        fates[i] = Some(fate(&error));
+    }
+    fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect()
 }
 
 fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate {

@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
-use super::ops::Shared;
+use super::fields::Fields;
+use super::ops::{Shared, PAYLOAD_FIELD};
 
 /// A boxed, sendable future: handlers are stored as trait objects, so they return one of these.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -207,9 +208,38 @@ where
     }
 }
 
+/// A batch handler: gets the entries of one read of one shard together (see
+/// [`BoxedHandler::json_batch`]). Implemented for every `Fn(Vec<Message<T>>) -> impl Future<Output =
+/// Result<(), E>>` with `E: Display`.
+pub trait BatchHandler<T>: Send + Sync + 'static {
+    /// Handle the messages. `Ok` acknowledges all of them; `Err` or a panic fails all of them.
+    fn handle(&self, messages: Vec<Message<T>>) -> BoxFuture<'static, Result<(), HandlerError>>;
+}
+
+impl<T, F, Fut, E> BatchHandler<T> for F
+where
+    T: Send + 'static,
+    F: Fn(Vec<Message<T>>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    fn handle(&self, messages: Vec<Message<T>>) -> BoxFuture<'static, Result<(), HandlerError>> {
+        let future = self(messages);
+        Box::pin(async move { future.await.map_err(HandlerError::new) })
+    }
+}
+
+/// A batch handler's call: the decode error of each delivery (`None`: decoded and handed over), and the
+/// handler's future if any delivery decoded.
+pub(crate) type BatchCall = (
+    Vec<Option<String>>,
+    Option<BoxFuture<'static, Result<(), HandlerError>>>,
+);
+
 /// Everything about one delivery except the decoded payload.
 pub(crate) struct Delivery<'a> {
-    pub(crate) payload: &'a [u8],
+    /// The entry's fields as read, in order; the decoder picks what it needs.
+    pub(crate) fields: &'a [(Vec<u8>, Vec<u8>)],
     pub(crate) id: &'a str,
     pub(crate) key: &'a str,
     pub(crate) shard: u32,
@@ -260,6 +290,36 @@ impl BoxedHandler {
         D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
         H: Handler<T>,
     {
+        Self::decoded(
+            move |fields: &[(Vec<u8>, Vec<u8>)]| {
+                let payload = fields
+                    .iter()
+                    .find(|(name, _)| name.as_slice() == PAYLOAD_FIELD.as_bytes())
+                    .map(|(_, value)| value.as_slice())
+                    .ok_or_else(|| "the entry has no `p` field".to_owned())?;
+                decode(payload).map_err(|e| e.to_string())
+            },
+            handler,
+        )
+    }
+
+    /// A handler of the entry's whole field map ([`Fields`]): entries written by other clients (the
+    /// spec's JVM and Python producers, `XADD` by hand, [`Producer::send_fields`](crate::Producer::send_fields))
+    /// with arbitrary fields and no `p`. Never an undecodable entry.
+    pub fn fields<H: Handler<Fields>>(handler: H) -> Self {
+        Self::decoded(
+            |fields: &[(Vec<u8>, Vec<u8>)]| Ok(Fields::from_entry(fields)),
+            handler,
+        )
+    }
+
+    /// A handler whose decoder sees every field of the entry.
+    fn decoded<T, D, H>(decode: D, handler: H) -> Self
+    where
+        T: Send + 'static,
+        D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
+        H: Handler<T>,
+    {
         Self {
             inner: Arc::new(Typed {
                 decode,
@@ -275,6 +335,43 @@ impl BoxedHandler {
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
         self.inner.call(delivery)
     }
+
+    /// A batch handler of JSON payloads: each read of a shard (up to `batch_size` entries) in one call.
+    ///
+    /// All or nothing: `Ok` acknowledges every message of the batch; an error, a panic or a timeout fails
+    /// all of them, and the batch is retried (the same entries, per the failure policy's backoff), then
+    /// every entry of it is dead-lettered (or left pending). An entry that does not decode is
+    /// dead-lettered alone; the others are handled.
+    pub fn json_batch<T, H>(handler: H) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        H: BatchHandler<T>,
+    {
+        Self {
+            inner: Arc::new(Batched {
+                decode: |fields: &[(Vec<u8>, Vec<u8>)]| {
+                    let payload = fields
+                        .iter()
+                        .find(|(name, _)| name.as_slice() == PAYLOAD_FIELD.as_bytes())
+                        .map(|(_, value)| value.as_slice())
+                        .ok_or_else(|| "the entry has no `p` field".to_owned())?;
+                    serde_json::from_slice::<T>(payload).map_err(|e| e.to_string())
+                },
+                handler,
+                _payload: std::marker::PhantomData,
+            }),
+        }
+    }
+
+    /// Whether this is a batch handler ([`json_batch`](Self::json_batch)).
+    pub(crate) fn is_batch(&self) -> bool {
+        self.inner.is_batch()
+    }
+
+    /// Calls a batch handler with `deliveries`.
+    pub(crate) fn call_batch(&self, deliveries: Vec<Delivery<'_>>) -> BatchCall {
+        self.inner.call_batch(deliveries)
+    }
 }
 
 trait ErasedHandler: Send + Sync + 'static {
@@ -282,6 +379,89 @@ trait ErasedHandler: Send + Sync + 'static {
         &self,
         delivery: Delivery<'_>,
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String>;
+
+    fn is_batch(&self) -> bool {
+        false
+    }
+
+    /// Only batch handlers are called with batches (the job asks [`is_batch`](Self::is_batch)); others
+    /// take the deliveries one by one, in one future.
+    fn call_batch(&self, deliveries: Vec<Delivery<'_>>) -> BatchCall {
+        let mut errors = Vec::with_capacity(deliveries.len());
+        let mut futures = Vec::new();
+        for delivery in deliveries {
+            match self.call(delivery) {
+                Ok(future) => {
+                    errors.push(None);
+                    futures.push(future);
+                }
+                Err(error) => errors.push(Some(error)),
+            }
+        }
+        let future: Option<BoxFuture<'static, Result<(), HandlerError>>> = (!futures.is_empty())
+            .then(|| {
+                Box::pin(async move {
+                    for future in futures {
+                        future.await?;
+                    }
+                    Ok(())
+                }) as BoxFuture<'static, Result<(), HandlerError>>
+            });
+        (errors, future)
+    }
+}
+
+fn message<T>(payload: T, delivery: Delivery<'_>) -> Message<T> {
+    Message {
+        payload,
+        id: delivery.id.to_owned(),
+        key: delivery.key.to_owned(),
+        shard: delivery.shard,
+        delivery_count: delivery.delivery_count,
+        token: delivery.token.clone(),
+        acker: delivery.acker,
+    }
+}
+
+struct Batched<T, D, H> {
+    decode: D,
+    handler: H,
+    _payload: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T, D, H> ErasedHandler for Batched<T, D, H>
+where
+    T: Send + 'static,
+    D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
+    H: BatchHandler<T>,
+{
+    fn call(
+        &self,
+        delivery: Delivery<'_>,
+    ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
+        let payload = (self.decode)(delivery.fields)?;
+        Ok(self.handler.handle(vec![message(payload, delivery)]))
+    }
+
+    fn is_batch(&self) -> bool {
+        true
+    }
+
+    fn call_batch(&self, deliveries: Vec<Delivery<'_>>) -> BatchCall {
+        let mut errors = Vec::with_capacity(deliveries.len());
+        let mut messages = Vec::with_capacity(deliveries.len());
+        for delivery in deliveries {
+            match (self.decode)(delivery.fields) {
+                Ok(payload) => {
+                    errors.push(None);
+                    messages.push(message(payload, delivery));
+                }
+                Err(error) => errors.push(Some(error)),
+            }
+        }
+        let future = (!messages.is_empty()).then(|| self.handler.handle(messages));
+        (errors, future)
+    }
 }
 
 struct Typed<T, D, H> {
@@ -290,27 +470,18 @@ struct Typed<T, D, H> {
     _payload: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T, E, D, H> ErasedHandler for Typed<T, D, H>
+impl<T, D, H> ErasedHandler for Typed<T, D, H>
 where
     T: Send + 'static,
-    E: fmt::Display,
-    D: Fn(&[u8]) -> Result<T, E> + Send + Sync + 'static,
+    D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
     H: Handler<T>,
 {
     fn call(
         &self,
         delivery: Delivery<'_>,
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
-        let payload = (self.decode)(delivery.payload).map_err(|e| e.to_string())?;
-        Ok(self.handler.handle(Message {
-            payload,
-            id: delivery.id.to_owned(),
-            key: delivery.key.to_owned(),
-            shard: delivery.shard,
-            delivery_count: delivery.delivery_count,
-            token: delivery.token.clone(),
-            acker: delivery.acker,
-        }))
+        let payload = (self.decode)(delivery.fields)?;
+        Ok(self.handler.handle(message(payload, delivery)))
     }
 }
 

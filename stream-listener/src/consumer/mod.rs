@@ -44,13 +44,17 @@
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
 mod config;
+mod fields;
 mod job;
 mod message;
 mod ops;
 mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
-pub use message::{AckError, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage};
+pub use fields::{FieldError, Fields};
+pub use message::{
+    AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
+};
 pub use ops::{dead_letter_fields, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};

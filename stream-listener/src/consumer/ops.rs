@@ -753,6 +753,7 @@ impl Entry {
     }
 
     /// The payload bytes, if the entry has them.
+    #[cfg(test)]
     pub(crate) fn payload(&self) -> Option<&[u8]> {
         self.field(PAYLOAD_FIELD)
     }

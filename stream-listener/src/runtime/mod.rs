@@ -12,25 +12,28 @@
 //! member epoch. A [`ConsumerBuilder`] adds exactly one explicitly named member whose
 //! `runtime_max_concurrency` is local worker capacity (the spec's bean-based consumer).
 
+mod builder;
+mod follower;
+mod spec;
+mod state;
+
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::consumer::{
-    AckPolicy, BoxedHandler, Consumer, ConsumerConfig, ConsumerError, FailurePolicy, Handler,
-};
+use crate::consumer::{BoxedHandler, Consumer, ConsumerConfig, ConsumerError};
 use crate::coordinator::metadata::GroupConfig;
-use crate::coordinator::AdminCommand;
 use crate::member::heartbeat::{MemberLoop, MemberStatus};
-use crate::member::identity;
 use crate::member::lifecycle::OwnershipDeadline;
 use crate::member::session::{MemberIdentity, MemberSession, Phase};
-use crate::registry::{registrations, ListenerRegistration};
 use crate::store::{GroupStore, StoreError};
-use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
+use crate::topology::{StartFrom, Topology, TopologyError};
+
+pub use builder::ConsumerBuilder;
+pub use spec::{InvalidListener, ListenerSpec, Origin};
+pub use state::{MissingState, State, States};
 
 /// Shards of a stream created by a listener when no producer has created its topology yet.
 pub const DEFAULT_SHARD_COUNT: u32 = 16;
@@ -74,6 +77,20 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
+    /// A listener's settings (after the environment's overrides) are invalid; names the listener.
+    #[error(transparent)]
+    InvalidListener(#[from] InvalidListener),
+    /// A runtime setting from the environment ([`Runtime::from_env`]) does not parse.
+    #[error("invalid environment: {0}")]
+    InvalidEnvironment(String),
+    /// A handler takes a [`State<T>`] whose type nobody registered.
+    #[error("listener {listener}: {missing}")]
+    MissingState {
+        /// The listener ([`Origin`]).
+        listener: String,
+        /// The missing type.
+        missing: MissingState,
+    },
     /// Two listeners of this process would run the same member of the same group: they would fence each
     /// other forever. Give one an `id` (attribute) or a [`ConsumerBuilder::member_id`].
     #[error(
@@ -94,142 +111,6 @@ pub enum RuntimeError {
     },
 }
 
-/// One explicitly registered member (the spec's `CoordinatorConsumerProperties.consumer(...)`).
-///
-/// ```no_run
-/// # use stream_listener::{ConsumerBuilder, Message};
-/// # #[derive(serde::Deserialize)] struct Order;
-/// let billing = ConsumerBuilder::new("orders", "billing")
-///     .runtime_max_concurrency(4) // four local workers for this one member, any number of shards
-///     .handler(|msg: Message<Order>| async move { Ok::<(), std::convert::Infallible>(()) });
-/// ```
-#[derive(Debug, Clone)]
-pub struct ConsumerBuilder {
-    stream: String,
-    group: String,
-    member_id: Option<String>,
-    runtime_max_concurrency: usize,
-    weight: u32,
-    batch_size: Option<usize>,
-    block_ms: Option<u64>,
-    ack: Option<AckPolicy>,
-    failure: Option<FailurePolicy>,
-    dead_letter: Option<String>,
-    handler_timeout: Option<Duration>,
-    handler: Option<BoxedHandler>,
-}
-
-impl ConsumerBuilder {
-    /// A member of `group` reading `stream`.
-    pub fn new(stream: impl Into<String>, group: impl Into<String>) -> Self {
-        Self {
-            stream: stream.into(),
-            group: group.into(),
-            member_id: None,
-            runtime_max_concurrency: 1,
-            weight: 1,
-            batch_size: None,
-            block_ms: None,
-            ack: None,
-            failure: None,
-            dead_letter: None,
-            handler_timeout: None,
-            handler: None,
-        }
-    }
-
-    /// The memberId (default: the process's base member id, see [`identity`]).
-    pub fn member_id(mut self, id: impl Into<String>) -> Self {
-        self.member_id = Some(id.into());
-        self
-    }
-
-    /// Local worker capacity of this one member. Never creates members, never limits owned shards.
-    pub fn runtime_max_concurrency(mut self, workers: usize) -> Self {
-        self.runtime_max_concurrency = workers.max(1);
-        self
-    }
-
-    /// Static balancing weight (default 1).
-    pub fn weight(mut self, weight: u32) -> Self {
-        self.weight = weight.max(1);
-        self
-    }
-
-    /// Entries per read (default 100).
-    pub fn batch_size(mut self, n: usize) -> Self {
-        self.batch_size = Some(n);
-        self
-    }
-
-    /// Blocking read timeout.
-    pub fn block_ms(mut self, ms: u64) -> Self {
-        self.block_ms = Some(ms);
-        self
-    }
-
-    /// Acknowledgement policy.
-    pub fn ack(mut self, ack: AckPolicy) -> Self {
-        self.ack = Some(ack);
-        self
-    }
-
-    /// Retry and dead-letter policy.
-    pub fn failure(mut self, failure: FailurePolicy) -> Self {
-        self.failure = Some(failure);
-        self
-    }
-
-    /// Dead-letter stream (default `{stream}:dlq`).
-    pub fn dead_letter(mut self, stream: impl Into<String>) -> Self {
-        self.dead_letter = Some(stream.into());
-        self
-    }
-
-    /// How long one handler attempt may run (default: no limit). An attempt past it is cancelled and
-    /// counts as a failed delivery: retried, then dead-lettered per the failure policy.
-    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
-        self.handler_timeout = Some(timeout);
-        self
-    }
-
-    /// A handler of JSON payloads: a closure or any [`Handler`].
-    pub fn handler<T, H>(mut self, handler: H) -> Self
-    where
-        T: DeserializeOwned + Send + 'static,
-        H: Handler<T>,
-    {
-        self.handler = Some(BoxedHandler::json(handler));
-        self
-    }
-
-    /// A handler of raw payload bytes.
-    pub fn raw_handler<H: Handler<Vec<u8>>>(mut self, handler: H) -> Self {
-        self.handler = Some(BoxedHandler::raw(handler));
-        self
-    }
-
-    fn consumer_config(&self, member_id: &str) -> ConsumerConfig {
-        let mut config = ConsumerConfig::new(&self.stream, &self.group, member_id);
-        config.runtime_max_concurrency = self.runtime_max_concurrency;
-        if let Some(n) = self.batch_size {
-            config.batch_size = n;
-        }
-        if let Some(ms) = self.block_ms {
-            config.block_ms = ms;
-        }
-        if let Some(ack) = self.ack {
-            config.ack_policy = ack;
-        }
-        if let Some(failure) = self.failure {
-            config.failure_policy = failure;
-        }
-        config.dead_letter_stream = self.dead_letter.clone();
-        config.handler_timeout = self.handler_timeout;
-        config
-    }
-}
-
 /// Everything needed to start one logical member.
 #[derive(Debug, Clone)]
 struct MemberPlan {
@@ -240,6 +121,8 @@ struct MemberPlan {
     weight: u32,
     consumer: ConsumerConfig,
     handler: BoxedHandler,
+    start_from: StartFrom,
+    shard_count: Option<u32>,
 }
 
 /// The process-wide runtime. See the [module docs](self).
@@ -254,6 +137,14 @@ pub struct Runtime {
     startup_timeout: Option<Duration>,
     annotated: bool,
     builders: Vec<ConsumerBuilder>,
+    states: States,
+    env_overrides: bool,
+    /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
+    env_errors: Vec<String>,
+}
+
+fn runtime_env_error(errors: &mut Vec<String>, name: &str, value: &str) {
+    errors.push(format!("{name}={value:?} is not a positive integer"));
 }
 
 impl Runtime {
@@ -268,16 +159,48 @@ impl Runtime {
             startup_timeout: None,
             annotated: true,
             builders: Vec::new(),
+            states: States::default(),
+            env_overrides: true,
+            env_errors: Vec::new(),
         }
     }
 
-    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`) and `STREAM_LISTENER_MEMBER_ID`.
+    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), `STREAM_LISTENER_MEMBER_ID`,
+    /// and the timing of groups this process creates from `STREAM_LISTENER_HEARTBEAT_INTERVAL_MS`,
+    /// `STREAM_LISTENER_SESSION_TIMEOUT_MS`, `STREAM_LISTENER_REBALANCE_TIMEOUT_MS` and the shard count of
+    /// streams it creates from `STREAM_LISTENER_DEFAULT_SHARD_COUNT` (a value that does not parse makes
+    /// [`start`](Self::start) fail with [`RuntimeError::InvalidEnvironment`]). Listener settings have their
+    /// own overrides ([`ListenerSpec::apply_env`]).
     pub fn from_env() -> Self {
-        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
         let mut runtime = Self::new(url);
-        runtime.base_member_id = std::env::var("STREAM_LISTENER_MEMBER_ID")
-            .ok()
-            .filter(|s| !s.is_empty());
+        runtime.base_member_id = lookup("STREAM_LISTENER_MEMBER_ID");
+        let mut number = |name: &str, set: &mut dyn FnMut(u32)| {
+            if let Some(value) = lookup(name) {
+                match value.trim().parse::<u32>() {
+                    Ok(n) if n > 0 => set(n),
+                    _ => runtime_env_error(&mut runtime.env_errors, name, &value),
+                }
+            }
+        };
+        let mut config = runtime.group_config;
+        let mut shards = runtime.shard_count;
+        number("STREAM_LISTENER_HEARTBEAT_INTERVAL_MS", &mut |n| {
+            config.heartbeat_interval_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_SESSION_TIMEOUT_MS", &mut |n| {
+            config.session_timeout_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", &mut |n| {
+            config.rebalance_timeout_ms = i64::from(n)
+        });
+        number("STREAM_LISTENER_DEFAULT_SHARD_COUNT", &mut |n| shards = n);
+        runtime.group_config = config;
+        runtime.shard_count = shards;
         runtime
     }
 
@@ -320,6 +243,21 @@ impl Runtime {
         self
     }
 
+    /// Registers `value` for every handler's [`State<T>`] argument of type `T` (a listener's own value,
+    /// [`ConsumerBuilder::state`], comes first). Starting a handler that asks for a type nobody
+    /// registered fails with [`RuntimeError::MissingState`].
+    pub fn state<T: Clone + Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.states.insert(value);
+        self
+    }
+
+    /// Ignores the `STREAM_LISTENER_<LISTENER>_<SETTING>` environment overrides
+    /// ([`ListenerSpec::apply_env`]), which apply by default.
+    pub fn without_env_overrides(mut self) -> Self {
+        self.env_overrides = false;
+        self
+    }
+
     /// Adds one explicitly registered member.
     pub fn consumer(mut self, builder: ConsumerBuilder) -> Self {
         self.builders.push(builder);
@@ -337,7 +275,10 @@ impl Runtime {
 
     /// Starts everything and returns a handle (for embedding and tests).
     pub async fn start(self) -> Result<RunningRuntime, RuntimeError> {
-        let plans = self.plans();
+        if !self.env_errors.is_empty() {
+            return Err(RuntimeError::InvalidEnvironment(self.env_errors.join("; ")));
+        }
+        let plans = self.plans()?;
         if plans.is_empty() {
             return Err(RuntimeError::NoListeners);
         }
@@ -364,7 +305,7 @@ impl Runtime {
             let store = GroupStore::new(conn.clone(), &stream, &group, 1, self.group_config)?;
             let period =
                 Duration::from_millis(self.group_config.heartbeat_interval_ms.max(200) as u64 * 5);
-            followers.push(tokio::spawn(follow_topology(
+            followers.push(tokio::spawn(follower::follow_topology(
                 conn,
                 store,
                 stream,
@@ -381,58 +322,55 @@ impl Runtime {
         })
     }
 
-    fn plans(&self) -> Vec<MemberPlan> {
-        let mut plans = Vec::new();
-        let registered: Vec<&'static ListenerRegistration> = if self.annotated {
-            registrations().collect()
+    /// Every listener's spec: built, overridden from the environment, validated, its handler bound to
+    /// its states; then one plan per member.
+    fn plans(&self) -> Result<Vec<MemberPlan>, RuntimeError> {
+        let mut specs = if self.annotated {
+            ListenerSpec::registered()
         } else {
             Vec::new()
         };
-        for reg in registered {
-            let base = match reg.id.or(self.base_member_id.as_deref()) {
-                Some(id) => identity::base_member_id(Some(id)),
-                None => reg.base_member_id(),
+        specs.extend(
+            self.builders
+                .iter()
+                .enumerate()
+                .map(|(index, builder)| builder.clone().into_spec(index + 1)),
+        );
+        let mut plans = Vec::new();
+        for mut spec in specs {
+            if self.env_overrides {
+                spec.apply_env(|name| std::env::var(name).ok())?;
+            }
+            spec.validate()?;
+            let origin = spec.origin.to_string();
+            let states = spec.states.over(&self.states);
+            let handler = spec
+                .handler
+                .as_ref()
+                .expect("validated: a handler is set")
+                .bind(&states)
+                .map_err(|missing| RuntimeError::MissingState {
+                    listener: origin.clone(),
+                    missing,
+                })?;
+            let label = match &spec.origin {
+                Origin::Annotated { path, .. } => path.clone(),
+                Origin::Builder { .. } => format!("{}/{}", spec.stream, spec.group),
             };
-            for member_id in reg.member_ids(&base.id) {
+            for member_id in spec.member_ids(self.base_member_id.as_deref()) {
                 plans.push(MemberPlan {
-                    label: reg.qualified_name(),
-                    origin: format!(
-                        "#[stream_listener] {} ({}:{})",
-                        reg.qualified_name(),
-                        reg.file,
-                        reg.line
-                    ),
-                    consumer: reg.consumer_config(&member_id),
+                    label: label.clone(),
+                    origin: origin.clone(),
+                    consumer: spec.consumer_config(&member_id),
                     member_id,
-                    weight: reg.member_weight(),
-                    handler: reg.handler(),
+                    weight: spec.weight,
+                    handler: handler.clone(),
+                    start_from: spec.start_from,
+                    shard_count: spec.shard_count,
                 });
             }
         }
-        for (index, builder) in self.builders.iter().enumerate() {
-            let Some(handler) = builder.handler.clone() else {
-                tracing::warn!(stream = %builder.stream, group = %builder.group, "consumer without a handler: skipped");
-                continue;
-            };
-            let member_id = builder.member_id.clone().unwrap_or_else(|| {
-                let base = identity::base_member_id(self.base_member_id.as_deref());
-                format!("{}-{}", base.id, builder.group)
-            });
-            plans.push(MemberPlan {
-                label: format!("{}/{}", builder.stream, builder.group),
-                origin: format!(
-                    "ConsumerBuilder::new({:?}, {:?}) (consumer #{} of the Runtime)",
-                    builder.stream,
-                    builder.group,
-                    index + 1
-                ),
-                consumer: builder.consumer_config(&member_id),
-                member_id,
-                weight: builder.weight,
-                handler,
-            });
-        }
-        plans
+        Ok(plans)
     }
 
     async fn start_member(
@@ -454,11 +392,12 @@ impl Runtime {
         let topology = match Topology::load(&mut conn, &stream).await {
             Ok(topology) => topology,
             Err(TopologyError::Missing { .. }) => {
-                Topology::ensure(&mut conn, &stream, self.shard_count).await?
+                let shards = plan.shard_count.unwrap_or(self.shard_count);
+                Topology::ensure(&mut conn, &stream, shards).await?
             }
             Err(e) => return Err(e.into()),
         };
-        Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await?;
+        Topology::ensure_group(&mut conn, &stream, &group, plan.start_from).await?;
         let store = GroupStore::new(
             conn,
             &stream,
@@ -682,100 +621,6 @@ impl RunningRuntime {
     }
 }
 
-/// Keeps a group's shard count equal to the number of shards its stream's groups read: the shard count
-/// belongs to the stream (its topology record), so when the stream is resized every group reading it must
-/// follow, or entries routed to new shards would never be read. Every process runs one of these per group
-/// it reads; the command is idempotent, so racing processes agree.
-///
-/// A grow is followed at once. A shrink is not: while its removed shards drain the topology's
-/// [`read_shard_count`](Topology::read_shard_count) stays the old count, so the group keeps reading them.
-/// Each tick also moves the drain on ([`Topology::retire_drained`]: freeze the removed shards once the cut
-/// has passed, delete them once every group consumed them to the end, then drop them from the record);
-/// only then does the group follow to the smaller count.
-async fn follow_topology(
-    mut conn: ConnectionManager,
-    mut store: GroupStore,
-    stream: String,
-    group: String,
-    period: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut warned_missing = false;
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = shutdown.changed() => return,
-        }
-        let mut topology = match Topology::load(&mut conn, &stream).await {
-            Ok(topology) => topology,
-            Err(TopologyError::Missing { .. }) => {
-                // Redis lost it (restarted empty, flushed) while the group lives on: recreate it from
-                // the group's shard count, once the group's metadata is real again (committed by its
-                // members), so producers can route again.
-                match store.load().await {
-                    Ok((_, c)) if c.metadata().metadata_version > 0 => {
-                        let count = c.metadata().shard_count;
-                        if !warned_missing {
-                            tracing::warn!(%stream, %group, shard_count = count, "the stream's topology is missing (Redis restarted empty or was flushed?): recreating it from the group's shard count");
-                            warned_missing = true;
-                        }
-                        if let Err(error) = Topology::ensure(&mut conn, &stream, count).await {
-                            tracing::warn!(%stream, %error, "cannot recreate the stream's topology");
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(%stream, %group, %error, "cannot read the group's metadata")
-                    }
-                }
-                continue;
-            }
-            Err(error) => {
-                tracing::warn!(%stream, %error, "cannot read the stream's topology");
-                continue;
-            }
-        };
-        warned_missing = false;
-        if !topology.draining_shards().is_empty() {
-            match Topology::retire_drained(&mut conn, &stream).await {
-                Ok((retired, DrainState::Retired)) => {
-                    tracing::info!(%stream, shards = ?topology.draining_shards(), "a shrink's removed shards are drained and retired");
-                    topology = retired;
-                }
-                Ok((_, DrainState::Draining(reason))) => {
-                    tracing::debug!(%stream, %reason, "a shrink's removed shards are draining");
-                }
-                Err(error) => {
-                    tracing::warn!(%stream, %error, "cannot retire a shrink's removed shards");
-                }
-            }
-        }
-        let target = topology.read_shard_count();
-        let current = match store.load().await {
-            Ok((_, coordinator)) => coordinator.metadata().shard_count,
-            Err(error) => {
-                tracing::warn!(%stream, %group, %error, "cannot read the group's metadata");
-                continue;
-            }
-        };
-        if current == target {
-            continue;
-        }
-        tracing::info!(%stream, %group, from = current, to = target, "stream resized: following");
-        if let Err(error) =
-            Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await
-        {
-            tracing::warn!(%stream, %group, %error, "cannot create the group on the new shards");
-            continue;
-        }
-        match store.command(AdminCommand::SetShardCount(target)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%stream, %group, %error, "shard count change refused"),
-            Err(error) => tracing::warn!(%stream, %group, %error, "shard count change failed"),
-        }
-    }
-}
-
 /// Refuses two plans with the same member of the same group (they would fence each other forever).
 fn check_unique_members(plans: &[MemberPlan]) -> Result<(), RuntimeError> {
     let mut seen: std::collections::HashMap<(&str, &str, &str), &MemberPlan> =
@@ -817,5 +662,58 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_timing_and_shard_count_come_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let runtime = Runtime::from_lookup(env(&[
+            ("REDIS_URL", "redis://10.0.0.9:6380"),
+            ("STREAM_LISTENER_MEMBER_ID", "pod-1"),
+            ("STREAM_LISTENER_HEARTBEAT_INTERVAL_MS", "250"),
+            ("STREAM_LISTENER_SESSION_TIMEOUT_MS", "4000"),
+            ("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", "9000"),
+            ("STREAM_LISTENER_DEFAULT_SHARD_COUNT", "12"),
+        ]));
+        assert_eq!(runtime.redis_url.expose(), "redis://10.0.0.9:6380");
+        assert_eq!(runtime.base_member_id.as_deref(), Some("pod-1"));
+        assert_eq!(
+            runtime.group_config,
+            GroupConfig {
+                heartbeat_interval_ms: 250,
+                session_timeout_ms: 4000,
+                rebalance_timeout_ms: 9000,
+            }
+        );
+        assert_eq!(runtime.shard_count, 12);
+        assert!(runtime.env_errors.is_empty());
+
+        let defaults = Runtime::from_lookup(env(&[]));
+        assert_eq!(defaults.group_config, GroupConfig::default());
+        assert_eq!(defaults.shard_count, DEFAULT_SHARD_COUNT);
+    }
+
+    #[tokio::test]
+    async fn an_unparsable_runtime_setting_is_a_start_error_naming_it() {
+        let runtime = Runtime::from_lookup(|name| {
+            (name == "STREAM_LISTENER_SESSION_TIMEOUT_MS").then(|| "10s".to_owned())
+        });
+        let error = runtime.start().await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid environment: STREAM_LISTENER_SESSION_TIMEOUT_MS=\"10s\" is not a positive integer"
+        );
     }
 }
