@@ -459,6 +459,7 @@ impl Runtime {
             Err(e) => return Err(e.into()),
         };
         Topology::ensure_group(&mut conn, &stream, &group, StartFrom::Earliest).await?;
+        let sampler_conn = conn.clone();
         let store = GroupStore::new(
             conn,
             &stream,
@@ -502,18 +503,17 @@ impl Runtime {
             }
         });
         let consumer_task = tokio::spawn(consumer.run(consumer_commands_rx, consumer_reports_tx));
-        let (status_tx, status) = watch::channel(MemberStatus {
-            phase: Phase::Joining,
-            epoch: 0,
-            owned: Vec::new(),
-            failures: 0,
-        });
+        let (status_tx, status) = watch::channel(MemberStatus::default());
         tokio::spawn(crate::metrics::follow_member(
             status.clone(),
             deadline.clone(),
             stream.clone(),
             group.clone(),
             plan.member_id.clone(),
+            Some(crate::metrics::ShardSampler {
+                conn: sampler_conn,
+                every: interval * 5,
+            }),
         ));
         let session = MemberSession::new(
             identity,

@@ -32,7 +32,7 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
-use crate::coordinator::projection::GroupProjection;
+use crate::coordinator::projection::{group_state, GroupProjection, GroupState};
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
 use crate::coordinator::{AdminCommand, Change, CommandError, Coordinator, Creation, Outcome};
 
@@ -204,6 +204,8 @@ pub struct GroupStore {
     shard_count: u32,
     config: GroupConfig,
     cache: Option<Snapshot>,
+    /// The group state of the cached revision (see [`GroupStore::group_state`]).
+    state: Option<(i64, GroupState)>,
     /// Last Redis time seen and the local instant it was seen at: `now` for the core between reads.
     clock: Option<(i64, std::time::Instant)>,
     scripts: Scripts,
@@ -239,6 +241,7 @@ impl GroupStore {
             shard_count,
             config,
             cache: None,
+            state: None,
             clock: None,
             scripts: Scripts {
                 load: Script::new(include_str!("load.lua")),
@@ -252,6 +255,20 @@ impl GroupStore {
     /// The group's keys.
     pub fn keys(&self) -> &GroupKeys {
         &self.keys
+    }
+
+    /// The group's state in the cached snapshot (what the last heartbeat saw), `None` before the first
+    /// load. Computed once per store revision, so a steady heartbeat pays nothing for it.
+    pub fn group_state(&mut self) -> Option<GroupState> {
+        let snapshot = self.cache.as_ref()?;
+        match self.state {
+            Some((revision, state)) if revision == snapshot.revision => Some(state),
+            _ => {
+                let state = group_state(snapshot.coordinator.metadata());
+                self.state = Some((snapshot.revision, state));
+                Some(state)
+            }
+        }
     }
 
     /// Applies one heartbeat.
