@@ -18,6 +18,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::consumer::{
     AckPolicy, BoxedHandler, Consumer, ConsumerConfig, ConsumerError, FailurePolicy, Handler,
@@ -502,25 +503,35 @@ impl Runtime {
                 }
             }
         });
-        let consumer_task = tokio::spawn(consumer.run(consumer_commands_rx, consumer_reports_tx));
+        // Every log line of the member (heartbeats, store, consumer jobs, handlers) carries who it is. At
+        // ERROR level, so it is enabled whenever any of its events is.
+        let span = tracing::error_span!("member", member = %plan.member_id, stream = %stream, group = %group);
+        let consumer_task = tokio::spawn(
+            consumer
+                .run(consumer_commands_rx, consumer_reports_tx)
+                .instrument(span.clone()),
+        );
         let (status_tx, status) = watch::channel(MemberStatus::default());
-        tokio::spawn(crate::metrics::follow_member(
-            status.clone(),
-            deadline.clone(),
-            stream.clone(),
-            group.clone(),
-            plan.member_id.clone(),
-            Some(crate::metrics::ShardSampler {
-                conn: sampler_conn,
-                every: interval * 5,
-            }),
-        ));
+        tokio::spawn(
+            crate::metrics::follow_member(
+                status.clone(),
+                deadline.clone(),
+                stream.clone(),
+                group.clone(),
+                plan.member_id.clone(),
+                Some(crate::metrics::ShardSampler {
+                    conn: sampler_conn,
+                    every: interval * 5,
+                }),
+            )
+            .instrument(span.clone()),
+        );
         let session = MemberSession::new(
             identity,
             self.group_config.session_timeout_ms,
             incarnation(),
         );
-        tracing::info!(member = %plan.member_id, listener = %plan.label, "member starting");
+        span.in_scope(|| tracing::info!(listener = %plan.label, "member starting"));
         let heartbeat_task = tokio::spawn(
             MemberLoop {
                 session,
@@ -532,7 +543,8 @@ impl Runtime {
                 shutdown_timeout: self.shutdown_timeout,
                 deadline,
             }
-            .run(),
+            .run()
+            .instrument(span.clone()),
         );
         Ok(RunningMember {
             member_id: plan.member_id,
