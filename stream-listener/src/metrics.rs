@@ -346,8 +346,25 @@ fn group_lag(reply: &redis::Value, group: &str) -> Option<(Option<i64>, i64)> {
 pub fn install_prometheus(
     addr: std::net::SocketAddr,
 ) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    prometheus_builder()?.with_http_listener(addr).install()
+}
+
+/// Installs a Prometheus recorder as the process's global recorder without serving it; the handle
+/// renders the page (for example for the `http` feature's `ProbeServer`:
+/// `Some(Box::new(move || handle.render()))`).
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus_recorder(
+) -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError>
+{
+    prometheus_builder()?.install_recorder()
+}
+
+/// The exporter with the library's histogram buckets.
+#[cfg(feature = "prometheus")]
+fn prometheus_builder(
+) -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError>
+{
     metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(HANDLER_DURATION.to_owned()),
             &[
@@ -357,6 +374,5 @@ pub fn install_prometheus(
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(REBALANCE_DURATION.to_owned()),
             &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0],
-        )?
-        .install()
+        )
 }

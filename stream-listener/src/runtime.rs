@@ -603,6 +603,23 @@ impl RunningRuntime {
         }
     }
 
+    /// A cloneable handle on [`health`](Self::health) that outlives borrows of the runtime, for a probe
+    /// endpoint on another task or thread (the `http` feature's `ProbeServer`).
+    pub fn health_handle(&self) -> crate::health::HealthHandle {
+        crate::health::HealthHandle {
+            members: self
+                .members
+                .iter()
+                .map(|m| crate::health::MemberWatch {
+                    member_id: m.member_id.clone(),
+                    probe: m.probe.clone(),
+                    lease: m.lease.clone(),
+                    status: m.status.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// The current status of every member.
     pub fn statuses(&self) -> Vec<(String, MemberStatus)> {
         self.members
