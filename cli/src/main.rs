@@ -171,6 +171,8 @@ enum Command {
         /// interval plus a margin [default: the library's, 2000].
         #[arg(long)]
         grace_ms: Option<u64>,
+        #[command(flatten)]
+        output: Output,
     },
     /// Roll a stream back to its shard count before the last resize; every group follows.
     Rollback {
@@ -180,6 +182,8 @@ enum Command {
         /// How long producers may keep writing the current layout, in ms [default: the library's, 2000].
         #[arg(long)]
         grace_ms: Option<u64>,
+        #[command(flatten)]
+        output: Output,
     },
     /// Fence a member: it must rejoin; its shards stay held until its lease passes.
     Fence {
@@ -242,6 +246,8 @@ enum DeadLetterAction {
         /// Do not ask for confirmation (required when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
+        #[command(flatten)]
+        output: Output,
     },
     /// Delete dead letters for good. Asks for confirmation.
     Purge {
@@ -256,6 +262,8 @@ enum DeadLetterAction {
         /// Do not ask for confirmation (required when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
+        #[command(flatten)]
+        output: Output,
     },
 }
 
@@ -357,10 +365,13 @@ async fn run(cli: Cli) -> Result<String, CliError> {
             stream,
             shards,
             grace_ms,
-        } => commands::reshard::run(&mut ctx, &stream, shards, grace_ms).await,
-        Command::Rollback { stream, grace_ms } => {
-            commands::reshard::rollback(&mut ctx, &stream, grace_ms).await
-        }
+            output,
+        } => commands::reshard::run(&mut ctx, &stream, shards, grace_ms, output.json).await,
+        Command::Rollback {
+            stream,
+            grace_ms,
+            output,
+        } => commands::reshard::rollback(&mut ctx, &stream, grace_ms, output.json).await,
         Command::Fence {
             target,
             member,
@@ -388,6 +399,7 @@ async fn run(cli: Cli) -> Result<String, CliError> {
                 group,
                 to_all_groups,
                 yes,
+                output,
             } => {
                 dead_letters::replay(
                     &mut ctx,
@@ -395,6 +407,7 @@ async fn run(cli: Cli) -> Result<String, CliError> {
                     &which.selection(group),
                     to_all_groups,
                     yes,
+                    output.json,
                 )
                 .await
             }
@@ -403,7 +416,11 @@ async fn run(cli: Cli) -> Result<String, CliError> {
                 which,
                 group,
                 yes,
-            } => dead_letters::purge(&mut ctx, &stream, &which.selection(group), yes).await,
+                output,
+            } => {
+                dead_letters::purge(&mut ctx, &stream, &which.selection(group), yes, output.json)
+                    .await
+            }
         },
         Command::DeadLetters {
             action: None,

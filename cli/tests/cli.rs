@@ -1565,3 +1565,154 @@ async fn bulk_changes_ask_on_a_terminal() {
     );
     assert_eq!(f.xlen(&dlq).await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_on_reshard_rollback_replay_and_purge() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    let json = |out: String| -> serde_json::Value { serde_json::from_str(&out).expect(&out) };
+
+    let grown = json(
+        cli(
+            &url,
+            &[
+                "reshard",
+                "--stream",
+                STREAM,
+                "--shards",
+                "6",
+                "--grace-ms",
+                "300",
+                "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(grown["stream"], STREAM);
+    assert_eq!(grown["changed"], true);
+    assert_eq!(grown["kind"], "resize");
+    assert_eq!(grown["fromShards"], SHARDS);
+    assert_eq!(grown["toShards"], 6);
+    assert_eq!(grown["fromVersion"], 1);
+    assert_eq!(grown["toVersion"], 2);
+    assert_eq!(grown["graceMs"], 300);
+    assert!(grown["cutMs"].as_u64().unwrap() > 0, "{grown}");
+    assert_eq!(grown["groups"], serde_json::json!([GROUP]));
+    assert_eq!(grown["drainingShards"], serde_json::json!([]));
+
+    let same = json(
+        cli(
+            &url,
+            &["reshard", "--stream", STREAM, "--shards", "6", "--json"],
+        )
+        .ok(),
+    );
+    assert_eq!(same["changed"], false, "{same}");
+    assert_eq!(same["kind"], serde_json::Value::Null, "{same}");
+    assert_eq!(same["toVersion"], 2);
+
+    // Once the group follows and consumed the old shards past the cut, the stream rolls back.
+    f.store
+        .command(AdminCommand::SetShardCount(6))
+        .await
+        .unwrap()
+        .unwrap();
+    f.consume_everything(0..SHARDS).await;
+    let start = std::time::Instant::now();
+    let rolled = loop {
+        let out = cli(&url, &["rollback", "--stream", STREAM, "--json"]);
+        if out.code == Some(0) || start.elapsed() > std::time::Duration::from_secs(10) {
+            break json(out.ok());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(rolled["changed"], true, "{rolled}");
+    assert_eq!(rolled["kind"], "rollback", "{rolled}");
+    assert_eq!(rolled["fromShards"], 6);
+    assert_eq!(rolled["toShards"], SHARDS);
+    assert_eq!(rolled["toVersion"], 3);
+    assert_eq!(rolled["drainingShards"], serde_json::json!([4, 5]));
+
+    // Dead letters: one replayed to its group, the rest purged.
+    let dlq = format!("{STREAM}:dlq");
+    let mut ids = Vec::new();
+    for key in ["customer-7", "customer-9", "customer-11"] {
+        let id: String = redis::cmd("XADD")
+            .arg(&dlq)
+            .arg("*")
+            .arg("k")
+            .arg(key)
+            .arg("p")
+            .arg(format!(r#"{{"key":"{key}"}}"#))
+            .arg("dlq_error")
+            .arg("failed")
+            .arg("dlq_group")
+            .arg(GROUP)
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let shard = Topology::load(&mut f.conn, STREAM)
+        .await
+        .unwrap()
+        .shard_for_key(b"customer-7");
+    let replayed = json(
+        cli(
+            &url,
+            &[
+                "dead-letters",
+                "replay",
+                "--stream",
+                STREAM,
+                "--id",
+                &ids[0],
+                "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(replayed["dlq"], dlq);
+    assert_eq!(replayed["skipped"], serde_json::json!([]));
+    let one = &replayed["replayed"][0];
+    assert_eq!(one["id"], ids[0].as_str(), "{replayed}");
+    assert_eq!(one["key"], "customer-7");
+    assert_eq!(one["stream"], format!("{STREAM}:{shard}"));
+    assert_eq!(one["group"], GROUP);
+    assert!(one["newId"].as_str().unwrap().contains('-'), "{replayed}");
+
+    let purged = json(
+        cli(
+            &url,
+            &[
+                "dead-letters",
+                "purge",
+                "--stream",
+                STREAM,
+                "--all",
+                "--yes",
+                "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(purged["deleted"], 2, "{purged}");
+    assert_eq!(purged["ids"], serde_json::json!([ids[1], ids[2]]));
+    let nothing = json(
+        cli(
+            &url,
+            &[
+                "dead-letters",
+                "purge",
+                "--stream",
+                STREAM,
+                "--all",
+                "--yes",
+                "--json",
+            ],
+        )
+        .ok(),
+    );
+    assert_eq!(nothing["deleted"], 0, "{nothing}");
+    assert_eq!(f.xlen(&dlq).await, 0);
+}

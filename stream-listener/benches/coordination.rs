@@ -509,12 +509,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
         let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
-        let (status_tx, _status) = watch::channel(MemberStatus {
-            phase: Phase::Joining,
-            epoch: 0,
-            owned: vec![],
-            failures: 0,
-        });
+        let (status_tx, _status) = watch::channel(MemberStatus::default());
         tokio::spawn(async move {
             while let Some(command) = commands_rx.recv().await {
                 if let ShardCommand::Revoke { shard } = command {

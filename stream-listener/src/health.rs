@@ -237,3 +237,44 @@ impl Probe {
         }
     }
 }
+
+/// What [`HealthHandle`] reads of one member.
+#[derive(Debug, Clone)]
+pub(crate) struct MemberWatch {
+    pub(crate) member_id: String,
+    pub(crate) probe: Probe,
+    pub(crate) lease: Arc<crate::member::lifecycle::OwnershipDeadline>,
+    pub(crate) status: tokio::sync::watch::Receiver<crate::member::heartbeat::MemberStatus>,
+}
+
+/// A cloneable, `Send` view of a running runtime's health, for probes served from another task or
+/// thread (see `RunningRuntime::health_handle`). It reads what [`RunningRuntime::health`] reads;
+/// the heartbeat loop counts as running while its status channel is open (the loop owns the sender).
+///
+/// [`RunningRuntime::health`]: crate::RunningRuntime::health
+#[derive(Debug, Clone)]
+pub struct HealthHandle {
+    pub(crate) members: Vec<MemberWatch>,
+}
+
+impl HealthHandle {
+    /// Readiness and liveness of every member now.
+    pub fn health(&self) -> Health {
+        Health {
+            members: self
+                .members
+                .iter()
+                .map(|m| {
+                    let heartbeating = m.status.has_changed().is_ok();
+                    let status = m.status.borrow();
+                    m.probe.member_health(
+                        &m.member_id,
+                        heartbeating,
+                        status.phase == crate::member::session::Phase::Member && m.lease.is_valid(),
+                        status.failures,
+                    )
+                })
+                .collect(),
+        }
+    }
+}

@@ -51,6 +51,8 @@
 pub mod consumer;
 pub mod coordinator;
 pub mod health;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod member;
 pub mod metrics;
 pub mod producer;

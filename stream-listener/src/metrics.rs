@@ -10,6 +10,15 @@
 //! | `stream_listener_heartbeat_failures` | gauge | `stream`, `group`, `member` | heartbeats failed in a row |
 //! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
 //! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
+//! | `stream_listener_pending_shards` | gauge | `stream`, `group`, `member` | shards targeted to the member, still held by their previous owner |
+//! | `stream_listener_revoking_shards` | gauge | `stream`, `group`, `member` | shards the member is giving up (draining) |
+//! | `stream_listener_member_state` | gauge | `stream`, `group`, `member`, `state` (`joining`, `member`, `leaving`, `left`) | 1 for the member's current state, 0 for the others |
+//! | `stream_listener_group_epoch`, `stream_listener_assignment_epoch` | gauge | `stream`, `group`, `member` | the group and target assignment epochs of the member's last accepted heartbeat |
+//! | `stream_listener_heartbeats_total` | counter | `stream`, `group`, `member`, `status` (the response status in snake case: `ok`, `revoke_pending`, `fenced_member_epoch`, ...; or `error`, `timeout`) | heartbeats sent |
+//! | `stream_listener_self_fences_total` | counter | `stream`, `group`, `member` | the member stopped reading because its lease could not be renewed in time |
+//! | `stream_listener_rebalances_total` | counter | `stream`, `group`, `member` | rebalances the member saw complete (the group went from ASSIGNING or RECONCILING back to STABLE) |
+//! | `stream_listener_rebalance_duration_seconds` | histogram | `stream`, `group`, `member` | from the first heartbeat that saw the group unsettled to the first that saw it STABLE |
+//! | `stream_listener_shard_lag`, `stream_listener_shard_pending` | gauge | `stream`, `group`, `shard` | entries not yet read by the group (lag, from `XINFO GROUPS`; left as it was when Redis cannot tell) and delivered but not acknowledged; sampled by the owner every 5 heartbeat intervals with one pipeline of `XINFO GROUPS` per member, 0 once the shard is given up |
 //! | `stream_listener_stale_writes_total` | counter | `stream`, `group` | entries a producer routed with a topology older than the last resize and wrote after its cut (possible order violations, see ARCHITECTURE.md) |
 //!
 //! With the cargo feature `prometheus`, `install_prometheus` installs a Prometheus recorder that serves
@@ -24,6 +33,7 @@ use tokio::sync::watch;
 use crate::consumer::ConsumerConfig;
 use crate::member::heartbeat::MemberStatus;
 use crate::member::lifecycle::OwnershipDeadline;
+use crate::member::session::Phase;
 
 /// Every metric name the library emits.
 pub const NAMES: &[&str] = &[
@@ -38,6 +48,17 @@ pub const NAMES: &[&str] = &[
     STORE_LOADS,
     STORE_LOCK_WAITS,
     STALE_WRITES,
+    PENDING_SHARDS,
+    REVOKING_SHARDS,
+    HEARTBEATS,
+    REBALANCES,
+    REBALANCE_DURATION,
+    MEMBER_STATE,
+    GROUP_EPOCH,
+    ASSIGNMENT_EPOCH,
+    SELF_FENCES,
+    SHARD_LAG,
+    SHARD_PENDING,
 ];
 
 /// Entries by outcome.
@@ -61,6 +82,29 @@ pub const STORE_CONFLICTS: &str = "stream_listener_store_conflicts_total";
 pub const STORE_LOADS: &str = "stream_listener_store_loads_total";
 /// Waits for the store's writer lock.
 pub const STORE_LOCK_WAITS: &str = "stream_listener_store_lock_waits_total";
+
+/// Shards targeted to a member but still held by their previous owner.
+pub const PENDING_SHARDS: &str = "stream_listener_pending_shards";
+/// Shards a member is giving up (draining).
+pub const REVOKING_SHARDS: &str = "stream_listener_revoking_shards";
+/// Heartbeats by outcome.
+pub const HEARTBEATS: &str = "stream_listener_heartbeats_total";
+/// Rebalances a member saw complete.
+pub const REBALANCES: &str = "stream_listener_rebalances_total";
+/// How long a rebalance took.
+pub const REBALANCE_DURATION: &str = "stream_listener_rebalance_duration_seconds";
+/// A member's state (1 for the current one).
+pub const MEMBER_STATE: &str = "stream_listener_member_state";
+/// The group epoch a member last saw.
+pub const GROUP_EPOCH: &str = "stream_listener_group_epoch";
+/// The target assignment epoch a member last saw.
+pub const ASSIGNMENT_EPOCH: &str = "stream_listener_assignment_epoch";
+/// Self-fences: the lease could not be renewed in time.
+pub const SELF_FENCES: &str = "stream_listener_self_fences_total";
+/// Entries of a shard its group has not read yet.
+pub const SHARD_LAG: &str = "stream_listener_shard_lag";
+/// Entries of a shard delivered to its group and not acknowledged.
+pub const SHARD_PENDING: &str = "stream_listener_shard_pending";
 
 /// Late writes under a stale layout, detected by consumers.
 pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";
@@ -86,33 +130,101 @@ pub(crate) fn handler_attempt(config: &ConsumerConfig, outcome: &'static str, el
         .record(elapsed.as_secs_f64());
 }
 
-/// Publishes a member's status as gauges until the member's status channel closes, and samples its
-/// lease and the store's counters every second.
+/// What [`follow_member`] samples from Redis: each owned shard's lag and pending entries, with one
+/// pipelined `XINFO GROUPS` per shard every `every` (a few heartbeat intervals).
+#[derive(Debug)]
+pub(crate) struct ShardSampler {
+    /// A connection that never blocks (the member's heartbeat connection).
+    pub conn: redis::aio::ConnectionManager,
+    /// Time between samples.
+    pub every: Duration,
+}
+
+/// The member states [`MEMBER_STATE`] reports, one series each (1 for the current one).
+const PHASES: [(Phase, &str); 4] = [
+    (Phase::Joining, "joining"),
+    (Phase::Member, "member"),
+    (Phase::Leaving, "leaving"),
+    (Phase::Left, "left"),
+];
+
+/// Publishes a member's status as gauges and counters until the member's status channel closes,
+/// samples its lease and the store's counters every second, and its shards' lag and pending entries
+/// every `sampler.every`.
 pub(crate) async fn follow_member(
     mut status: watch::Receiver<MemberStatus>,
     deadline: Arc<OwnershipDeadline>,
     stream: String,
     group: String,
     member: String,
+    mut sampler: Option<ShardSampler>,
 ) {
-    let labels = [("stream", stream), ("group", group), ("member", member)];
+    let labels = [
+        ("stream", stream.clone()),
+        ("group", group.clone()),
+        ("member", member),
+    ];
     let owned = gauge!(OWNED_SHARDS, &labels);
+    let pending = gauge!(PENDING_SHARDS, &labels);
+    let revoking = gauge!(REVOKING_SHARDS, &labels);
     let epoch = gauge!(MEMBER_EPOCH, &labels);
+    let group_epoch = gauge!(GROUP_EPOCH, &labels);
+    let assignment_epoch = gauge!(ASSIGNMENT_EPOCH, &labels);
     let failures = gauge!(HEARTBEAT_FAILURES, &labels);
     let lease = gauge!(LEASE_REMAINING, &labels);
+    let self_fences = counter!(SELF_FENCES, &labels);
+    let rebalances = counter!(REBALANCES, &labels);
+    let rebalance_duration = histogram!(REBALANCE_DURATION, &labels);
+    let states = PHASES.map(|(phase, name)| {
+        let mut with_state = labels.to_vec();
+        with_state.push(("state", name.to_owned()));
+        (phase, gauge!(MEMBER_STATE, &with_state))
+    });
+    let mut rebalances_seen = 0;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sample = tokio::time::interval(
+        sampler
+            .as_ref()
+            .map_or(Duration::from_secs(3600), |s| s.every),
+    );
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sampled: Vec<u32> = Vec::new();
     loop {
-        {
+        let shards = {
             let now = status.borrow_and_update();
             owned.set(now.owned.len() as f64);
+            pending.set(f64::from(now.pending));
+            revoking.set(f64::from(now.revoking));
             epoch.set(now.epoch as f64);
+            group_epoch.set(now.group_epoch as f64);
+            assignment_epoch.set(now.assignment_epoch as f64);
             failures.set(f64::from(now.failures));
-        }
+            for (phase, gauge) in &states {
+                gauge.set(if *phase == now.phase { 1.0 } else { 0.0 });
+            }
+            for (outcome, n) in &now.heartbeats {
+                let mut with_status = labels.to_vec();
+                with_status.push(("status", (*outcome).to_owned()));
+                counter!(HEARTBEATS, &with_status).absolute(*n);
+            }
+            self_fences.absolute(now.self_fences);
+            if now.rebalances > rebalances_seen {
+                rebalances.increment(now.rebalances - rebalances_seen);
+                rebalance_duration.record(now.last_rebalance.as_secs_f64());
+                rebalances_seen = now.rebalances;
+            }
+            now.owned.clone()
+        };
         tokio::select! {
             changed = status.changed() => if changed.is_err() {
                 owned.set(0.0);
+                pending.set(0.0);
+                revoking.set(0.0);
                 lease.set(0.0);
+                for shard in sampled {
+                    shard_gauges(&stream, &group, shard, None, Some(0));
+                }
                 return;
             },
             _ = tick.tick() => {
@@ -123,8 +235,108 @@ pub(crate) async fn follow_member(
                 counter!(STORE_LOADS).absolute(stats.loads);
                 counter!(STORE_LOCK_WAITS).absolute(stats.lock_waits);
             }
+            _ = sample.tick(), if sampler.is_some() => {
+                let sampler = sampler.as_mut().expect("checked");
+                // A shard given up reads 0 here, so the new owner's process is the only one with a
+                // non-zero series and sums over processes stay right.
+                for shard in sampled.iter().filter(|s| !shards.contains(s)) {
+                    shard_gauges(&stream, &group, *shard, Some(0), Some(0));
+                }
+                sampled = shards;
+                match sample_shards(&mut sampler.conn, &stream, &group, &sampled).await {
+                    Ok(found) => {
+                        for (shard, lag, pending) in found {
+                            shard_gauges(&stream, &group, shard, lag, Some(pending));
+                        }
+                    }
+                    Err(error) => tracing::debug!(%error, "sampling the shards' lag failed"),
+                }
+            }
         }
     }
+}
+
+/// Sets a shard's lag and pending gauges (`None`: leave it as it is).
+fn shard_gauges(stream: &str, group: &str, shard: u32, lag: Option<i64>, pending: Option<i64>) {
+    let labels = [
+        ("stream", stream.to_owned()),
+        ("group", group.to_owned()),
+        ("shard", shard.to_string()),
+    ];
+    if let Some(lag) = lag {
+        gauge!(SHARD_LAG, &labels).set(lag as f64);
+    }
+    if let Some(pending) = pending {
+        gauge!(SHARD_PENDING, &labels).set(pending as f64);
+    }
+}
+
+/// `(shard, lag, pending)` of `group` on each of `shards`, in one pipeline of `XINFO GROUPS`. The lag
+/// is `None` when Redis cannot tell (entries were deleted or trimmed past the group's position).
+async fn sample_shards(
+    conn: &mut redis::aio::ConnectionManager,
+    stream: &str,
+    group: &str,
+    shards: &[u32],
+) -> Result<Vec<(u32, Option<i64>, i64)>, redis::RedisError> {
+    if shards.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for shard in shards {
+        pipe.cmd("XINFO")
+            .arg("GROUPS")
+            .arg(crate::routing::shard_stream_key(stream, *shard));
+    }
+    // Per command: a missing stream (not created yet) is an error reply, skipped.
+    let replies: Vec<redis::RedisResult<redis::Value>> = pipe.query_async(conn).await?;
+    Ok(shards
+        .iter()
+        .zip(replies)
+        .filter_map(|(shard, reply)| {
+            let (lag, pending) = group_lag(&reply.ok()?, group)?;
+            Some((*shard, lag, pending))
+        })
+        .collect())
+}
+
+/// `(lag, pending)` of `group` in an `XINFO GROUPS` reply (RESP2 flat pairs or RESP3 maps).
+fn group_lag(reply: &redis::Value, group: &str) -> Option<(Option<i64>, i64)> {
+    use redis::Value;
+    let redis::Value::Array(groups) = reply else {
+        return None;
+    };
+    groups.iter().find_map(|info| {
+        let pairs: Vec<(&Value, &Value)> = match info {
+            Value::Array(flat) => flat
+                .chunks(2)
+                .filter_map(|p| Some((p.first()?, p.get(1)?)))
+                .collect(),
+            Value::Map(map) => map.iter().map(|(k, v)| (k, v)).collect(),
+            _ => return None,
+        };
+        let field = |name: &str| {
+            pairs.iter().find_map(|(k, v)| match k {
+                Value::BulkString(b) if b == name.as_bytes() => Some(*v),
+                Value::SimpleString(s) if s == name => Some(*v),
+                _ => None,
+            })
+        };
+        let name = match field("name")? {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => return None,
+        };
+        if name != group {
+            return None;
+        }
+        let int = |v: Option<&Value>| match v {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
+        Some((int(field("lag")), int(field("pending")).unwrap_or(0)))
+    })
 }
 
 /// Installs a Prometheus recorder as the process's global recorder, serving every metric in the text
@@ -134,13 +346,33 @@ pub(crate) async fn follow_member(
 pub fn install_prometheus(
     addr: std::net::SocketAddr,
 ) -> Result<(), metrics_exporter_prometheus::BuildError> {
+    prometheus_builder()?.with_http_listener(addr).install()
+}
+
+/// Installs a Prometheus recorder as the process's global recorder without serving it; the handle
+/// renders the page (for example for the `http` feature's `ProbeServer`:
+/// `Some(Box::new(move || handle.render()))`).
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus_recorder(
+) -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError>
+{
+    prometheus_builder()?.install_recorder()
+}
+
+/// The exporter with the library's histogram buckets.
+#[cfg(feature = "prometheus")]
+fn prometheus_builder(
+) -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError>
+{
     metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full(HANDLER_DURATION.to_owned()),
             &[
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             ],
         )?
-        .install()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(REBALANCE_DURATION.to_owned()),
+            &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0],
+        )
 }

@@ -96,12 +96,7 @@ async fn spawn_member_with(
     let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
     let (reports_tx, reports_rx) = mpsc::unbounded_channel();
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (status_tx, status) = watch::channel(MemberStatus {
-        phase: Phase::Joining,
-        epoch: 0,
-        owned: vec![],
-        failures: 0,
-    });
+    let (status_tx, status) = watch::channel(MemberStatus::default());
     let member = id.to_string();
     tokio::spawn(async move {
         while let Some(command) = commands_rx.recv().await {

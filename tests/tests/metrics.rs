@@ -75,16 +75,30 @@ async fn a_known_workload_shows_up_in_the_recorder() {
     let mut policy = FailurePolicy::default();
     policy.max_deliveries = 2;
     policy.initial_backoff = Duration::from_millis(10);
-    let consumer = ConsumerBuilder::new("metered", "g")
-        .member_id("solo")
-        .failure(policy)
-        .handler(|msg: Message<Job>| async move {
-            if msg.payload.key == "bad" {
-                Err("always fails".to_owned())
-            } else {
-                Ok(())
-            }
-        });
+    // Entries with a `hold-` key block their handler until the gate opens (phase 2).
+    let (gate, gate_rx) = tokio::sync::watch::channel(false);
+    let builder = |member: &str, policy: FailurePolicy| {
+        let gate_rx = gate_rx.clone();
+        ConsumerBuilder::new("metered", "g")
+            .member_id(member)
+            .failure(policy)
+            .batch_size(1)
+            .runtime_max_concurrency(4)
+            .handler(move |msg: Message<Job>| {
+                let mut gate_rx = gate_rx.clone();
+                async move {
+                    if msg.payload.key.starts_with("hold-") {
+                        let _ = gate_rx.wait_for(|open| *open).await;
+                    }
+                    if msg.payload.key == "bad" {
+                        Err("always fails".to_owned())
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+    };
+    let consumer = builder("solo", policy.clone());
     let runtime = Runtime::new(&url)
         .without_annotated_listeners()
         .group_config(TIMING)
@@ -137,6 +151,113 @@ async fn a_known_workload_shows_up_in_the_recorder() {
         seen[&format!("stream_listener_lease_remaining_seconds{{{member}}}")] <= 1.5,
         "at most 4/5 of the 1.5 s session: {seen:#?}"
     );
+    assert_eq!(
+        seen["stream_listener_member_state{group=g,member=solo,state=member,stream=metered}"], 1.0,
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen[&format!("stream_listener_self_fences_total{{{member}}}")],
+        0.0
+    );
+    assert!(
+        seen["stream_listener_heartbeats_total{group=g,member=solo,status=ok,stream=metered}"]
+            > 0.0
+    );
+    assert!(seen[&format!("stream_listener_group_epoch{{{member}}}")] > 0.0);
+    assert!(seen[&format!("stream_listener_assignment_epoch{{{member}}}")] > 0.0);
+
+    // Phase 2: two entries on every shard, the first of each blocking its handler. With batches of
+    // one, each shard has 1 entry delivered and unacknowledged and 1 not read yet.
+    let mut held = BTreeMap::new();
+    for i in 0.. {
+        let key = format!("hold-{i}");
+        held.entry(stream_listener::routing::shard_for_key(key.as_bytes(), 4))
+            .or_insert(key);
+        if held.len() == 4 {
+            break;
+        }
+    }
+    for key in held.values() {
+        for _ in 0..2 {
+            producer.send(key, &Job { key: key.clone() }).await.unwrap();
+        }
+    }
+    let lag =
+        |shard: u32| format!("stream_listener_shard_lag{{group=g,shard={shard},stream=metered}}");
+    let pending = |shard: u32| {
+        format!("stream_listener_shard_pending{{group=g,shard={shard},stream=metered}}")
+    };
+    let start = Instant::now();
+    loop {
+        accumulate(&snapshotter, &mut seen);
+        if (0..4).all(|s| seen.get(&lag(s)) == Some(&1.0) && seen.get(&pending(s)) == Some(&1.0)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "lag and pending: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Phase 3: a second member joins while the first one's handlers block: the shards moving to it
+    // are pending on its side and revoking (draining) on the first one's until the gate opens.
+    let mut fast = FailurePolicy::default();
+    fast.initial_backoff = Duration::from_millis(10);
+    let second = Runtime::new(&url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(builder("second", fast))
+        .start()
+        .await
+        .unwrap();
+    let joiner = "group=g,member=second,stream=metered";
+    let start = Instant::now();
+    loop {
+        accumulate(&snapshotter, &mut seen);
+        if seen.get(&format!("stream_listener_pending_shards{{{joiner}}}")) == Some(&2.0)
+            && seen.get(&format!("stream_listener_revoking_shards{{{member}}}")) == Some(&2.0)
+        {
+            break;
+        }
+        // Well inside the 3 s rebalance timeout, after which the first member would be fenced.
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "pending and revoking: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gate.send(true).unwrap();
+    let rebalances = |labels: &str| format!("stream_listener_rebalances_total{{{labels}}}");
+    let start = Instant::now();
+    loop {
+        accumulate(&snapshotter, &mut seen);
+        // The first member saw its own join and the second one's; the second saw its own.
+        if seen.get(&rebalances(member)) == Some(&2.0)
+            && seen.get(&rebalances(joiner)) == Some(&1.0)
+            && seen.get(&format!("stream_listener_owned_shards{{{joiner}}}")) == Some(&2.0)
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "rebalances: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let durations =
+        |labels: &str| format!("stream_listener_rebalance_duration_seconds{{{labels}}}");
+    assert_eq!(seen[&durations(member)], 2.0, "{seen:#?}");
+    assert_eq!(seen[&durations(joiner)], 1.0, "{seen:#?}");
+    assert!(
+        seen[&format!("stream_listener_group_epoch{{{joiner}}}")] >= 2.0,
+        "{seen:#?}"
+    );
+    assert_eq!(
+        seen[&format!("stream_listener_self_fences_total{{{member}}}")],
+        0.0
+    );
+
     for name in seen.keys() {
         let base = name.split('{').next().unwrap();
         assert!(
@@ -144,6 +265,7 @@ async fn a_known_workload_shows_up_in_the_recorder() {
             "{base} is listed"
         );
     }
+    second.shutdown().await;
     runtime.shutdown().await;
 }
 

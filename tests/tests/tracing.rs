@@ -48,9 +48,13 @@ struct Captured {
     target: String,
     fields: Fields,
     span: Option<(String, Fields)>,
+    /// Every field of every span the event is in, innermost first wins.
+    scope: BTreeMap<String, String>,
 }
 
 static EVENTS: Mutex<Vec<Captured>> = Mutex::new(Vec::new());
+/// Every span created: name and level.
+static SPANS: Mutex<Vec<(String, Level)>> = Mutex::new(Vec::new());
 
 struct Capture;
 
@@ -58,6 +62,10 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let mut fields = Fields::default();
         attrs.record(&mut fields);
+        SPANS.lock().unwrap().push((
+            attrs.metadata().name().to_owned(),
+            *attrs.metadata().level(),
+        ));
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(fields);
         }
@@ -74,11 +82,22 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
                 .unwrap_or_default();
             (span.name().to_owned(), fields)
         });
+        let mut scope = BTreeMap::new();
+        if let Some(spans) = ctx.event_scope(event) {
+            for span in spans {
+                if let Some(fields) = span.extensions().get::<Fields>() {
+                    for (k, v) in &fields.0 {
+                        scope.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
         EVENTS.lock().unwrap().push(Captured {
             level: *event.metadata().level(),
             target: event.metadata().target().to_owned(),
             fields,
             span,
+            scope,
         });
     }
 }
@@ -156,5 +175,100 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
         .cloned()
         .collect();
     assert!(loud.is_empty(), "an idle member logged: {loud:#?}");
+
+    // The join and the first assignment were logged at INFO, once each, with the shards.
+    let info = |message: &str| -> Vec<Captured> {
+        events()
+            .into_iter()
+            .filter(|e| {
+                e.level == Level::INFO && e.fields.0.get("message").is_some_and(|m| m == message)
+            })
+            .collect()
+    };
+    assert_eq!(info("joined the group").len(), 1, "{:#?}", events());
+    let assigned = info("assignment changed");
+    assert_eq!(assigned.len(), 1, "{assigned:#?}");
+    assert_eq!(assigned[0].fields.0["assigned"], "[0, 1]");
+    assert_eq!(assigned[0].fields.0["revoked"], "[]");
+
+    // A fence by the operator: the member logs it with the shards it drops, rejoins and is assigned
+    // its shards again, each at INFO.
+    let mut store = stream_listener::store::GroupStore::new(
+        redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
+            .await
+            .unwrap(),
+        "traced",
+        "g",
+        2,
+        TIMING,
+    )
+    .unwrap();
+    store
+        .command(stream_listener::coordinator::AdminCommand::FenceMember(
+            "solo".into(),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    while info("joined the group").len() < 2 || info("assignment changed").len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no rejoin: {:#?}",
+            events()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fenced = info("ownership invalid: dropping every shard and rejoining");
+    assert_eq!(fenced.len(), 1, "{fenced:#?}");
+    assert_eq!(fenced[0].fields.0["shards"], "[0, 1]");
+    assert_eq!(fenced[0].fields.0["status"], "FencedMemberEpoch");
+    let changes = info("assignment changed");
+    assert_eq!(changes[1].fields.0["revoked"], "[0, 1]", "{changes:#?}");
+    assert_eq!(changes[2].fields.0["assigned"], "[0, 1]", "{changes:#?}");
+
     runtime.shutdown().await;
+
+    // Every line the member's heartbeat loop, store and consumer logged says which member, stream and
+    // group it is about; and every heartbeat had its span, at DEBUG.
+    let all = events();
+    let member_lines: Vec<&Captured> = all
+        .iter()
+        .filter(|e| {
+            [
+                "stream_listener::member",
+                "stream_listener::consumer",
+                "stream_listener::store",
+            ]
+            .iter()
+            .any(|t| e.target.starts_with(t))
+        })
+        .collect();
+    assert!(member_lines.len() >= 5, "{all:#?}");
+    for line in member_lines {
+        assert_eq!(
+            line.scope.get("member").map(String::as_str),
+            Some("solo"),
+            "{line:#?}"
+        );
+        assert_eq!(
+            line.scope.get("stream").map(String::as_str),
+            Some("traced"),
+            "{line:#?}"
+        );
+        assert_eq!(
+            line.scope.get("group").map(String::as_str),
+            Some("g"),
+            "{line:#?}"
+        );
+    }
+    let spans = SPANS.lock().unwrap().clone();
+    assert!(
+        spans.contains(&("heartbeat".to_owned(), Level::DEBUG)),
+        "{spans:?}"
+    );
+    assert!(
+        spans.contains(&("member".to_owned(), Level::ERROR)),
+        "{spans:?}"
+    );
 }

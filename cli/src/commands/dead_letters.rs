@@ -197,11 +197,17 @@ pub async fn replay(
     selection: &Selection,
     to_all_groups: bool,
     yes: bool,
+    json: bool,
 ) -> Result<String, CliError> {
     let key = dlq_key(stream);
     let entries = selected(ctx, &key, selection).await?;
     if let Selection::All { group } = selection {
         if entries.is_empty() {
+            if json {
+                return Ok(json_text(&serde_json::json!({
+                    "dlq": key, "replayed": [], "skipped": [],
+                })));
+            }
             return Ok(nothing(&key, group.as_deref()));
         }
         let whom = if to_all_groups {
@@ -221,16 +227,42 @@ pub async fn replay(
     let topology = Topology::load(&mut ctx.conn, stream).await?;
     let mut out = String::new();
     let mut skipped = 0;
+    let mut replayed_json = Vec::new();
+    let mut skipped_json = Vec::new();
     for (id, fields) in &entries {
         match replay_one(ctx, &topology, &key, id, fields, to_all_groups).await {
-            Ok(line) => out.push_str(&line),
+            Ok(replayed) => {
+                let whom = match &replayed.group {
+                    Some(group) => format!("group `{group}` only"),
+                    None => "every group".to_string(),
+                };
+                out.push_str(&format!(
+                    "replayed {id} (key {}) to {} as {} for {whom}; deleted it from {key}\n",
+                    replayed.key, replayed.target, replayed.new_id,
+                ));
+                replayed_json.push(serde_json::json!({
+                    "id": id,
+                    "key": replayed.key,
+                    "stream": replayed.target,
+                    "newId": replayed.new_id,
+                    "group": replayed.group,
+                }));
+            }
             // One bad entry must not stop a bulk replay; a single one is an error.
             Err(e) if matches!(selection, Selection::All { .. }) => {
                 skipped += 1;
                 out.push_str(&format!("skipped {id}: {e}\n"));
+                skipped_json.push(serde_json::json!({ "id": id, "error": e.to_string() }));
             }
             Err(e) => return Err(e),
         }
+    }
+    if json {
+        return Ok(json_text(&serde_json::json!({
+            "dlq": key,
+            "replayed": replayed_json,
+            "skipped": skipped_json,
+        })));
     }
     if matches!(selection, Selection::All { .. }) {
         out.push_str(&format!(
@@ -249,17 +281,17 @@ async fn replay_one(
     id: &str,
     fields: &[(String, Value)],
     to_all_groups: bool,
-) -> Result<String, CliError> {
+) -> Result<Replayed, CliError> {
     let missing = |field: &str| CliError::Corrupt {
         key: key.to_string(),
         reason: format!("dead letter {id} has no `{field}` field: cannot replay it"),
     };
     let partition_key = bytes_field(fields, KEY_FIELD).ok_or_else(|| missing(KEY_FIELD))?;
     let payload = bytes_field(fields, PAYLOAD_FIELD).ok_or_else(|| missing(PAYLOAD_FIELD))?;
-    let (target, new_id, whom) = if to_all_groups {
+    let (target, new_id, group) = if to_all_groups {
         let producer = Producer::new(ctx.conn.clone(), topology.prefix()).await?;
         let receipt = producer.send_bytes(&partition_key, &payload).await?;
-        (receipt.stream, receipt.id, "every group".to_string())
+        (receipt.stream, receipt.id, None)
     } else {
         let group = text_field(fields, dlq::GROUP).ok_or_else(|| CliError::Corrupt {
             key: key.to_string(),
@@ -295,17 +327,31 @@ async fn replay_one(
             .arg(id)
             .query_async(&mut ctx.conn)
             .await?;
-        (target, new_id, format!("group `{group}` only"))
+        (target, new_id, Some(group))
     };
     let _: u64 = redis::cmd("XDEL")
         .arg(key)
         .arg(id)
         .query_async(&mut ctx.conn)
         .await?;
-    Ok(format!(
-        "replayed {id} (key {}) to {target} as {new_id} for {whom}; deleted it from {key}\n",
-        String::from_utf8_lossy(&partition_key),
-    ))
+    Ok(Replayed {
+        key: String::from_utf8_lossy(&partition_key).into_owned(),
+        target,
+        new_id,
+        group,
+    })
+}
+
+/// One replayed dead letter.
+struct Replayed {
+    /// Its partition key.
+    key: String,
+    /// The shard stream it went to.
+    target: String,
+    /// Its id there.
+    new_id: String,
+    /// The one group it is for (`None`: every group).
+    group: Option<String>,
 }
 
 /// Deletes the selected dead letters from the DLQ, after confirmation.
@@ -314,10 +360,16 @@ pub async fn purge(
     stream: &str,
     selection: &Selection,
     yes: bool,
+    json: bool,
 ) -> Result<String, CliError> {
     let key = dlq_key(stream);
     let entries = selected(ctx, &key, selection).await?;
     if entries.is_empty() {
+        if json {
+            return Ok(json_text(
+                &serde_json::json!({ "dlq": key, "deleted": 0, "ids": [] }),
+            ));
+        }
         let group = match selection {
             Selection::All { group } => group.as_deref(),
             Selection::Ids(_) => None,
@@ -340,6 +392,12 @@ pub async fn purge(
             cmd.arg(id);
         }
         deleted += cmd.query_async::<u64>(&mut ctx.conn).await?;
+    }
+    if json {
+        let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+        return Ok(json_text(
+            &serde_json::json!({ "dlq": key, "deleted": deleted, "ids": ids }),
+        ));
     }
     Ok(format!(
         "deleted {deleted} dead letter{} from {key}\n",

@@ -9,7 +9,7 @@ use stream_listener::topology::{ResizeKind, Topology, TopologyError, DEFAULT_RES
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
-use crate::table::{seconds, utc};
+use crate::table::{json_text, seconds, utc};
 
 /// Resizes the stream's topology. Groups follow on their own: each running process compares the topology
 /// with its group's metadata every few heartbeats and applies the count its groups must read. A resize
@@ -21,10 +21,14 @@ pub async fn run(
     stream: &str,
     shards: u32,
     grace_ms: Option<u64>,
+    json: bool,
 ) -> Result<String, CliError> {
     let grace = grace_ms.map_or(DEFAULT_RESIZE_GRACE, Duration::from_millis);
     let before = Topology::load(&mut ctx.conn, stream).await?;
     let after = Topology::resize_with_grace(&mut ctx.conn, stream, shards, grace).await?;
+    if json {
+        return report_json(ctx, stream, &before, &after).await;
+    }
     report(ctx, stream, &before, &after).await
 }
 
@@ -34,15 +38,57 @@ pub async fn rollback(
     ctx: &mut Ctx,
     stream: &str,
     grace_ms: Option<u64>,
+    json: bool,
 ) -> Result<String, CliError> {
     let grace = grace_ms.map_or(DEFAULT_RESIZE_GRACE, Duration::from_millis);
     let before = Topology::load(&mut ctx.conn, stream).await?;
     let after = Topology::rollback_with_grace(&mut ctx.conn, stream, grace).await?;
+    if json {
+        return report_json(ctx, stream, &before, &after).await;
+    }
     let mut out = report(ctx, stream, &before, &after).await?;
     if after.version() != before.version() {
         out.insert_str(0, "rolled back: ");
     }
     Ok(out)
+}
+
+/// The consumer groups reading the stream (the library's internal ones left out).
+async fn groups(ctx: &mut Ctx, after: &Topology) -> Result<Vec<String>, CliError> {
+    Ok(ctx
+        .consumer_groups(&after.stream_key(0))
+        .await?
+        .into_iter()
+        .map(|g| g.name)
+        .filter(|name| !name.starts_with("__sl_"))
+        .collect())
+}
+
+/// What `report` says, as JSON: `changed` is false when there was nothing to do.
+async fn report_json(
+    ctx: &mut Ctx,
+    stream: &str,
+    before: &Topology,
+    after: &Topology,
+) -> Result<String, CliError> {
+    let changed = after.version() != before.version();
+    let migration = after.migration().filter(|_| changed);
+    Ok(json_text(&serde_json::json!({
+        "stream": stream,
+        "changed": changed,
+        "kind": migration.map(|m| match m.kind {
+            ResizeKind::Resize => "resize",
+            ResizeKind::Rollback => "rollback",
+        }),
+        "fromShards": before.shard_count(),
+        "toShards": after.shard_count(),
+        "fromVersion": before.version(),
+        "toVersion": after.version(),
+        "drainingShards": after.draining_shards().collect::<Vec<u32>>(),
+        "cutMs": migration.map(|m| m.cut_ms()),
+        "graceMs": migration.map(|m| m.grace_ms),
+        "groups": if changed { groups(ctx, after).await? } else { Vec::new() },
+    })))
 }
 
 async fn report(
@@ -58,13 +104,7 @@ async fn report(
             after.version()
         ));
     }
-    let groups: Vec<String> = ctx
-        .consumer_groups(&after.stream_key(0))
-        .await?
-        .into_iter()
-        .map(|g| g.name)
-        .filter(|name| !name.starts_with("__sl_"))
-        .collect();
+    let groups = groups(ctx, after).await?;
     let mut out = format!(
         "stream `{stream}`: {} -> {} shards (topology version {} -> {})\n",
         before.shard_count(),

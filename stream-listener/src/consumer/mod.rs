@@ -564,7 +564,10 @@ impl Scheduler {
             client: self.wait_client.clone(),
             deadline: self.deadline.clone(),
         };
-        let abort = jobs.spawn(wait::run(self.shared.clone(), spec));
+        let abort = jobs.spawn(tracing::Instrument::in_current_span(wait::run(
+            self.shared.clone(),
+            spec,
+        )));
         self.wait = Some(abort.id());
         self.meta.insert(
             abort.id(),
@@ -680,7 +683,10 @@ impl Scheduler {
                 recreate_group: state.missing_group.take().is_some(),
             };
             let generation = state.generation;
-            let abort = jobs.spawn(job::run(self.shared.clone(), spec));
+            let abort = jobs.spawn(tracing::Instrument::in_current_span(job::run(
+                self.shared.clone(),
+                spec,
+            )));
             *self.busy.entry(shard).or_insert(0) += 1;
             self.meta.insert(
                 abort.id(),

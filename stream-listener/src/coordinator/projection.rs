@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::metadata::{MemberState, Resharding};
+use super::metadata::{GroupMetadata, MemberState, Resharding};
 use super::Coordinator;
 
 /// The spec's group states.
@@ -156,20 +156,7 @@ impl Coordinator {
                 shards[s as usize].fenced_hold = Some(hold.member_id.clone());
             }
         }
-        let live: Vec<_> = meta
-            .members
-            .values()
-            .filter(|m| m.state.is_assignable())
-            .collect();
-        let state = if meta.members.is_empty() {
-            GroupState::Empty
-        } else if live.is_empty() || live.iter().any(|m| m.pending().next().is_some()) {
-            GroupState::Assigning
-        } else if meta.members.values().all(|m| m.is_reconciled()) {
-            GroupState::Stable
-        } else {
-            GroupState::Reconciling
-        };
+        let state = group_state(meta);
         GroupProjection {
             group: meta.group.clone(),
             state,
@@ -183,5 +170,23 @@ impl Coordinator {
             resharding: meta.resharding.clone(),
             invariant_violations: self.invariant_violations(),
         }
+    }
+}
+
+/// The group's state in the spec's terms, from its metadata: `O(members)`.
+pub fn group_state(meta: &GroupMetadata) -> GroupState {
+    let mut live = meta
+        .members
+        .values()
+        .filter(|m| m.state.is_assignable())
+        .peekable();
+    if meta.members.is_empty() {
+        GroupState::Empty
+    } else if live.peek().is_none() || live.any(|m| m.pending().next().is_some()) {
+        GroupState::Assigning
+    } else if meta.members.values().all(|m| m.is_reconciled()) {
+        GroupState::Stable
+    } else {
+        GroupState::Reconciling
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! The store has its own Redis connection: heartbeats never queue behind a blocking read.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -15,12 +16,14 @@ use tokio::time::Instant;
 
 use std::sync::Arc;
 
+use crate::coordinator::projection::GroupState;
+use crate::coordinator::wire::HeartbeatStatus;
 use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 use crate::member::session::{MemberSession, Phase};
 use crate::store::GroupStore;
 
-/// What a member looks like from outside, for status reporting and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a member looks like from outside, for status reporting, metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemberStatus {
     /// Where it is in its life.
     pub phase: Phase,
@@ -30,6 +33,42 @@ pub struct MemberStatus {
     pub owned: Vec<u32>,
     /// Heartbeats that failed in a row.
     pub failures: u32,
+    /// Shards targeted to it but still held by their previous owner (last accepted response).
+    pub pending: u32,
+    /// Shards it is giving up and may still touch (draining).
+    pub revoking: u32,
+    /// The group epoch of the last accepted response.
+    pub group_epoch: i64,
+    /// The target assignment epoch of the last accepted response.
+    pub assignment_epoch: i64,
+    /// The group's state as of the last heartbeat's snapshot (`None` before the first).
+    pub group_state: Option<GroupState>,
+    /// Heartbeats sent so far, by outcome (see [`heartbeat_outcome`]); cumulative, so a reader that
+    /// misses intermediate statuses still counts every one.
+    pub heartbeats: BTreeMap<&'static str, u64>,
+    /// Times it self-fenced because its lease could not be renewed in time; cumulative.
+    pub self_fences: u64,
+    /// Rebalances it saw complete (the group's state went from ASSIGNING or RECONCILING back to
+    /// STABLE between two of its heartbeats); cumulative.
+    pub rebalances: u64,
+    /// How long the last completed rebalance took, from the first heartbeat that saw the group
+    /// unsettled to the first that saw it STABLE (so within a heartbeat interval or so).
+    pub last_rebalance: Duration,
+}
+
+/// A heartbeat's outcome as a metric label: the response status in snake case, or `error` (Redis
+/// failed) or `timeout` (no answer within the budget).
+pub fn heartbeat_outcome(status: HeartbeatStatus) -> &'static str {
+    match status {
+        HeartbeatStatus::Ok => "ok",
+        HeartbeatStatus::Retry => "retry",
+        HeartbeatStatus::SyncMetadata => "sync_metadata",
+        HeartbeatStatus::RevokePending => "revoke_pending",
+        HeartbeatStatus::UnknownMemberId => "unknown_member_id",
+        HeartbeatStatus::FencedMemberEpoch => "fenced_member_epoch",
+        HeartbeatStatus::UnsupportedProtocol => "unsupported_protocol",
+        HeartbeatStatus::InvalidRequest => "invalid_request",
+    }
 }
 
 /// The channels and limits of one member's heartbeat loop.
@@ -62,6 +101,7 @@ impl MemberLoop {
         let local = move || deadline.local_ms();
         let mut next_heartbeat = Instant::now();
         let mut failures = 0u32;
+        let mut counts = Counts::default();
         let mut leave_deadline: Option<Instant> = None;
         let mut reports_open = true;
         loop {
@@ -91,9 +131,11 @@ impl MemberLoop {
             while let Ok(report) = self.reports.try_recv() {
                 self.apply_report(report);
             }
+            let held: Vec<u32> = self.session.owned().iter().copied().collect();
             let commands = self.session.check_lease(local());
             if !commands.is_empty() {
-                tracing::warn!(member = %self.session.member_id(), "lease could not be renewed in time: self-fenced");
+                counts.self_fences += 1;
+                tracing::warn!(member = %self.session.member_id(), shards = ?held, "lease could not be renewed in time: self-fenced");
                 self.send(commands);
             }
             if let Some(deadline) = leave_deadline {
@@ -121,13 +163,44 @@ impl MemberLoop {
             .await
             {
                 Ok(Ok(response)) => {
+                    if failures > 0 {
+                        tracing::info!(member = %self.session.member_id(), failures, "heartbeat recovered");
+                    }
                     failures = 0;
+                    *counts
+                        .heartbeats
+                        .entry(heartbeat_outcome(response.status))
+                        .or_insert(0) += 1;
+                    let before: Vec<u32> = self.session.owned().iter().copied().collect();
+                    let was_joining = self.session.phase() == Phase::Joining;
                     if response.status.requires_rejoin() {
-                        tracing::info!(member = %self.session.member_id(), status = ?response.status, "ownership invalid: rejoining");
+                        tracing::info!(member = %self.session.member_id(), status = ?response.status, shards = ?before, "ownership invalid: dropping every shard and rejoining");
                     }
                     let commands = self.session.on_response(&response);
                     if response.status.is_accepted() {
                         self.deadline.confirm();
+                        counts.pending = response.assignment.pending_shards.len() as u32;
+                        counts.group_epoch = response.group_epoch;
+                        counts.assignment_epoch = response.assignment_epoch;
+                        if was_joining && self.session.phase() == Phase::Member {
+                            tracing::info!(member = %self.session.member_id(), epoch = self.session.epoch(), "joined the group");
+                        }
+                    }
+                    counts.group_state = self.store.group_state();
+                    counts.follow_rebalance();
+                    let after: Vec<u32> = self.session.owned().iter().copied().collect();
+                    if after != before {
+                        let assigned: Vec<u32> = after
+                            .iter()
+                            .filter(|s| !before.contains(s))
+                            .copied()
+                            .collect();
+                        let revoked: Vec<u32> = before
+                            .iter()
+                            .filter(|s| !after.contains(s))
+                            .copied()
+                            .collect();
+                        tracing::info!(member = %self.session.member_id(), epoch = self.session.epoch(), ?assigned, ?revoked, owned = ?after, "assignment changed");
                     }
                     self.send(commands);
                     next_heartbeat = Instant::now()
@@ -135,21 +208,23 @@ impl MemberLoop {
                 }
                 Ok(Err(error)) => {
                     failures += 1;
+                    *counts.heartbeats.entry("error").or_insert(0) += 1;
                     tracing::warn!(member = %self.session.member_id(), %error, failures, "heartbeat failed");
                     next_heartbeat = Instant::now() + backoff(failures, interval);
                 }
                 Err(_) => {
                     failures += 1;
+                    *counts.heartbeats.entry("timeout").or_insert(0) += 1;
                     tracing::warn!(member = %self.session.member_id(), failures, "heartbeat timed out");
                     next_heartbeat = Instant::now() + backoff(failures, interval);
                 }
             }
-            self.publish(failures);
+            self.publish(failures, &counts);
             if self.session.phase() == Phase::Left {
                 break;
             }
         }
-        self.publish(failures);
+        self.publish(failures, &counts);
     }
 
     fn lease_instant(&self, start: Instant) -> Instant {
@@ -191,18 +266,59 @@ impl MemberLoop {
         }
     }
 
-    fn publish(&self, failures: u32) {
+    fn publish(&self, failures: u32, counts: &Counts) {
         let status = MemberStatus {
             phase: self.session.phase(),
             epoch: self.session.epoch(),
             owned: self.session.owned().iter().copied().collect(),
             failures,
+            pending: counts.pending,
+            revoking: self.session.draining().count() as u32,
+            group_epoch: counts.group_epoch,
+            assignment_epoch: counts.assignment_epoch,
+            group_state: counts.group_state,
+            heartbeats: counts.heartbeats.clone(),
+            self_fences: counts.self_fences,
+            rebalances: counts.rebalances,
+            last_rebalance: counts.last_rebalance,
         };
         self.status.send_if_modified(|current| {
             let changed = *current != status;
             *current = status;
             changed
         });
+    }
+}
+
+/// What the loop tracks for [`MemberStatus`] beyond the session's own state.
+#[derive(Debug, Default)]
+struct Counts {
+    pending: u32,
+    group_epoch: i64,
+    assignment_epoch: i64,
+    group_state: Option<GroupState>,
+    heartbeats: BTreeMap<&'static str, u64>,
+    self_fences: u64,
+    rebalances: u64,
+    last_rebalance: Duration,
+    /// When this member first saw the current rebalance.
+    rebalance_since: Option<Instant>,
+}
+
+impl Counts {
+    /// Starts or ends the rebalance this member is watching, from the group state just seen.
+    fn follow_rebalance(&mut self) {
+        match (self.group_state, self.rebalance_since) {
+            (Some(GroupState::Assigning | GroupState::Reconciling), None) => {
+                self.rebalance_since = Some(Instant::now());
+            }
+            (Some(GroupState::Stable), Some(since)) => {
+                self.rebalances += 1;
+                self.last_rebalance = since.elapsed();
+                self.rebalance_since = None;
+            }
+            _ => {}
+        }
     }
 }
 

@@ -35,9 +35,10 @@ pub struct MemberIdentity {
 }
 
 /// Where the member is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Phase {
     /// Must (re)join: the next heartbeat carries epoch 0.
+    #[default]
     Joining,
     /// Has an epoch.
     Member,

@@ -22,6 +22,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::consumer::{BoxedHandler, Consumer, ConsumerConfig, ConsumerError};
 use crate::coordinator::metadata::GroupConfig;
@@ -398,6 +399,7 @@ impl Runtime {
             Err(e) => return Err(e.into()),
         };
         Topology::ensure_group(&mut conn, &stream, &group, plan.start_from).await?;
+        let sampler_conn = conn.clone();
         let store = GroupStore::new(
             conn,
             &stream,
@@ -440,26 +442,35 @@ impl Runtime {
                 }
             }
         });
-        let consumer_task = tokio::spawn(consumer.run(consumer_commands_rx, consumer_reports_tx));
-        let (status_tx, status) = watch::channel(MemberStatus {
-            phase: Phase::Joining,
-            epoch: 0,
-            owned: Vec::new(),
-            failures: 0,
-        });
-        tokio::spawn(crate::metrics::follow_member(
-            status.clone(),
-            deadline.clone(),
-            stream.clone(),
-            group.clone(),
-            plan.member_id.clone(),
-        ));
+        // Every log line of the member (heartbeats, store, consumer jobs, handlers) carries who it is. At
+        // ERROR level, so it is enabled whenever any of its events is.
+        let span = tracing::error_span!("member", member = %plan.member_id, stream = %stream, group = %group);
+        let consumer_task = tokio::spawn(
+            consumer
+                .run(consumer_commands_rx, consumer_reports_tx)
+                .instrument(span.clone()),
+        );
+        let (status_tx, status) = watch::channel(MemberStatus::default());
+        tokio::spawn(
+            crate::metrics::follow_member(
+                status.clone(),
+                deadline.clone(),
+                stream.clone(),
+                group.clone(),
+                plan.member_id.clone(),
+                Some(crate::metrics::ShardSampler {
+                    conn: sampler_conn,
+                    every: interval * 5,
+                }),
+            )
+            .instrument(span.clone()),
+        );
         let session = MemberSession::new(
             identity,
             self.group_config.session_timeout_ms,
             incarnation(),
         );
-        tracing::info!(member = %plan.member_id, listener = %plan.label, "member starting");
+        span.in_scope(|| tracing::info!(listener = %plan.label, "member starting"));
         let heartbeat_task = tokio::spawn(
             MemberLoop {
                 session,
@@ -471,7 +482,8 @@ impl Runtime {
                 shutdown_timeout: self.shutdown_timeout,
                 deadline,
             }
-            .run(),
+            .run()
+            .instrument(span.clone()),
         );
         Ok(RunningMember {
             member_id: plan.member_id,
@@ -525,6 +537,23 @@ impl RunningRuntime {
                         status.phase == Phase::Member && m.lease.is_valid(),
                         status.failures,
                     )
+                })
+                .collect(),
+        }
+    }
+
+    /// A cloneable handle on [`health`](Self::health) that outlives borrows of the runtime, for a probe
+    /// endpoint on another task or thread (the `http` feature's `ProbeServer`).
+    pub fn health_handle(&self) -> crate::health::HealthHandle {
+        crate::health::HealthHandle {
+            members: self
+                .members
+                .iter()
+                .map(|m| crate::health::MemberWatch {
+                    member_id: m.member_id.clone(),
+                    probe: m.probe.clone(),
+                    lease: m.lease.clone(),
+                    status: m.status.clone(),
                 })
                 .collect(),
         }

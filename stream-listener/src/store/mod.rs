@@ -43,7 +43,7 @@ use redis::{Script, Value};
 
 use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
-use crate::coordinator::projection::GroupProjection;
+use crate::coordinator::projection::{group_state, GroupProjection, GroupState};
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
 use crate::coordinator::{
     AdminCommand, Change, CommandError, Coordinator, Creation, Outcome, Writes,
@@ -243,6 +243,8 @@ pub struct GroupStore {
     shard_count: u32,
     config: GroupConfig,
     cache: Option<Snapshot>,
+    /// The group state of the cached revision (see [`GroupStore::group_state`]).
+    state: Option<(i64, GroupState)>,
     /// Last Redis time seen and the local instant it was seen at: `now` for the core between reads.
     clock: Option<(i64, std::time::Instant)>,
     /// Queue the next heartbeat without reloading first (see [`GroupStore::heartbeat`]).
@@ -285,6 +287,7 @@ impl GroupStore {
             shard_count,
             config,
             cache: None,
+            state: None,
             clock: None,
             defer_reload: false,
             interval_ms: config.heartbeat_interval_ms,
@@ -303,6 +306,20 @@ impl GroupStore {
     /// The group's keys.
     pub fn keys(&self) -> &GroupKeys {
         &self.keys
+    }
+
+    /// The group's state in the cached snapshot (what the last heartbeat saw), `None` before the first
+    /// load. Computed once per store revision, so a steady heartbeat pays nothing for it.
+    pub fn group_state(&mut self) -> Option<GroupState> {
+        let snapshot = self.cache.as_ref()?;
+        match self.state {
+            Some((revision, state)) if revision == snapshot.revision => Some(state),
+            _ => {
+                let state = group_state(snapshot.coordinator.metadata());
+                self.state = Some((snapshot.revision, state));
+                Some(state)
+            }
+        }
     }
 
     /// Applies one heartbeat: on the cache when it changes nothing or only renews the sender's lease, else
