@@ -5,7 +5,6 @@
 //! ```
 
 use serde::Serialize;
-use stream_listener::topology::Topology;
 use stream_listener::Producer;
 
 #[derive(Debug, Serialize)]
@@ -17,11 +16,8 @@ struct Order {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let mut conn = redis::Client::open(url)?.get_connection_manager().await?;
-
-    // Creates the topology record and the 16 shard streams once; later calls return it unchanged.
-    Topology::ensure(&mut conn, "orders", 16).await?;
-    let producer = Producer::new(conn, "orders").await?;
+    // Creates the topology record and the 16 shard streams once; later calls find it unchanged.
+    let producer = Producer::connect_creating(&url, "orders", 16).await?;
 
     for seq in 0..10 {
         for customer in 0..5 {

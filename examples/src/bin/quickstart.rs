@@ -17,7 +17,13 @@ struct Order {
 /// `concurrency = 2` starts two logical members of group `billing` in this process (`{base}-m0`,
 /// `{base}-m1`); the group spreads the shards of `orders` over every member of every process.
 /// Messages of one key always arrive in order, one at a time.
-#[stream_listener(stream = "orders", group = "billing", concurrency = 2)]
+/// `shard_count = 16`: the stream's shards if this listener creates it (an existing stream keeps its own).
+#[stream_listener(
+    stream = "orders",
+    group = "billing",
+    concurrency = 2,
+    shard_count = 16
+)]
 async fn on_order(msg: Message<Order>) -> Result<(), std::convert::Infallible> {
     println!(
         "shard {:>2} entry {} key {} seq {} (delivery {})",
