@@ -57,7 +57,8 @@ pub mod store;
 pub mod topology;
 
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
+    AckPolicy, DeleteRef, FailurePolicy, HandlerError, LifecycleHooks, Message, OnExhausted,
+    RawMessage,
 };
 pub use producer::Producer;
 pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};

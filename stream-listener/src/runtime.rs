@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::consumer::{
     AckPolicy, BoxedHandler, Consumer, ConsumerConfig, ConsumerError, FailurePolicy, Handler,
+    LifecycleHooks, PauseHandle,
 };
 use crate::coordinator::metadata::GroupConfig;
 use crate::coordinator::AdminCommand;
@@ -71,6 +72,14 @@ pub enum RuntimeError {
         /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
         stuck: Vec<String>,
     },
+    /// [`RunningRuntime::pause`] or [`RunningRuntime::resume`] got an id no listener of this runtime has.
+    #[error("no listener with id `{id}` in this runtime (listeners: {})", .known.join(", "))]
+    UnknownListener {
+        /// The id asked for.
+        id: String,
+        /// The ids this runtime has ([`RunningRuntime::listener_ids`]).
+        known: Vec<String>,
+    },
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
@@ -117,6 +126,7 @@ pub struct ConsumerBuilder {
     dead_letter: Option<String>,
     handler_timeout: Option<Duration>,
     handler: Option<BoxedHandler>,
+    hooks: LifecycleHooks,
 }
 
 impl ConsumerBuilder {
@@ -135,6 +145,7 @@ impl ConsumerBuilder {
             dead_letter: None,
             handler_timeout: None,
             handler: None,
+            hooks: LifecycleHooks::default(),
         }
     }
 
@@ -203,6 +214,40 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Called with the shards this member has just started owning. Hooks are async closures, run one at a
+    /// time in the order of the events, on a task of their own; a panic is caught and logged (see
+    /// [`LifecycleHooks`]).
+    pub fn on_shards_assigned<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.hooks = self.hooks.on_shards_assigned(hook);
+        self
+    }
+
+    /// Called with revoked shards after their running handlers finished and their entries were
+    /// acknowledged, before REVOKED is reported: the next owner starts only after it returned.
+    pub fn on_shards_revoked<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.hooks = self.hooks.on_shards_revoked(hook);
+        self
+    }
+
+    /// Called with the shards lost when this member was fenced (or its lease ran out): their handlers
+    /// were aborted and nothing more of them is acknowledged.
+    pub fn on_fenced<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.hooks = self.hooks.on_fenced(hook);
+        self
+    }
+
     /// A handler of raw payload bytes.
     pub fn raw_handler<H: Handler<Vec<u8>>>(mut self, handler: H) -> Self {
         self.handler = Some(BoxedHandler::raw(handler));
@@ -240,6 +285,7 @@ struct MemberPlan {
     weight: u32,
     consumer: ConsumerConfig,
     handler: BoxedHandler,
+    hooks: LifecycleHooks,
 }
 
 /// The process-wide runtime. See the [module docs](self).
@@ -406,6 +452,7 @@ impl Runtime {
                     member_id,
                     weight: reg.member_weight(),
                     handler: reg.handler(),
+                    hooks: LifecycleHooks::default(),
                 });
             }
         }
@@ -430,6 +477,7 @@ impl Runtime {
                 member_id,
                 weight: builder.weight,
                 handler,
+                hooks: builder.hooks.clone(),
             });
         }
         plans
@@ -473,8 +521,10 @@ impl Runtime {
         let deadline = OwnershipDeadline::new();
         let consumer = Consumer::connect(client.clone(), consumer_config, plan.handler)
             .await?
-            .with_deadline(deadline.clone());
+            .with_deadline(deadline.clone())
+            .with_hooks(plan.hooks);
         let probe = consumer.probe();
+        let pause = consumer.pause_handle();
         let health_deadline = deadline.clone();
         let identity = MemberIdentity {
             member_id: plan.member_id.as_str().into(),
@@ -537,6 +587,7 @@ impl Runtime {
         Ok(RunningMember {
             member_id: plan.member_id,
             probe,
+            pause,
             lease: health_deadline,
             status,
             heartbeat_task,
@@ -550,6 +601,7 @@ impl Runtime {
 struct RunningMember {
     member_id: String,
     probe: crate::health::Probe,
+    pause: PauseHandle,
     lease: std::sync::Arc<OwnershipDeadline>,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
@@ -569,6 +621,42 @@ impl RunningRuntime {
     /// The memberIds this process runs, in start order.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.iter().map(|m| m.member_id.clone()).collect()
+    }
+
+    /// The ids [`pause`](Self::pause) and [`resume`](Self::resume) take: a listener's id is its member's
+    /// id (one per member, so `concurrency = 4` gives four), in start order.
+    pub fn listener_ids(&self) -> Vec<String> {
+        self.member_ids()
+    }
+
+    /// Pauses a listener (Kafka's `pause`): no new read starts within one poll (a running batch finishes,
+    /// the idle wait is interrupted); the member keeps heartbeating and keeps its shards. Entries keep
+    /// accumulating in the streams until [`resume`](Self::resume).
+    pub fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.pause_handle(id)?.pause();
+        Ok(())
+    }
+
+    /// Resumes a paused listener: reads start again where they stopped.
+    pub fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.pause_handle(id)?.resume();
+        Ok(())
+    }
+
+    /// Whether a listener is paused.
+    pub fn is_paused(&self, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.pause_handle(id)?.is_paused())
+    }
+
+    fn pause_handle(&self, id: &str) -> Result<&PauseHandle, RuntimeError> {
+        self.members
+            .iter()
+            .find(|m| m.member_id == id)
+            .map(|m| &m.pause)
+            .ok_or_else(|| RuntimeError::UnknownListener {
+                id: id.to_owned(),
+                known: self.member_ids(),
+            })
     }
 
     /// Readiness and liveness of every member: heartbeating, joined and not self-fenced, no shard in a

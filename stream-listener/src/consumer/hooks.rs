@@ -1,0 +1,154 @@
+//! The user's lifecycle hooks: told when the member starts owning shards, when revoked shards are drained,
+//! and when the member was fenced.
+//!
+//! Hooks are async closures (`|shards: Vec<u32>| async move { .. }`): a user who flushes a cache or commits
+//! a sink's offsets on revocation needs to await. They run one at a time, in the order the events
+//! happened, on a task of their own, so a slow hook never stalls reads of other shards. A revoked shard's
+//! REVOKED report waits for its hook (the coordinator hands the shard on only after the hook returned), so
+//! a hook that never returns holds the shard until the member's lease or shutdown ends it. A hook that
+//! panics is caught and logged; the member goes on.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::message::{panic_message, BoxFuture};
+
+type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Lifecycle callbacks of one listener (see the [module docs](self)). Set them with
+/// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings.
+#[derive(Clone, Default)]
+pub struct LifecycleHooks {
+    assigned: Option<ShardsHook>,
+    revoked: Option<ShardsHook>,
+    fenced: Option<ShardsHook>,
+}
+
+impl std::fmt::Debug for LifecycleHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LifecycleHooks")
+            .field("assigned", &self.assigned.is_some())
+            .field("revoked", &self.revoked.is_some())
+            .field("fenced", &self.fenced.is_some())
+            .finish()
+    }
+}
+
+fn boxed<F, Fut>(hook: F) -> ShardsHook
+where
+    F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |shards| Box::pin(hook(shards)))
+}
+
+impl LifecycleHooks {
+    /// Called with the shards the member has just started owning (their reads may already run).
+    pub fn on_shards_assigned<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.assigned = Some(boxed(hook));
+        self
+    }
+
+    /// Called with revoked shards once their running handlers finished and their entries were
+    /// acknowledged, before REVOKED is reported for them.
+    pub fn on_shards_revoked<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.revoked = Some(boxed(hook));
+        self
+    }
+
+    /// Called with the shards the member lost at once because it was fenced (or its lease ran out):
+    /// nothing of them was acknowledged after the fence, and their handlers were aborted.
+    pub fn on_fenced<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.fenced = Some(boxed(hook));
+        self
+    }
+
+    /// Whether no hook is set.
+    pub fn is_empty(&self) -> bool {
+        self.assigned.is_none() && self.revoked.is_none() && self.fenced.is_none()
+    }
+
+    pub(crate) fn has_revoked(&self) -> bool {
+        self.revoked.is_some()
+    }
+}
+
+/// One event for the hook task.
+#[derive(Debug)]
+pub(crate) enum HookCall {
+    Assigned(Vec<u32>),
+    /// Answered on the runner's `done` channel with `(fence_generation, shards)` once the hook returned.
+    Revoked(u64, Vec<u32>),
+    Fenced(Vec<u32>),
+}
+
+/// Starts the task that runs the hooks in order. Revoked shards come back on `done` after their hook.
+pub(crate) fn spawn_runner(
+    hooks: LifecycleHooks,
+    done: mpsc::UnboundedSender<(u64, Vec<u32>)>,
+) -> mpsc::UnboundedSender<HookCall> {
+    let (calls, mut rx) = mpsc::unbounded_channel::<HookCall>();
+    tokio::spawn(async move {
+        while let Some(call) = rx.recv().await {
+            match call {
+                HookCall::Assigned(shards) => {
+                    call_hook("on_shards_assigned", &hooks.assigned, shards).await
+                }
+                HookCall::Revoked(generation, shards) => {
+                    call_hook("on_shards_revoked", &hooks.revoked, shards.clone()).await;
+                    let _ = done.send((generation, shards));
+                }
+                HookCall::Fenced(shards) => call_hook("on_fenced", &hooks.fenced, shards).await,
+            }
+        }
+    });
+    calls
+}
+
+/// Runs one hook, catching a panic in the call or in the future.
+async fn call_hook(name: &str, hook: &Option<ShardsHook>, shards: Vec<u32>) {
+    let Some(hook) = hook else {
+        return;
+    };
+    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(shards)));
+    let panicked = match call {
+        Ok(future) => CatchPanic { future }.await.err(),
+        Err(panic) => Some(panic_message(&*panic)),
+    };
+    if let Some(message) = panicked {
+        tracing::error!(hook = name, panic = %message, "lifecycle hook panicked; the member goes on");
+    }
+}
+
+struct CatchPanic {
+    future: BoxFuture<'static, ()>,
+}
+
+impl Future for CatchPanic {
+    type Output = Result<(), String>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = self.future.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(poll) => poll.map(Ok),
+            Err(panic) => std::task::Poll::Ready(Err(panic_message(&*panic))),
+        }
+    }
+}
