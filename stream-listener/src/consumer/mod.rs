@@ -48,6 +48,7 @@ mod hooks;
 mod job;
 mod message;
 mod ops;
+pub mod scheduler;
 mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
