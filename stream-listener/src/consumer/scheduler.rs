@@ -369,7 +369,13 @@ impl ShardScheduler {
     }
 
     /// The idle wait ended; `woke` are the shards it read entries for (they run next with them).
-    pub fn wait_ended(&mut self, now: Millis, job: JobId, woke: &[u32], failed: bool) -> Vec<Output> {
+    pub fn wait_ended(
+        &mut self,
+        now: Millis,
+        job: JobId,
+        woke: &[u32],
+        failed: bool,
+    ) -> Vec<Output> {
         let mut out = Vec::new();
         let Some(ended) = self.jobs.remove(&job) else {
             return out;

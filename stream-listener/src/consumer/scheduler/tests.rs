@@ -215,7 +215,9 @@ fn rule_an_assign_while_revoking_starts_over_after_the_report() {
     assert_eq!(revoked(&out), vec![0]);
     let (_, shard, kind) = starts(&out)[0];
     assert_eq!((shard, kind), (0, JobKind::ClaimOwn));
-    assert!(out.iter().any(|o| matches!(o, Output::Start { epoch: 5, .. })));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Start { epoch: 5, .. })));
 }
 
 #[test]
@@ -247,13 +249,7 @@ fn rule_after_a_fence_a_regranted_shard_waits_for_its_old_job() {
 fn rule_a_shard_in_retry_backoff_holds_no_worker() {
     let (mut s, running) = claimed(1, &[0, 1], FAR);
     let (job, shard, _) = running[0];
-    let out = s.job_ended(
-        t(2),
-        job,
-        JobEnd::Held {
-            retry_at: t(500),
-        },
-    );
+    let out = s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
     let (_, other, _) = starts(&out)[0];
     assert_ne!(other, shard, "the worker serves the other shard");
     assert_eq!(s.next_wake(), Some(t(500)));
@@ -263,13 +259,7 @@ fn rule_a_shard_in_retry_backoff_holds_no_worker() {
 fn rule_a_shard_in_backoff_retries_its_held_entries_when_the_backoff_ends() {
     let (mut s, running) = claimed(2, &[0], FAR);
     let (job, _, _) = running[0];
-    s.job_ended(
-        t(2),
-        job,
-        JobEnd::Held {
-            retry_at: t(500),
-        },
-    );
+    s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
     assert!(starts(&s.tick(t(499))).is_empty());
     let out = s.tick(t(500));
     assert_eq!(start_of(&out, 0).1, JobKind::Retry);
@@ -279,13 +269,7 @@ fn rule_a_shard_in_backoff_retries_its_held_entries_when_the_backoff_ends() {
 fn rule_a_failed_read_backs_off_then_claims_its_own_pending() {
     let (mut s, running) = claimed(1, &[0], FAR);
     let (job, _, _) = running[0];
-    let out = s.job_ended(
-        t(2),
-        job,
-        JobEnd::Failed {
-            retry_at: t(50),
-        },
-    );
+    let out = s.job_ended(t(2), job, JobEnd::Failed { retry_at: t(50) });
     assert!(starts(&out).is_empty());
     assert!(starts(&s.tick(t(49))).is_empty());
     assert_eq!(start_of(&s.tick(t(50)), 0).1, JobKind::ClaimOwn);
@@ -368,7 +352,10 @@ fn idle_until(workers: usize, deadline: Millis) -> (ShardScheduler, JobId) {
         if let Some(started) = wait_of(&out) {
             wait = Some(started);
         }
-        if out.iter().any(|o| matches!(o, Output::InterruptWait { .. })) {
+        if out
+            .iter()
+            .any(|o| matches!(o, Output::InterruptWait { .. }))
+        {
             let (job, _) = wait.take().unwrap();
             let out = s.wait_ended(t(1), job, &[], false);
             running.extend(starts(&out));
@@ -413,7 +400,10 @@ fn rule_the_idle_wait_never_takes_the_last_worker_a_held_shard_needs() {
             break;
         }
         let out = s.job_ended(t(1), job, JobEnd::Empty);
-        assert!(wait_of(&out).is_none(), "the wait took the last worker: {out:?}");
+        assert!(
+            wait_of(&out).is_none(),
+            "the wait took the last worker: {out:?}"
+        );
         running = starts(&out);
     }
     assert!(held_ran);
@@ -423,7 +413,10 @@ fn rule_the_idle_wait_never_takes_the_last_worker_a_held_shard_needs() {
 fn rule_an_assignment_interrupts_the_idle_wait() {
     let (mut s, wait) = idle(2);
     let out = s.assign(t(2), 5, 1, FAR);
-    assert!(out.contains(&Output::InterruptWait { job: wait }), "{out:?}");
+    assert!(
+        out.contains(&Output::InterruptWait { job: wait }),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -445,11 +438,16 @@ fn rule_revoking_a_waited_shard_interrupts_the_wait_and_reports_after_it() {
 #[test]
 fn rule_a_deadline_lapse_interrupts_the_idle_wait() {
     let (mut s, wait) = idle_until(2, t(100));
-    assert!(s.tick(t(100)).contains(&Output::InterruptWait { job: wait }));
+    assert!(s
+        .tick(t(100))
+        .contains(&Output::InterruptWait { job: wait }));
     // Back from the wait, both shards claim their own pending entries first, once the lease is back.
     assert!(starts(&s.wait_ended(t(101), wait, &[], false)).is_empty());
     let out = s.lease_renewed(t(102), FAR);
-    assert!(starts(&out).iter().all(|j| j.2 == JobKind::ClaimOwn) && starts(&out).len() == 2, "{out:?}");
+    assert!(
+        starts(&out).iter().all(|j| j.2 == JobKind::ClaimOwn) && starts(&out).len() == 2,
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -539,9 +537,16 @@ impl Model {
                 Output::Start {
                     job, shard, epoch, ..
                 } => {
-                    prop_assert!(!self.paused && !self.closing, "started while paused/closing");
+                    prop_assert!(
+                        !self.paused && !self.closing,
+                        "started while paused/closing"
+                    );
                     prop_assert!(self.now < self.deadline, "started past the deadline");
-                    prop_assert_eq!(self.owned.get(shard), Some(epoch), "not owned / stale epoch");
+                    prop_assert_eq!(
+                        self.owned.get(shard),
+                        Some(epoch),
+                        "not owned / stale epoch"
+                    );
                     prop_assert!(
                         self.retry_at.get(shard).is_none_or(|at| *at <= self.now),
                         "started in backoff"
@@ -581,7 +586,7 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
     fn random_inputs_keep_every_invariant(workers in 1usize..4, ops in proptest::collection::vec(op(), 1..120)) {
         let mut s = ShardScheduler::new(workers, 1_000);
