@@ -17,8 +17,13 @@ use super::message::{panic_message, BoxFuture};
 
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// Lifecycle callbacks of one listener (see the [module docs](self)). Set them with
+/// Lifecycle callbacks of one listener. Set them with
 /// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings.
+///
+/// Hooks are async closures, run one at a time in the order of the events on a task of their own (a slow
+/// hook never stalls reads). A revoked shard's REVOKED report waits for its hook, so the next owner starts
+/// only after it returned; a hook that never returns holds the shard until the lease or shutdown ends it.
+/// A panicking hook is caught and logged; the member goes on.
 #[derive(Clone, Default)]
 pub struct LifecycleHooks {
     assigned: Option<ShardsHook>,

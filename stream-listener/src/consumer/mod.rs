@@ -17,6 +17,9 @@
 //!   rotation starts over afterwards, so an entry written to an idle shard is picked up within the wait
 //!   and an idle member costs a couple of commands a second, however many shards it owns.
 //!
+//! The same rules, as a pure state machine with rule-named and property tests, are in the [`scheduler`]
+//! module; the loop below does not drive it yet.
+//!
 //! # Connections
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
