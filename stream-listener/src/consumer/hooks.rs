@@ -157,3 +157,87 @@ impl Future for CatchPanic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    fn hooks(log: &Log) -> LifecycleHooks {
+        let (a, r, f) = (log.clone(), log.clone(), log.clone());
+        LifecycleHooks::default()
+            .on_shards_assigned(move |shards| {
+                let log = a.clone();
+                async move {
+                    if shards == [13] {
+                        panic!("unlucky shard");
+                    }
+                    log.lock().unwrap().push(format!("assigned {shards:?}"));
+                }
+            })
+            .on_shards_revoked(move |shards| {
+                let log = r.clone();
+                async move {
+                    // Slow: later calls still wait for it.
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    log.lock().unwrap().push(format!("revoked {shards:?}"));
+                }
+            })
+            .on_fenced(move |shards| {
+                let log = f.clone();
+                // Panics in the call itself, not in the future.
+                assert!(!shards.is_empty(), "fenced with nothing");
+                async move { log.lock().unwrap().push(format!("fenced {shards:?}")) }
+            })
+    }
+
+    #[tokio::test]
+    async fn hooks_run_in_order_and_a_panicking_hook_is_caught() {
+        let log = Log::default();
+        let (done_tx, mut done) = mpsc::unbounded_channel();
+        let calls = spawn_runner(hooks(&log), done_tx);
+        calls.send(HookCall::Assigned(vec![1, 2])).unwrap();
+        calls.send(HookCall::Assigned(vec![13])).unwrap();
+        calls.send(HookCall::Revoked(4, vec![2])).unwrap();
+        calls.send(HookCall::Fenced(Vec::new())).unwrap();
+        calls.send(HookCall::Assigned(vec![3])).unwrap();
+        calls.send(HookCall::Fenced(vec![1, 3])).unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(5), done.recv())
+            .await
+            .unwrap();
+        assert_eq!(answered, Some((4, vec![2])));
+        // The REVOKED answer came after the (slow) hook returned: had it come first, the hook would still
+        // be sleeping.
+        assert!(
+            log.lock().unwrap().iter().any(|e| e == "revoked [2]"),
+            "{log:?}"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while log.lock().unwrap().len() < 4 {
+            assert!(tokio::time::Instant::now() < deadline, "{log:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "assigned [1, 2]",
+                "revoked [2]",
+                "assigned [3]",
+                "fenced [1, 3]"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_set_of_hooks_says_so() {
+        assert!(LifecycleHooks::default().is_empty());
+        assert!(!LifecycleHooks::default().on_fenced(|_| async {}).is_empty());
+        assert!(LifecycleHooks::default()
+            .on_shards_revoked(|_| async {})
+            .has_revoked());
+    }
+}
