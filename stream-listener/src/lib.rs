@@ -66,8 +66,8 @@ pub mod store;
 pub mod topology;
 
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, Message, OnExhausted,
-    RawMessage,
+    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, LifecycleHooks, Message,
+    OnExhausted, RawMessage,
 };
 pub use coordinator::metadata::GroupConfig;
 pub use member::lifecycle::FencingToken;

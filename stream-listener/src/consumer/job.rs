@@ -56,6 +56,8 @@ pub(crate) struct JobSpec {
     pub(crate) in_flight: Arc<AtomicU32>,
     /// Shards ready but waiting for a free worker (kept by the scheduler).
     pub(crate) waiting: Arc<AtomicUsize>,
+    /// The listener is paused: finish this batch, then hand the shard back.
+    pub(crate) paused: Arc<AtomicBool>,
     /// Entries an earlier job held back (a moved key waiting for its old shard): handled first.
     pub(crate) held: Vec<Entry>,
     /// Look for entries other consumers of the group have left pending too long, and claim them first.
@@ -254,6 +256,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             && entries.len() >= shared.config.batch_size
             && turns < MAX_TURNS
             && spec.waiting.load(Ordering::Acquire) == 0
+            && !spec.paused.load(Ordering::Acquire)
             && spec.lease.is_active();
         spec.phase = next_phase;
         if keep {

@@ -17,6 +17,9 @@
 //!   rotation starts over afterwards, so an entry written to an idle shard is picked up within the wait
 //!   and an idle member costs a couple of commands a second, however many shards it owns.
 //!
+//! The same rules, as a pure state machine with rule-named and property tests, are in the [`scheduler`]
+//! module; the loop below does not drive it yet.
+//!
 //! # Connections
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
@@ -45,13 +48,16 @@
 
 mod config;
 mod fields;
+mod hooks;
 mod job;
 mod message;
 mod ops;
+pub mod scheduler;
 mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
 pub use fields::{FieldError, Fields};
+pub use hooks::LifecycleHooks;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };
@@ -63,7 +69,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -92,6 +98,39 @@ pub enum ConsumerError {
 pub struct Consumer {
     shared: Arc<Shared>,
     deadline: Arc<OwnershipDeadline>,
+    hooks: LifecycleHooks,
+    pause: PauseHandle,
+}
+
+/// Pauses and resumes a running [`Consumer`] (Kafka's `pause` / `resume`): while paused no new read or
+/// claim starts (a running job finishes its batch; the idle wait is interrupted), the member keeps
+/// heartbeating and keeps its shards, and revocations are still served.
+#[derive(Debug, Clone)]
+pub struct PauseHandle {
+    paused: Arc<watch::Sender<bool>>,
+}
+
+impl PauseHandle {
+    fn new() -> Self {
+        Self {
+            paused: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    /// Stop starting reads.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    /// Start reading again.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    /// Whether the consumer is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
 }
 
 impl std::fmt::Debug for Consumer {
@@ -138,6 +177,8 @@ impl Consumer {
         Ok(Self {
             shared: Arc::new(shared),
             deadline: OwnershipDeadline::unbounded(),
+            hooks: LifecycleHooks::default(),
+            pause: PauseHandle::new(),
         })
     }
 
@@ -147,6 +188,17 @@ impl Consumer {
     pub fn with_deadline(mut self, deadline: Arc<OwnershipDeadline>) -> Self {
         self.deadline = deadline;
         self
+    }
+
+    /// The user's lifecycle hooks (see [`LifecycleHooks`]).
+    pub fn with_hooks(mut self, hooks: LifecycleHooks) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// The handle that pauses and resumes this consumer.
+    pub fn pause_handle(&self) -> PauseHandle {
+        self.pause.clone()
     }
 
     /// The configuration in effect.
@@ -177,7 +229,7 @@ impl Consumer {
         commands: mpsc::Receiver<ShardCommand>,
         reports: mpsc::Sender<ShardReport>,
     ) {
-        Scheduler::new(self.shared, self.deadline)
+        Scheduler::new(self.shared, self.deadline, self.hooks, self.pause)
             .run(commands, reports)
             .await;
     }
@@ -251,13 +303,41 @@ struct Scheduler {
     /// `ready.len()` after dispatching: shards waiting for a worker. Jobs hand their shard back early
     /// when it is not zero.
     waiting: Arc<AtomicUsize>,
+    /// The lifecycle hooks' task, if any hook is set.
+    hook_calls: Option<mpsc::UnboundedSender<hooks::HookCall>>,
+    /// Revoked shards whose hook returned, with the fence generation they were revoked in.
+    hooks_done: mpsc::UnboundedReceiver<(u64, Vec<u32>)>,
+    /// REVOKED reports wait for the revoked hook.
+    revoke_waits_for_hook: bool,
+    /// Revoked hook calls not answered yet.
+    hooks_pending: usize,
+    /// Shards newly owned / drained since the hooks were last called.
+    newly_assigned: Vec<u32>,
+    newly_revoked: Vec<u32>,
+    /// Incremented by every fence: REVOKED reports of an earlier generation are dropped.
+    fence_generation: u64,
+    /// Keeps the pause channel open for `pause_rx`, whoever else drops their handle.
+    _pause: PauseHandle,
+    pause_rx: watch::Receiver<bool>,
+    /// Read by jobs between batches.
+    paused: Arc<AtomicBool>,
 }
 
 const OUTBOX_PROGRESS_LIMIT: usize = 4096;
 
 impl Scheduler {
-    fn new(shared: Arc<Shared>, deadline: Arc<OwnershipDeadline>) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        deadline: Arc<OwnershipDeadline>,
+        hooks: LifecycleHooks,
+        pause: PauseHandle,
+    ) -> Self {
         let workers = shared.config.runtime_max_concurrency;
+        let (done_tx, hooks_done) = mpsc::unbounded_channel();
+        let revoke_waits_for_hook = hooks.has_revoked();
+        let hook_calls = (!hooks.is_empty()).then(|| hooks::spawn_runner(hooks, done_tx));
+        let pause_rx = pause.paused.subscribe();
+        let paused = Arc::new(AtomicBool::new(*pause_rx.borrow()));
         Self {
             shared,
             deadline,
@@ -274,6 +354,60 @@ impl Scheduler {
             outbox: VecDeque::new(),
             next_generation: 0,
             waiting: Arc::new(AtomicUsize::new(0)),
+            hook_calls,
+            hooks_done,
+            revoke_waits_for_hook,
+            hooks_pending: 0,
+            newly_assigned: Vec::new(),
+            newly_revoked: Vec::new(),
+            fence_generation: 0,
+            _pause: pause,
+            pause_rx,
+            paused,
+        }
+    }
+
+    /// Hands the shards assigned and drained since the last call to the hooks' task (revoked first, as
+    /// Kafka's rebalance listener does).
+    fn flush_hooks(&mut self) {
+        let Some(calls) = &self.hook_calls else {
+            self.newly_assigned.clear();
+            return;
+        };
+        if !self.newly_revoked.is_empty() {
+            let shards = std::mem::take(&mut self.newly_revoked);
+            if calls
+                .send(hooks::HookCall::Revoked(
+                    self.fence_generation,
+                    shards.clone(),
+                ))
+                .is_ok()
+            {
+                self.hooks_pending += 1;
+            } else {
+                for shard in shards {
+                    self.outbox.push_back(ShardReport::Revoked { shard });
+                }
+            }
+        }
+        if !self.newly_assigned.is_empty() {
+            let shards = std::mem::take(&mut self.newly_assigned);
+            let _ = calls.send(hooks::HookCall::Assigned(shards));
+        }
+    }
+
+    fn on_pause_change(&mut self) {
+        let paused = *self.pause_rx.borrow_and_update();
+        if paused == self.paused.swap(paused, Ordering::AcqRel) {
+            return;
+        }
+        if paused {
+            tracing::info!("listener paused");
+            self.interrupt_wait();
+        } else {
+            tracing::info!("listener resumed");
+            // Entries arrived meanwhile: poll the rotation before waiting.
+            self.idle_streak = 0;
         }
     }
 
@@ -291,14 +425,24 @@ impl Scheduler {
             if !closing {
                 self.dispatch(&mut jobs);
             }
-            if closing && jobs.is_empty() {
+            self.flush_hooks();
+            if closing && jobs.is_empty() && self.hooks_pending == 0 {
                 break;
             }
             let next_delay = self.delayed.iter().map(|(at, _, _)| *at).min();
             tokio::select! {
                 biased;
                 command = commands.recv(), if !closing => match command {
-                    Some(command) => self.on_command(command),
+                    Some(command) => {
+                        self.on_command(command);
+                        // Take what else is queued, so that hooks see one batch per rebalance.
+                        for _ in 0..1024 {
+                            match commands.try_recv() {
+                                Ok(command) => self.on_command(command),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => {
                         closing = true;
                         self.interrupt_wait();
@@ -318,6 +462,15 @@ impl Scheduler {
                         }
                     }
                 }
+                Some((generation, shards)) = self.hooks_done.recv(), if self.hooks_pending > 0 => {
+                    self.hooks_pending -= 1;
+                    if generation == self.fence_generation {
+                        for shard in shards {
+                            self.outbox.push_back(ShardReport::Revoked { shard });
+                        }
+                    }
+                }
+                Ok(()) = self.pause_rx.changed() => self.on_pause_change(),
                 permit = reports.reserve(), if !self.outbox.is_empty() => match permit {
                     Ok(permit) => {
                         if let Some(report) = self.outbox.pop_front() {
@@ -389,6 +542,7 @@ impl Scheduler {
         if !waiting {
             self.ready.push_back(shard);
         }
+        self.newly_assigned.push(shard);
         tracing::debug!(shard, "shard assigned");
     }
 
@@ -438,7 +592,11 @@ impl Scheduler {
         self.shared.probe.forget_shard(shard);
         self.outbox
             .retain(|r| !matches!(r, ShardReport::Progress(p) if p.shard.shard_index == shard));
-        self.outbox.push_back(ShardReport::Revoked { shard });
+        if self.revoke_waits_for_hook {
+            self.newly_revoked.push(shard);
+        } else {
+            self.outbox.push_back(ShardReport::Revoked { shard });
+        }
         tracing::debug!(shard, "shard revoked");
         if let Some(token) = state.reassign {
             self.assign(shard, token);
@@ -447,6 +605,14 @@ impl Scheduler {
 
     fn fence(&mut self) {
         tracing::warn!(shards = self.shards.len(), "fenced: aborting every handler");
+        // Hooks see events in order: what was assigned or drained before the fence first.
+        self.flush_hooks();
+        self.fence_generation += 1;
+        if let Some(calls) = &self.hook_calls {
+            let mut lost: Vec<u32> = self.shards.keys().copied().collect();
+            lost.sort_unstable();
+            let _ = calls.send(hooks::HookCall::Fenced(lost));
+        }
         self.shared.probe.aborting();
         for state in self.shards.values() {
             state.lease.end();
@@ -471,7 +637,9 @@ impl Scheduler {
 
     /// Start jobs while there are free workers and ready shards.
     fn dispatch(&mut self, jobs: &mut JoinSet<JobOutcome>) {
-        self.dispatch_ready(jobs);
+        if !self.paused.load(Ordering::Acquire) {
+            self.dispatch_ready(jobs);
+        }
         self.waiting.store(self.ready.len(), Ordering::Release);
     }
 
@@ -678,6 +846,7 @@ impl Scheduler {
                 stop: state.stop.clone(),
                 in_flight: state.in_flight.clone(),
                 waiting: self.waiting.clone(),
+                paused: self.paused.clone(),
                 held: std::mem::take(&mut state.held),
                 reclaim,
                 recreate_group: state.missing_group.take().is_some(),

@@ -173,6 +173,40 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Called with the shards this member has just started owning. Hooks are async closures, run one at a
+    /// time in the order of the events, on a task of their own; a panic is caught and logged (see
+    /// [`LifecycleHooks`](crate::consumer::LifecycleHooks)).
+    pub fn on_shards_assigned<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.spec.hooks = self.spec.hooks.on_shards_assigned(hook);
+        self
+    }
+
+    /// Called with revoked shards after their running handlers finished and their entries were
+    /// acknowledged, before REVOKED is reported: the next owner starts only after it returned.
+    pub fn on_shards_revoked<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.spec.hooks = self.spec.hooks.on_shards_revoked(hook);
+        self
+    }
+
+    /// Called with the shards lost when this member was fenced (or its lease ran out): their handlers
+    /// were aborted and nothing more of them is acknowledged.
+    pub fn on_fenced<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.spec.hooks = self.spec.hooks.on_fenced(hook);
+        self
+    }
+
     /// A handler of raw payload bytes.
     pub fn raw_handler<H: Handler<Vec<u8>>>(mut self, handler: H) -> Self {
         self.spec.handler = Some(HandlerSource::Ready(BoxedHandler::raw(handler)));

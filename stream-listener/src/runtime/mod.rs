@@ -24,7 +24,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::consumer::{BoxedHandler, Consumer, ConsumerConfig, ConsumerError};
+use crate::consumer::{
+    BoxedHandler, Consumer, ConsumerConfig, ConsumerError, LifecycleHooks, PauseHandle,
+};
 use crate::coordinator::metadata::GroupConfig;
 use crate::member::heartbeat::{MemberLoop, MemberStatus};
 use crate::member::lifecycle::OwnershipDeadline;
@@ -75,6 +77,14 @@ pub enum RuntimeError {
         /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
         stuck: Vec<String>,
     },
+    /// [`RunningRuntime::pause`] or [`RunningRuntime::resume`] got an id no listener of this runtime has.
+    #[error("no listener with id `{id}` in this runtime (listeners: {})", .known.join(", "))]
+    UnknownListener {
+        /// The id asked for.
+        id: String,
+        /// The ids this runtime has ([`RunningRuntime::listener_ids`]).
+        known: Vec<String>,
+    },
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
@@ -124,6 +134,7 @@ struct MemberPlan {
     handler: BoxedHandler,
     start_from: StartFrom,
     shard_count: Option<u32>,
+    hooks: LifecycleHooks,
 }
 
 /// The process-wide runtime. See the [module docs](self).
@@ -368,6 +379,7 @@ impl Runtime {
                     handler: handler.clone(),
                     start_from: spec.start_from,
                     shard_count: spec.shard_count,
+                    hooks: spec.hooks.clone(),
                 });
             }
         }
@@ -414,8 +426,10 @@ impl Runtime {
         let deadline = OwnershipDeadline::new();
         let consumer = Consumer::connect(client.clone(), consumer_config, plan.handler)
             .await?
-            .with_deadline(deadline.clone());
+            .with_deadline(deadline.clone())
+            .with_hooks(plan.hooks);
         let probe = consumer.probe();
+        let pause = consumer.pause_handle();
         let health_deadline = deadline.clone();
         let identity = MemberIdentity {
             member_id: plan.member_id.as_str().into(),
@@ -488,6 +502,7 @@ impl Runtime {
         Ok(RunningMember {
             member_id: plan.member_id,
             probe,
+            pause,
             lease: health_deadline,
             status,
             heartbeat_task,
@@ -501,6 +516,7 @@ impl Runtime {
 struct RunningMember {
     member_id: String,
     probe: crate::health::Probe,
+    pause: PauseHandle,
     lease: std::sync::Arc<OwnershipDeadline>,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
@@ -520,6 +536,42 @@ impl RunningRuntime {
     /// The memberIds this process runs, in start order.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.iter().map(|m| m.member_id.clone()).collect()
+    }
+
+    /// The ids [`pause`](Self::pause) and [`resume`](Self::resume) take: a listener's id is its member's
+    /// id (one per member, so `concurrency = 4` gives four), in start order.
+    pub fn listener_ids(&self) -> Vec<String> {
+        self.member_ids()
+    }
+
+    /// Pauses a listener (Kafka's `pause`): no new read starts within one poll (a running batch finishes,
+    /// the idle wait is interrupted); the member keeps heartbeating and keeps its shards. Entries keep
+    /// accumulating in the streams until [`resume`](Self::resume).
+    pub fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.pause_handle(id)?.pause();
+        Ok(())
+    }
+
+    /// Resumes a paused listener: reads start again where they stopped.
+    pub fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.pause_handle(id)?.resume();
+        Ok(())
+    }
+
+    /// Whether a listener is paused.
+    pub fn is_paused(&self, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.pause_handle(id)?.is_paused())
+    }
+
+    fn pause_handle(&self, id: &str) -> Result<&PauseHandle, RuntimeError> {
+        self.members
+            .iter()
+            .find(|m| m.member_id == id)
+            .map(|m| &m.pause)
+            .ok_or_else(|| RuntimeError::UnknownListener {
+                id: id.to_owned(),
+                known: self.member_ids(),
+            })
     }
 
     /// Readiness and liveness of every member: heartbeating, joined and not self-fenced, no shard in a

@@ -98,6 +98,8 @@ pub struct ListenerSpec {
     pub(crate) handler: Option<HandlerSource>,
     /// The listener's own states (a builder's), over the runtime's.
     pub(crate) states: States,
+    /// Lifecycle callbacks (a builder's; annotated listeners have none).
+    pub(crate) hooks: crate::consumer::LifecycleHooks,
 }
 
 /// A listener that cannot start, and why.
@@ -133,6 +135,7 @@ impl ListenerSpec {
             shard_count: None,
             handler: None,
             states: States::default(),
+            hooks: crate::consumer::LifecycleHooks::default(),
         }
     }
 

@@ -1,0 +1,705 @@
+//! Rule-named tests of the pure scheduler, and a property test over random input sequences.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+const FAR: Millis = Millis(1_000_000);
+const RECLAIM: u64 = 10_000;
+
+fn t(ms: u64) -> Millis {
+    Millis(ms)
+}
+
+fn starts(out: &[Output]) -> Vec<(JobId, u32, JobKind)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Start {
+                job, shard, kind, ..
+            } => Some((*job, *shard, *kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn start_of(out: &[Output], shard: u32) -> (JobId, JobKind) {
+    starts(out)
+        .into_iter()
+        .find(|s| s.1 == shard)
+        .map(|s| (s.0, s.2))
+        .unwrap_or_else(|| panic!("no job of shard {shard} in {out:?}"))
+}
+
+fn revoked(out: &[Output]) -> Vec<u32> {
+    out.iter()
+        .filter_map(|o| match o {
+            Output::Revoked { shard } => Some(*shard),
+            _ => None,
+        })
+        .collect()
+}
+
+fn wait_of(out: &[Output]) -> Option<(JobId, Vec<u32>)> {
+    out.iter().find_map(|o| match o {
+        Output::StartWait { job, shards } => Some((*job, shards.clone())),
+        _ => None,
+    })
+}
+
+type Running = Vec<(JobId, u32, JobKind)>;
+
+/// A scheduler owning `shards` until `deadline`, their first claims done (ended with data): returns it
+/// and the jobs running now (reads).
+fn claimed(workers: usize, shards: &[u32], deadline: Millis) -> (ShardScheduler, Running) {
+    let mut s = ShardScheduler::new(workers, RECLAIM);
+    let mut running = Vec::new();
+    for &shard in shards {
+        running.extend(starts(&s.assign(t(0), shard, 1, deadline)));
+    }
+    for _ in 0..shards.len() * 4 {
+        let Some(pos) = running.iter().position(|j| j.2 == JobKind::ClaimOwn) else {
+            break;
+        };
+        let (job, _, _) = running.remove(pos);
+        running.extend(starts(&s.job_ended(t(0), job, JobEnd::Data)));
+    }
+    assert!(running.iter().all(|j| j.2 == JobKind::Read), "{running:?}");
+    (s, running)
+}
+
+#[test]
+fn rule_an_assigned_shard_first_claims_its_own_pending_entries() {
+    let mut s = ShardScheduler::new(2, RECLAIM);
+    let out = s.assign(t(0), 3, 7, FAR);
+    assert_eq!(
+        out,
+        vec![Output::Start {
+            job: JobId(0),
+            shard: 3,
+            epoch: 7,
+            kind: JobKind::ClaimOwn
+        }]
+    );
+    let out = s.job_ended(t(1), JobId(0), JobEnd::Data);
+    assert_eq!(start_of(&out, 3).1, JobKind::Read);
+}
+
+#[test]
+fn rule_a_claim_with_more_pending_claims_again() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    let out = s.job_ended(t(1), job, JobEnd::Claiming);
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_no_more_jobs_than_workers() {
+    let mut s = ShardScheduler::new(2, RECLAIM);
+    let mut started = 0;
+    for shard in 0..5 {
+        started += starts(&s.assign(t(0), shard, 1, FAR)).len();
+    }
+    assert_eq!(started, 2);
+    assert_eq!(s.running(), 2);
+}
+
+#[test]
+fn rule_one_job_per_shard() {
+    let mut s = ShardScheduler::new(4, RECLAIM);
+    let out = s.assign(t(0), 0, 1, FAR);
+    let (job, _) = start_of(&out, 0);
+    // A new epoch for the same shard is no second job.
+    assert!(starts(&s.assign(t(1), 0, 2, FAR)).is_empty());
+    assert!(starts(&s.tick(t(2))).is_empty());
+    let out = s.job_ended(t(3), job, JobEnd::Data);
+    assert_eq!(
+        out,
+        vec![Output::Start {
+            job: JobId(1),
+            shard: 0,
+            epoch: 2,
+            kind: JobKind::Read
+        }]
+    );
+}
+
+#[test]
+fn rule_round_robin_visits_every_shard_before_repeating() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let mut order = Vec::new();
+    let mut current = start_of(&s.assign(t(0), 0, 1, FAR), 0).0;
+    order.push(0);
+    s.assign(t(0), 1, 1, FAR);
+    s.assign(t(0), 2, 1, FAR);
+    for _ in 0..8 {
+        let out = s.job_ended(t(1), current, JobEnd::Data);
+        let (job, shard, _) = starts(&out)[0];
+        order.push(shard);
+        current = job;
+    }
+    assert_eq!(order, vec![0, 1, 2, 0, 1, 2, 0, 1, 2]);
+}
+
+#[test]
+fn rule_no_job_starts_once_the_deadline_has_passed() {
+    let mut s = ShardScheduler::new(2, RECLAIM);
+    let out = s.assign(t(100), 0, 1, t(100));
+    assert!(starts(&out).is_empty(), "{out:?}");
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, t(100)), 0);
+    s.assign(t(0), 1, 1, t(100));
+    // The job ends after the deadline: shard 1 does not start.
+    let out = s.job_ended(t(150), job, JobEnd::Data);
+    assert!(starts(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn rule_a_renewed_lease_lets_jobs_start_again() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, t(100)), 0);
+    s.tick(t(100));
+    assert!(starts(&s.job_ended(t(101), job, JobEnd::Expired)).is_empty());
+    let out = s.lease_renewed(t(120), t(2_000));
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_after_a_deadline_lapse_a_shard_starts_from_its_own_pending_entries() {
+    let (mut s, running) = claimed(1, &[0], t(100));
+    // A read runs; the deadline lapses while it runs; the read ends well after the lease came back.
+    let (job, _, kind) = running[0];
+    assert_eq!(kind, JobKind::Read);
+    s.tick(t(100));
+    s.lease_renewed(t(110), FAR);
+    let out = s.job_ended(t(111), job, JobEnd::Data);
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_a_revoked_idle_shard_is_reported_at_once() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    s.assign(t(0), 0, 1, FAR);
+    s.assign(t(0), 1, 1, FAR);
+    // Shard 1 waits in the queue (one worker): revoked at once.
+    let out = s.revoke(t(1), 1);
+    assert_eq!(revoked(&out), vec![1]);
+    assert_eq!(s.owned(), BTreeSet::from([0]));
+}
+
+#[test]
+fn rule_a_revoked_running_shard_drains_then_reports() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    let out = s.revoke(t(1), 0);
+    assert!(revoked(&out).is_empty(), "{out:?}");
+    assert!(s.owned().is_empty());
+    let out = s.job_ended(t(2), job, JobEnd::Data);
+    assert_eq!(out, vec![Output::Revoked { shard: 0 }]);
+}
+
+#[test]
+fn rule_revoking_a_shard_not_owned_reports_it_at_once() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    assert_eq!(revoked(&s.revoke(t(0), 9)), vec![9]);
+}
+
+#[test]
+fn rule_an_assign_while_revoking_starts_over_after_the_report() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    s.revoke(t(1), 0);
+    assert!(starts(&s.assign(t(2), 0, 5, FAR)).is_empty());
+    let out = s.job_ended(t(3), job, JobEnd::Data);
+    assert_eq!(revoked(&out), vec![0]);
+    let (_, shard, kind) = starts(&out)[0];
+    assert_eq!((shard, kind), (0, JobKind::ClaimOwn));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Output::Start { epoch: 5, .. })));
+}
+
+#[test]
+fn rule_a_fence_aborts_everything_and_reports_nothing() {
+    let mut s = ShardScheduler::new(2, RECLAIM);
+    let (a, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    s.assign(t(0), 1, 1, FAR);
+    s.assign(t(0), 2, 1, FAR);
+    let out = s.fence(t(1));
+    assert_eq!(out, vec![Output::AbortAll]);
+    assert!(s.owned().is_empty());
+    let out = s.job_ended(t(2), a, JobEnd::Aborted);
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn rule_after_a_fence_a_regranted_shard_waits_for_its_old_job() {
+    let mut s = ShardScheduler::new(2, RECLAIM);
+    let (old, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    s.fence(t(1));
+    let out = s.assign(t(2), 0, 2, FAR);
+    assert!(starts(&out).is_empty(), "{out:?}");
+    let out = s.job_ended(t(3), old, JobEnd::Aborted);
+    let (_, kind) = start_of(&out, 0);
+    assert_eq!(kind, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_a_shard_in_retry_backoff_holds_no_worker() {
+    let (mut s, running) = claimed(1, &[0, 1], FAR);
+    let (job, shard, _) = running[0];
+    let out = s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
+    let (_, other, _) = starts(&out)[0];
+    assert_ne!(other, shard, "the worker serves the other shard");
+    assert_eq!(s.next_wake(), Some(t(500)));
+}
+
+#[test]
+fn rule_a_shard_in_backoff_retries_its_held_entries_when_the_backoff_ends() {
+    let (mut s, running) = claimed(2, &[0], FAR);
+    let (job, _, _) = running[0];
+    s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
+    assert!(starts(&s.tick(t(499))).is_empty());
+    let out = s.tick(t(500));
+    assert_eq!(start_of(&out, 0).1, JobKind::Retry);
+}
+
+#[test]
+fn rule_a_failed_read_backs_off_then_claims_its_own_pending() {
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let (job, _, _) = running[0];
+    let out = s.job_ended(t(2), job, JobEnd::Failed { retry_at: t(50) });
+    assert!(starts(&out).is_empty());
+    assert!(starts(&s.tick(t(49))).is_empty());
+    assert_eq!(start_of(&s.tick(t(50)), 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_an_aborted_job_claims_its_own_pending_next() {
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let (job, _, _) = running[0];
+    let out = s.job_ended(t(2), job, JobEnd::Aborted);
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_zombies_are_reclaimed_once_per_session_timeout() {
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let mut reclaims = Vec::new();
+    let mut job = running[0].0;
+    for now in (2..35_000).step_by(1_000) {
+        let out = s.job_ended(t(now), job, JobEnd::Data);
+        let (next, kind) = start_of(&out, 0);
+        if kind == JobKind::ReclaimZombies {
+            reclaims.push(now);
+        }
+        job = next;
+    }
+    assert_eq!(reclaims, vec![10_002, 20_002, 30_002]);
+}
+
+#[test]
+fn rule_paused_starts_nothing_and_keeps_the_shards() {
+    let (mut s, running) = claimed(2, &[0, 1], FAR);
+    s.pause(t(1));
+    // Running jobs finish; nothing new starts.
+    for (job, _, _) in running {
+        assert!(starts(&s.job_ended(t(2), job, JobEnd::Data)).is_empty());
+    }
+    assert!(starts(&s.tick(t(2))).is_empty());
+    assert!(starts(&s.assign(t(3), 2, 1, FAR)).is_empty());
+    assert_eq!(s.owned(), BTreeSet::from([0, 1, 2]));
+    // Revocations are still served.
+    assert_eq!(revoked(&s.revoke(t(4), 1)), vec![1]);
+}
+
+#[test]
+fn rule_resume_restarts_reads() {
+    let (mut s, running) = claimed(2, &[0, 1], FAR);
+    s.pause(t(1));
+    for (job, _, _) in running {
+        s.job_ended(t(2), job, JobEnd::Data);
+    }
+    assert_eq!(s.running(), 0);
+    let out = s.resume(t(2));
+    assert_eq!(starts(&out).len(), 2, "{out:?}");
+}
+
+/// Shards 0 and 1, one rotation of empty reads: the idle wait.
+fn idle(workers: usize) -> (ShardScheduler, JobId) {
+    idle_until(workers, FAR)
+}
+
+/// Ends every read empty until one idle wait holds every shard.
+fn idle_until(workers: usize, deadline: Millis) -> (ShardScheduler, JobId) {
+    let (mut s, mut running) = claimed(workers, &[0, 1], deadline);
+    let mut wait: Option<(JobId, Vec<u32>)> = None;
+    for _ in 0..12 {
+        if let Some((job, shards)) = &wait {
+            if shards.len() == 2 {
+                return (s, *job);
+            }
+        }
+        let out = if let Some((job, _, _)) = running.pop() {
+            s.job_ended(t(1), job, JobEnd::Empty)
+        } else if let Some((job, _)) = wait.take() {
+            s.wait_ended(t(1), job, &[], false)
+        } else {
+            panic!("nothing runs");
+        };
+        running.extend(starts(&out));
+        if let Some(started) = wait_of(&out) {
+            wait = Some(started);
+        }
+        if out
+            .iter()
+            .any(|o| matches!(o, Output::InterruptWait { .. }))
+        {
+            let (job, _) = wait.take().unwrap();
+            let out = s.wait_ended(t(1), job, &[], false);
+            running.extend(starts(&out));
+            wait = wait_of(&out);
+        }
+    }
+    panic!("no idle wait over both shards");
+}
+
+#[test]
+fn rule_a_rotation_of_empty_reads_starts_one_idle_wait() {
+    let (s, _) = idle(1);
+    assert_eq!(s.running(), 1);
+    let (s, _) = idle(2);
+    assert_eq!(s.running(), 1, "one wait holds both idle shards");
+    let (s, _) = idle(3);
+    assert_eq!(s.running(), 1);
+}
+
+#[test]
+fn rule_the_idle_wait_wakes_shards_with_their_entries_first() {
+    let (mut s, wait) = idle(2);
+    let out = s.wait_ended(t(5), wait, &[1], false);
+    assert_eq!(start_of(&out, 1).1, JobKind::Retry);
+    assert_eq!(start_of(&out, 0).1, JobKind::Read);
+}
+
+#[test]
+fn rule_the_idle_wait_never_takes_the_last_worker_a_held_shard_needs() {
+    let (mut s, running) = claimed(1, &[0, 1], FAR);
+    // Shard 0 ends with held entries due at once (a moved key), shard 1 finds nothing.
+    let (job, shard, _) = running[0];
+    let out = s.job_ended(t(1), job, JobEnd::Held { retry_at: t(1) });
+    let mut running = starts(&out);
+    let mut held_ran = false;
+    for _ in 0..4 {
+        let Some((job, sh, kind)) = running.pop() else {
+            break;
+        };
+        if sh == shard && kind == JobKind::Retry {
+            held_ran = true;
+            break;
+        }
+        let out = s.job_ended(t(1), job, JobEnd::Empty);
+        assert!(
+            wait_of(&out).is_none(),
+            "the wait took the last worker: {out:?}"
+        );
+        running = starts(&out);
+    }
+    assert!(held_ran);
+}
+
+#[test]
+fn rule_an_assignment_interrupts_the_idle_wait() {
+    let (mut s, wait) = idle(2);
+    let out = s.assign(t(2), 5, 1, FAR);
+    assert!(
+        out.contains(&Output::InterruptWait { job: wait }),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn rule_pause_interrupts_the_idle_wait() {
+    let (mut s, wait) = idle(2);
+    assert_eq!(s.pause(t(2)), vec![Output::InterruptWait { job: wait }]);
+    assert!(starts(&s.wait_ended(t(3), wait, &[], false)).is_empty());
+}
+
+#[test]
+fn rule_revoking_a_waited_shard_interrupts_the_wait_and_reports_after_it() {
+    let (mut s, wait) = idle(2);
+    let out = s.revoke(t(2), 0);
+    assert_eq!(out, vec![Output::InterruptWait { job: wait }]);
+    let out = s.wait_ended(t(3), wait, &[0], false);
+    assert_eq!(revoked(&out), vec![0]);
+}
+
+#[test]
+fn rule_a_deadline_lapse_interrupts_the_idle_wait() {
+    let (mut s, wait) = idle_until(2, t(100));
+    assert!(s
+        .tick(t(100))
+        .contains(&Output::InterruptWait { job: wait }));
+    // Back from the wait, both shards claim their own pending entries first, once the lease is back.
+    assert!(starts(&s.wait_ended(t(101), wait, &[], false)).is_empty());
+    let out = s.lease_renewed(t(102), FAR);
+    assert!(
+        starts(&out).iter().all(|j| j.2 == JobKind::ClaimOwn) && starts(&out).len() == 2,
+        "{out:?}"
+    );
+}
+
+#[test]
+fn rule_shutdown_starts_nothing_and_stops_when_jobs_ended() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, FAR), 0);
+    s.assign(t(0), 1, 1, FAR);
+    assert!(s.shutdown(t(1)).is_empty());
+    assert_eq!(s.job_ended(t(2), job, JobEnd::Data), vec![Output::Stopped]);
+    let mut idle = ShardScheduler::new(1, RECLAIM);
+    assert_eq!(idle.shutdown(t(0)), vec![Output::Stopped]);
+}
+
+#[test]
+fn rule_next_wake_is_the_earliest_backoff_or_the_deadline() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    assert_eq!(s.next_wake(), None);
+    let (job, _) = start_of(&s.assign(t(0), 0, 1, t(900)), 0);
+    assert_eq!(s.next_wake(), Some(t(900)));
+    s.job_ended(t(1), job, JobEnd::Failed { retry_at: t(40) });
+    assert_eq!(s.next_wake(), Some(t(40)));
+}
+
+// ---- property test --------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Op {
+    Assign(u32, i64),
+    Revoke(u32),
+    Fence,
+    Renew(u64),
+    End(usize, u8, u64),
+    Tick(u64),
+    Pause,
+    Resume,
+    Shutdown,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        80 => (0u32..6, 1i64..4).prop_map(|(s, e)| Op::Assign(s, e)),
+        40 => (0u32..6).prop_map(Op::Revoke),
+        15 => Just(Op::Fence),
+        40 => (0u64..3_000).prop_map(Op::Renew),
+        160 => (0usize..8, 0u8..7, 0u64..500).prop_map(|(i, k, d)| Op::End(i, k, d)),
+        60 => (0u64..700).prop_map(Op::Tick),
+        15 => Just(Op::Pause),
+        20 => Just(Op::Resume),
+        1 => Just(Op::Shutdown),
+    ]
+}
+
+/// What the outputs say, checked against every rule that can be checked from outside.
+#[derive(Default)]
+struct Model {
+    now: u64,
+    deadline: u64,
+    workers: usize,
+    paused: bool,
+    closing: bool,
+    /// Running jobs: id -> (shards, is_wait).
+    running: BTreeMap<JobId, (Vec<u32>, bool)>,
+    /// Shards revoked and not reported yet.
+    revoking: BTreeSet<u32>,
+    /// Owned shards and their epoch (the latest assignment).
+    owned: BTreeMap<u32, i64>,
+    /// Backoff ends per shard.
+    retry_at: BTreeMap<u32, u64>,
+    /// Jobs of an ownership that ended (revoked or fenced): their end says nothing about the shard now.
+    stale: BTreeSet<JobId>,
+}
+
+impl Model {
+    fn staled(&mut self, shard: Option<u32>) {
+        for (job, (shards, _)) in &self.running {
+            if shard.is_none_or(|s| shards.contains(&s)) {
+                self.stale.insert(*job);
+            }
+        }
+    }
+}
+
+impl Model {
+    fn check(&mut self, out: &[Output]) -> Result<(), TestCaseError> {
+        for o in out {
+            match o {
+                Output::Start {
+                    job, shard, epoch, ..
+                } => {
+                    prop_assert!(
+                        !self.paused && !self.closing,
+                        "started while paused/closing"
+                    );
+                    prop_assert!(self.now < self.deadline, "started past the deadline");
+                    prop_assert_eq!(
+                        self.owned.get(shard),
+                        Some(epoch),
+                        "not owned / stale epoch"
+                    );
+                    prop_assert!(
+                        self.retry_at.get(shard).is_none_or(|at| *at <= self.now),
+                        "started in backoff"
+                    );
+                    prop_assert!(
+                        !self.running.values().any(|(s, _)| s.contains(shard)),
+                        "two jobs of shard {}",
+                        shard
+                    );
+                    self.running.insert(*job, (vec![*shard], false));
+                }
+                Output::StartWait { job, shards } => {
+                    prop_assert!(!self.paused && !self.closing && self.now < self.deadline);
+                    for shard in shards {
+                        prop_assert!(self.owned.contains_key(shard));
+                        prop_assert!(!self.running.values().any(|(s, _)| s.contains(shard)));
+                    }
+                    self.running.insert(*job, (shards.clone(), true));
+                }
+                Output::Revoked { shard } => {
+                    prop_assert!(self.revoking.remove(shard), "REVOKED {} not asked", shard);
+                    prop_assert!(
+                        !self.running.values().any(|(s, _)| s.contains(shard)),
+                        "REVOKED {} while its job runs",
+                        shard
+                    );
+                }
+                Output::InterruptWait { job } => {
+                    prop_assert!(self.running.get(job).is_some_and(|(_, w)| *w));
+                }
+                Output::AbortAll | Output::Stopped => {}
+            }
+        }
+        prop_assert!(self.running.len() <= self.workers, "more jobs than workers");
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #[test]
+    fn random_inputs_keep_every_invariant(workers in 1usize..4, ops in proptest::collection::vec(op(), 1..120)) {
+        let mut s = ShardScheduler::new(workers, 1_000);
+        let mut m = Model { workers, ..Model::default() };
+        for op in ops {
+            let out = match op {
+                Op::Assign(shard, epoch) => {
+                    let deadline = m.now + 2_000;
+                    m.deadline = m.deadline.max(deadline);
+                    if m.revoking.contains(&shard) {
+                        // Served after the REVOKED report: the model learns the epoch then.
+                        let out = s.assign(t(m.now), shard, epoch, t(deadline));
+                        m.check(&out)?;
+                        m.owned.insert(shard, epoch);
+                        continue;
+                    }
+                    m.owned.insert(shard, epoch);
+                    m.retry_at.remove(&shard);
+                    s.assign(t(m.now), shard, epoch, t(deadline))
+                }
+                Op::Revoke(shard) => {
+                    m.staled(Some(shard));
+                    m.owned.remove(&shard);
+                    m.retry_at.remove(&shard);
+                    m.revoking.insert(shard);
+                    s.revoke(t(m.now), shard)
+                }
+                Op::Fence => {
+                    m.staled(None);
+                    m.owned.clear();
+                    m.revoking.clear();
+                    m.retry_at.clear();
+                    m.deadline = m.now;
+                    s.fence(t(m.now))
+                }
+                Op::Renew(d) => {
+                    m.deadline = m.deadline.max(m.now + d);
+                    s.lease_renewed(t(m.now), t(m.now + d))
+                }
+                Op::End(index, kind, d) => {
+                    let Some((&job, (shards, wait))) = m.running.iter().nth(index % m.running.len().max(1)) else {
+                        continue;
+                    };
+                    let (shards, wait) = (shards.clone(), *wait);
+                    m.running.remove(&job);
+                    let stale = m.stale.remove(&job);
+                    if wait {
+                        let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32) % 2 == 0).collect();
+                        s.wait_ended(t(m.now), job, &woke, kind == 6)
+                    } else {
+                        let end = match kind {
+                            0 => JobEnd::Data,
+                            1 => JobEnd::Empty,
+                            2 => JobEnd::Claiming,
+                            3 => JobEnd::Held { retry_at: t(m.now + d) },
+                            4 => JobEnd::Failed { retry_at: t(m.now + d) },
+                            5 => JobEnd::Expired,
+                            _ => JobEnd::Aborted,
+                        };
+                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                            m.retry_at.insert(shards[0], retry_at.0);
+                        }
+                        s.job_ended(t(m.now), job, end)
+                    }
+                }
+                Op::Tick(d) => {
+                    m.now += d;
+                    s.tick(t(m.now))
+                }
+                Op::Pause => {
+                    m.paused = true;
+                    s.pause(t(m.now))
+                }
+                Op::Resume => {
+                    m.paused = false;
+                    s.resume(t(m.now))
+                }
+                Op::Shutdown => {
+                    m.closing = true;
+                    s.shutdown(t(m.now))
+                }
+            };
+            m.check(&out)?;
+            prop_assert_eq!(s.running(), m.running.len());
+        }
+        // Liveness: with the lease renewed, not paused, every job ending with data, every owned shard runs
+        // again within a bounded number of steps (no starvation, nothing stuck in backoff).
+        if m.closing {
+            return Ok(());
+        }
+        m.paused = false;
+        m.now += 1_000;
+        m.deadline = m.now + 1_000_000;
+        m.retry_at.clear();
+        let mut out = s.resume(t(m.now));
+        out.extend(s.lease_renewed(t(m.now), t(m.deadline)));
+        out.extend(s.tick(t(m.now)));
+        m.check(&out)?;
+        let mut seen = BTreeSet::new();
+        for _ in 0..(m.owned.len() + m.revoking.len() + 8) * 4 {
+            let Some((&job, (shards, wait))) = m.running.iter().next() else { break };
+            let (shards, wait) = (shards.clone(), *wait);
+            m.running.remove(&job);
+            seen.extend(shards.iter().copied());
+            let out = if wait {
+                s.wait_ended(t(m.now), job, &shards, false)
+            } else {
+                s.job_ended(t(m.now), job, JobEnd::Data)
+            };
+            m.check(&out)?;
+        }
+        let owned: BTreeSet<u32> = m.owned.keys().copied().collect();
+        prop_assert!(owned.is_subset(&seen), "starved: owned {:?}, ran {:?}", owned, seen);
+        prop_assert!(m.revoking.is_empty(), "never reported REVOKED: {:?}", m.revoking);
+    }
+}

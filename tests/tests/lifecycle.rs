@@ -1,0 +1,383 @@
+//! The user's lifecycle hooks and pause / resume, against real Redis: hooks in order across a rebalance
+//! (a shard's next owner hears of it only after the last owner's revoked hook returned), `on_fenced` when
+//! an operator fences the member, a panicking hook that does not stop the member, pause within one poll
+//! while entries keep arriving, resume handling everything, and an unknown id refused by name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::coordinator::AdminCommand;
+use stream_listener::member::session::Phase;
+use stream_listener::store::GroupStore;
+use stream_listener::topology::Topology;
+use stream_listener::{ConsumerBuilder, Message, Producer, Runtime, RuntimeError};
+use stream_listener_test_support::RedisServer;
+use tokio::time::Instant;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 1_500,
+    rebalance_timeout_ms: 3_000,
+};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    key: String,
+    seq: u32,
+}
+
+async fn connect(url: &str) -> ConnectionManager {
+    ConnectionManager::new(redis::Client::open(url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn produce(url: &str, stream: &str, shards: u32, from: u32, count: u32) {
+    let mut conn = connect(url).await;
+    Topology::ensure(&mut conn, stream, shards).await.unwrap();
+    let producer = Producer::new(conn, stream).await.unwrap();
+    let batch: Vec<(String, Order)> = (from..from + count)
+        .map(|seq| {
+            let key = format!("k{}", seq % 16);
+            (key.clone(), Order { key, seq })
+        })
+        .collect();
+    producer.send_batch(&batch).await.unwrap();
+}
+
+async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One hook call: (global sequence, member, event, shards).
+type Event = (usize, &'static str, &'static str, Vec<u32>);
+
+#[derive(Clone, Default)]
+struct Journal {
+    events: Arc<Mutex<Vec<Event>>>,
+    seq: Arc<AtomicUsize>,
+}
+
+impl Journal {
+    fn push(&self, member: &'static str, event: &'static str, shards: Vec<u32>) {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.events
+            .lock()
+            .unwrap()
+            .push((seq, member, event, shards));
+    }
+
+    fn events(&self) -> Vec<Event> {
+        let mut events = self.events.lock().unwrap().clone();
+        events.sort_by_key(|e| e.0);
+        events
+    }
+
+    /// Shards `member` owns according to its hooks.
+    fn owned(&self, member: &str) -> BTreeSet<u32> {
+        let mut owned = BTreeSet::new();
+        for (_, m, event, shards) in self.events() {
+            if m != member {
+                continue;
+            }
+            for shard in shards {
+                match event {
+                    "assigned" => {
+                        owned.insert(shard);
+                    }
+                    _ => {
+                        owned.remove(&shard);
+                    }
+                }
+            }
+        }
+        owned
+    }
+
+    fn hooked(&self, builder: ConsumerBuilder, member: &'static str) -> ConsumerBuilder {
+        let (a, r, f) = (self.clone(), self.clone(), self.clone());
+        builder
+            .on_shards_assigned(move |shards| {
+                let journal = a.clone();
+                async move { journal.push(member, "assigned", shards) }
+            })
+            .on_shards_revoked(move |shards| {
+                let journal = r.clone();
+                async move {
+                    // A slow hook: the next owner must still hear of the shard only after it returned.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    journal.push(member, "revoked", shards)
+                }
+            })
+            .on_fenced(move |shards| {
+                let journal = f.clone();
+                async move { journal.push(member, "fenced", shards) }
+            })
+    }
+}
+
+fn member(stream: &str, id: &str, seen: Arc<Mutex<BTreeSet<u32>>>) -> ConsumerBuilder {
+    ConsumerBuilder::new(stream, "g")
+        .member_id(id)
+        .runtime_max_concurrency(2)
+        .batch_size(10)
+        .handler(move |msg: Message<Order>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().insert(msg.payload.seq);
+                Ok::<(), String>(())
+            }
+        })
+}
+
+async fn start(url: &str, builder: ConsumerBuilder) -> stream_listener::RunningRuntime {
+    Runtime::new(url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .default_shard_count(4)
+        .consumer(builder)
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_are_called_in_order_across_a_rebalance() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "hooked", 4, 0, 200).await;
+    let journal = Journal::default();
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let a = start(
+        &url,
+        journal.hooked(member("hooked", "a", seen.clone()), "a"),
+    )
+    .await;
+    let all: BTreeSet<u32> = (0..4).collect();
+    wait_until("a owns every shard", Duration::from_secs(20), || {
+        journal.owned("a") == all
+    })
+    .await;
+    let b = start(
+        &url,
+        journal.hooked(member("hooked", "b", seen.clone()), "b"),
+    )
+    .await;
+    wait_until("b owns two shards", Duration::from_secs(20), || {
+        journal.owned("b").len() == 2 && journal.owned("a").len() == 2
+    })
+    .await;
+    // b leaves: its shards go back to a.
+    b.stop().await.unwrap();
+    wait_until("a owns every shard again", Duration::from_secs(20), || {
+        journal.owned("a") == all && journal.owned("b").is_empty()
+    })
+    .await;
+    produce(&url, "hooked", 4, 200, 100).await;
+    wait_until("every order handled", Duration::from_secs(20), || {
+        seen.lock().unwrap().len() == 300
+    })
+    .await;
+    a.stop().await.unwrap();
+
+    let events = journal.events();
+    // Per member and shard: assigned, revoked, assigned, ... and never fenced here.
+    let mut state: BTreeMap<(&str, u32), bool> = BTreeMap::new();
+    // Per shard, who owns it according to the hooks: a next owner's `assigned` comes after the last
+    // owner's `revoked`.
+    let mut owner: BTreeMap<u32, &str> = BTreeMap::new();
+    for (seq, member, event, shards) in &events {
+        assert_ne!(*event, "fenced", "nobody was fenced: {events:?}");
+        for shard in shards {
+            let owned = state.entry((*member, *shard)).or_insert(false);
+            match *event {
+                "assigned" => {
+                    assert!(
+                        !*owned,
+                        "#{seq}: {member} assigned {shard} twice: {events:?}"
+                    );
+                    *owned = true;
+                    if let Some(other) = owner.insert(*shard, member) {
+                        panic!("#{seq}: {member} assigned {shard} while {other} had not revoked it: {events:?}");
+                    }
+                }
+                _ => {
+                    assert!(
+                        *owned,
+                        "#{seq}: {member} revoked {shard} it did not own: {events:?}"
+                    );
+                    *owned = false;
+                    assert_eq!(owner.remove(shard), Some(*member), "{events:?}");
+                }
+            }
+        }
+    }
+    // a revoked what b got, and b's leave gave it back: at least a, b, a for two shards.
+    let moved: Vec<&Event> = events.iter().filter(|e| e.2 == "revoked").collect();
+    assert!(moved.len() >= 2, "{events:?}");
+    assert!(
+        owner.values().all(|m| *m == "a") || owner.is_empty(),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does_not_stop_it() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "fenced", 4, 0, 50).await;
+    let journal = Journal::default();
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let panics = Arc::new(AtomicUsize::new(0));
+    let counter = panics.clone();
+    let builder = journal
+        .hooked(member("fenced", "solo", seen.clone()), "solo")
+        // Replaces the journal's assigned hook: records, then panics the first time.
+        .on_shards_assigned({
+            let journal = journal.clone();
+            move |shards| {
+                let journal = journal.clone();
+                let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    journal.push("solo", "assigned", shards);
+                    if first {
+                        panic!("a hook that panics");
+                    }
+                }
+            }
+        });
+    let runtime = start(&url, builder).await;
+    let all: BTreeSet<u32> = (0..4).collect();
+    wait_until("solo owns every shard", Duration::from_secs(20), || {
+        journal.owned("solo") == all
+    })
+    .await;
+    wait_until(
+        "the first orders handled after the panic",
+        Duration::from_secs(20),
+        || seen.lock().unwrap().len() == 50,
+    )
+    .await;
+    let mut store = GroupStore::new(connect(&url).await, "fenced", "g", 4, TIMING).unwrap();
+    store
+        .command(AdminCommand::FenceMember("solo".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    wait_until("on_fenced called", Duration::from_secs(20), || {
+        journal.events().iter().any(|e| e.2 == "fenced")
+    })
+    .await;
+    let events = journal.events();
+    let fenced = events.iter().find(|e| e.2 == "fenced").unwrap();
+    assert_eq!(
+        fenced.3.iter().copied().collect::<BTreeSet<_>>(),
+        all,
+        "the fence lost every shard: {events:?}"
+    );
+    // It rejoins (after the fenced hold) and is told again; later entries are handled.
+    wait_until(
+        "solo assigned again after the fence",
+        Duration::from_secs(20),
+        || {
+            journal
+                .events()
+                .iter()
+                .any(|e| e.0 > fenced.0 && e.2 == "assigned")
+        },
+    )
+    .await;
+    produce(&url, "fenced", 4, 50, 50).await;
+    wait_until("every order handled", Duration::from_secs(20), || {
+        seen.lock().unwrap().len() == 100
+    })
+    .await;
+    assert!(
+        panics.load(Ordering::SeqCst) >= 2,
+        "the hook was called again after its panic"
+    );
+    runtime.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_stops_handling_within_one_poll_and_resume_handles_everything() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "paused", 4, 0, 100).await;
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let runtime = start(&url, member("paused", "solo", seen.clone())).await;
+    assert_eq!(runtime.listener_ids(), ["solo"]);
+    wait_until("the first orders handled", Duration::from_secs(20), || {
+        seen.lock().unwrap().len() == 100
+    })
+    .await;
+    runtime.pause("solo").unwrap();
+    assert!(runtime.is_paused("solo").unwrap());
+    let at_pause = seen.lock().unwrap().len();
+    // Entries keep arriving while paused, in several rounds.
+    for round in 0..5 {
+        produce(&url, "paused", 4, 100 + round * 20, 20).await;
+    }
+    // Within one poll: at most the batches already running (2 workers x 10) may still finish.
+    let watch_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watch_until {
+        let handled = seen.lock().unwrap().len();
+        assert!(
+            handled <= at_pause + 20,
+            "paused, yet {} handled",
+            handled - at_pause
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Paused, not gone: it kept heartbeating and its shards.
+    let (_, status) = runtime.statuses().remove(0);
+    assert_eq!(status.phase, Phase::Member);
+    assert_eq!(status.owned.len(), 4, "{status:?}");
+    assert!(
+        runtime
+            .health()
+            .members
+            .iter()
+            .all(|m| m.heartbeating && m.joined),
+        "{:?}",
+        runtime.health()
+    );
+    runtime.resume("solo").unwrap();
+    assert!(!runtime.is_paused("solo").unwrap());
+    wait_until(
+        "every order handled after resume",
+        Duration::from_secs(20),
+        || seen.lock().unwrap().len() == 200,
+    )
+    .await;
+    runtime.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_of_an_unknown_listener_id_is_an_error_naming_it() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let runtime = start(&url, member("unknown", "solo", seen)).await;
+    for result in [runtime.pause("nope"), runtime.resume("nope")] {
+        let error = result.unwrap_err();
+        assert!(
+            matches!(&error, RuntimeError::UnknownListener { id, known } if id == "nope" && known == &["solo"]),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("`nope`") && text.contains("solo"), "{text}");
+    }
+    assert!(runtime.is_paused("nope").is_err());
+    assert!(!runtime.is_paused("solo").unwrap());
+    runtime.stop().await.unwrap();
+}
