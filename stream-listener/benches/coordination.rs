@@ -33,7 +33,7 @@ use stream_listener::coordinator::projection::{GroupProjection, GroupState};
 use stream_listener::coordinator::wire::{HeartbeatResponse, HeartbeatStatus};
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
-use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
+use stream_listener::member::session::{MemberIdentity, MemberSession};
 use stream_listener::store::GroupStore;
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, watch};
