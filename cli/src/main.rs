@@ -134,6 +134,9 @@ enum Command {
         /// Show expired and fenced tombstones too.
         #[arg(long)]
         all: bool,
+        /// JSON Lines: one `status --json` object per refresh.
+        #[command(flatten)]
+        output: Output,
     },
     /// The newest audit events of a group, oldest first.
     Audit {
@@ -327,6 +330,7 @@ async fn run(cli: Cli) -> Result<String, CliError> {
             interval_ms,
             iterations,
             all,
+            output,
         } => {
             commands::watch::run(
                 &mut ctx,
@@ -335,6 +339,7 @@ async fn run(cli: Cli) -> Result<String, CliError> {
                 std::time::Duration::from_millis(interval_ms),
                 iterations,
                 all,
+                output.json,
             )
             .await
         }

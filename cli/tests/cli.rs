@@ -1567,7 +1567,7 @@ async fn bulk_changes_ask_on_a_terminal() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_on_reshard_rollback_replay_and_purge() {
+async fn json_on_reshard_rollback_replay_purge_and_watch() {
     let mut f = Fixture::start().await;
     let url = f.url();
     let json = |out: String| -> serde_json::Value { serde_json::from_str(&out).expect(&out) };
@@ -1715,4 +1715,30 @@ async fn json_on_reshard_rollback_replay_and_purge() {
     );
     assert_eq!(nothing["deleted"], 0, "{nothing}");
     assert_eq!(f.xlen(&dlq).await, 0);
+
+    // watch --json: JSON Lines, one status object per refresh.
+    let frames = cli(
+        &url,
+        &[
+            "watch",
+            "--stream",
+            STREAM,
+            "--group",
+            GROUP,
+            "--iterations",
+            "2",
+            "--interval-ms",
+            "100",
+            "--json",
+        ],
+    )
+    .ok();
+    let lines: Vec<&str> = frames.lines().collect();
+    assert_eq!(lines.len(), 2, "{frames}");
+    for line in lines {
+        let frame = json(line.to_owned());
+        assert_eq!(frame["stream"], STREAM);
+        assert_eq!(frame["group"], GROUP);
+        assert!(frame["shards"].is_array(), "{frame}");
+    }
 }

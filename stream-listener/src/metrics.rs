@@ -18,7 +18,7 @@
 //! | `stream_listener_self_fences_total` | counter | `stream`, `group`, `member` | the member stopped reading because its lease could not be renewed in time |
 //! | `stream_listener_rebalances_total` | counter | `stream`, `group`, `member` | rebalances the member saw complete (the group went from ASSIGNING or RECONCILING back to STABLE) |
 //! | `stream_listener_rebalance_duration_seconds` | histogram | `stream`, `group`, `member` | from the first heartbeat that saw the group unsettled to the first that saw it STABLE |
-//! | `stream_listener_shard_lag`, `stream_listener_shard_pending` | gauge | `stream`, `group`, `shard` | entries not yet read by the group (lag, from `XINFO GROUPS`; left as it was when Redis cannot tell) and delivered but not acknowledged; sampled by the owner every 5 heartbeat intervals with one pipeline of `XINFO GROUPS` per member, 0 once the shard is given up |
+//! | `stream_listener_shard_lag`, `stream_listener_shard_pending` | gauge | `stream`, `group`, `shard` | entries not yet read by the group (lag, from `XINFO GROUPS`; left as it was when Redis cannot tell) and delivered but not acknowledged; sampled by the owner every 10 heartbeat intervals with one pipeline of `XINFO GROUPS` per member, 0 once the shard is given up |
 //! | `stream_listener_stale_writes_total` | counter | `stream`, `group` | entries a producer routed with a topology older than the last resize and wrote after its cut (possible order violations, see ARCHITECTURE.md) |
 //!
 //! With the cargo feature `prometheus`, `install_prometheus` installs a Prometheus recorder that serves

@@ -139,6 +139,10 @@ async fn probes_flip_with_health_and_metrics_are_served() {
     let body = wait_for(addr, "/readyz", 503).await;
     assert!(body.contains("joined=false"), "{body}");
     assert_eq!(get(addr, "/livez").await.0, 200);
+
+    // Redis back (empty): the member rejoins and is ready again.
+    redis.restart();
+    wait_for(addr, "/readyz", 200).await;
     drop(server);
     let _ = runtime.stop().await;
 }

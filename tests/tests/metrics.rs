@@ -98,7 +98,7 @@ async fn a_known_workload_shows_up_in_the_recorder() {
                 }
             })
     };
-    let consumer = builder("solo", policy.clone());
+    let consumer = builder("solo", policy);
     let runtime = Runtime::new(&url)
         .without_annotated_listeners()
         .group_config(TIMING)

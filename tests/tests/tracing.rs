@@ -110,7 +110,7 @@ fn events() -> Vec<Captured> {
 async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_quiet() {
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
         .expect("the only subscriber of this test binary");
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start();
     let url = redis.url();
     let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
         .await
@@ -136,6 +136,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
     let runtime = Runtime::new(&url)
         .without_annotated_listeners()
         .group_config(TIMING)
+        .shutdown_timeout(Duration::from_secs(2))
         .consumer(consumer)
         .start()
         .await
@@ -226,6 +227,40 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
     let changes = info("assignment changed");
     assert_eq!(changes[1].fields.0["revoked"], "[0, 1]", "{changes:#?}");
     assert_eq!(changes[2].fields.0["assigned"], "[0, 1]", "{changes:#?}");
+
+    // Redis goes away and comes back: failed heartbeats are WARNs, the first one through again an INFO.
+    redis.kill();
+    let start = Instant::now();
+    while !events().iter().any(|e| {
+        e.level == Level::WARN
+            && e.fields
+                .0
+                .get("message")
+                .is_some_and(|m| m.starts_with("heartbeat"))
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no failed heartbeat"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.restart();
+    let start = Instant::now();
+    let recovered = loop {
+        if let Some(e) = info("heartbeat recovered").pop() {
+            break e;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no recovery: {:#?}",
+            events()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        recovered.fields.0["failures"].parse::<u32>().unwrap() >= 1,
+        "{recovered:#?}"
+    );
 
     runtime.shutdown().await;
 

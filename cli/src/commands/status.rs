@@ -90,6 +90,11 @@ pub async fn run(
 /// `totalLag`, `totalPending`, `hiddenTombstones`, and per shard `streamKey`, `length`, `lag`, `pending`,
 /// `lastDeliveredId`, `entriesRead`.
 fn to_json(snapshot: &GroupSnapshot, all: bool) -> String {
+    json_text(&json_value(snapshot, all))
+}
+
+/// `status --json`'s value (also one line of `watch --json`).
+pub(crate) fn json_value(snapshot: &GroupSnapshot, all: bool) -> serde_json::Value {
     let mut view = snapshot.view.clone();
     let before = view.members.len();
     view.members.retain(|m| all || !is_tombstone(m));
@@ -117,7 +122,7 @@ fn to_json(snapshot: &GroupSnapshot, all: bool) -> String {
         object.insert("totalPending".into(), snapshot.total_pending().into());
         object.insert("hiddenTombstones".into(), hidden.into());
     }
-    json_text(&value)
+    value
 }
 
 pub(crate) fn resharding(resharding: Option<&Resharding>) -> String {

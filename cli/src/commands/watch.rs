@@ -26,20 +26,28 @@ pub async fn run(
     interval: Duration,
     iterations: Option<u64>,
     all: bool,
+    json: bool,
 ) -> Result<String, CliError> {
-    let terminal = std::io::stdout().is_terminal();
+    // JSON Lines: one `status --json` object per refresh, never a screen clear.
+    let terminal = !json && std::io::stdout().is_terminal();
     let mut previous: Option<GroupSnapshot> = None;
     let mut frame = 0u64;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
         let snapshot = GroupSnapshot::read(ctx, stream, group).await?;
-        let text = render(&snapshot, previous.as_ref(), interval, all);
+        let text = if json {
+            let mut line = super::status::json_value(&snapshot, all).to_string();
+            line.push('\n');
+            line
+        } else {
+            render(&snapshot, previous.as_ref(), interval, all)
+        };
         {
             let mut stdout = std::io::stdout().lock();
             let written = if terminal {
                 write!(stdout, "{CLEAR}{text}")
-            } else if frame == 0 {
+            } else if frame == 0 || json {
                 write!(stdout, "{text}")
             } else {
                 write!(stdout, "\n{text}")

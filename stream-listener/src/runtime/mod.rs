@@ -474,7 +474,7 @@ impl Runtime {
                 plan.member_id.clone(),
                 Some(crate::metrics::ShardSampler {
                     conn: sampler_conn,
-                    every: interval * 5,
+                    every: interval * 10,
                 }),
             )
             .instrument(span.clone()),
