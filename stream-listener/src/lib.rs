@@ -41,6 +41,7 @@
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
 
+pub mod connection;
 pub mod consumer;
 pub mod coordinator;
 pub mod health;
@@ -59,6 +60,7 @@ pub mod topology;
 pub use consumer::{
     AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
 };
+pub use connection::{Connection, RedisTarget};
 pub use producer::Producer;
 pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
 /// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
