@@ -252,6 +252,39 @@ impl Connection {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
     }
+
+    /// `INFO server` of one node (any node of a cluster: they run the same version).
+    pub async fn server_info(&mut self) -> RedisResult<String> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        self.query_one_node(&cmd, None).await
+    }
+
+    /// Runs a keyless command on one node: the single node, or on a cluster the node at `addr` (any
+    /// node when `None`). redis-rs would send some keyless commands (`INFO`, `CLIENT`) to every node.
+    pub(crate) async fn query_one_node<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        addr: Option<(&str, u16)>,
+    ) -> RedisResult<T> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
+            Self::Cluster(conn) => {
+                let route = match addr {
+                    Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    },
+                    None => SingleNodeRoutingInfo::Random,
+                };
+                let value = conn
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
 }
 
 /// The slot of a command's first key, for the commands stream-listener pipelines (`None`: keyless).
