@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -59,7 +61,10 @@ impl RedisTarget {
     /// Parses a URL: `redis+cluster://[user:pass@]host:port,host:port,...` is a cluster (the credentials
     /// apply to every node); anything else is one node, as `redis::Client::open` reads it.
     pub fn open(url: &str) -> RedisResult<Self> {
-        match url.strip_prefix(CLUSTER_SCHEME).and_then(|r| r.strip_prefix("://")) {
+        match url
+            .strip_prefix(CLUSTER_SCHEME)
+            .and_then(|r| r.strip_prefix("://"))
+        {
             Some(rest) => Self::cluster(cluster_seed_urls(rest)?),
             None => Ok(Self::Single(redis::Client::open(url)?)),
         }
@@ -154,7 +159,9 @@ impl RedisTarget {
             }
             (Self::Cluster(_), None) => return Err(invalid("a cluster node address is needed")),
         };
-        client.get_multiplexed_async_connection_with_config(config).await
+        client
+            .get_multiplexed_async_connection_with_config(config)
+            .await
     }
 
     /// `PING` through a fresh connection (the cluster: through its discovery), for startup checks.
@@ -198,7 +205,12 @@ fn cluster_seed_urls(rest: &str) -> RedisResult<Vec<String>> {
 }
 
 fn invalid(detail: &'static str) -> redis::RedisError {
-    (redis::ErrorKind::InvalidClientConfig, "invalid Redis target", detail.to_owned()).into()
+    (
+        redis::ErrorKind::InvalidClientConfig,
+        "invalid Redis target",
+        detail.to_owned(),
+    )
+        .into()
 }
 
 /// The cluster slot of a key: CRC16 (XMODEM) of its hash tag (the part between the first `{` and the
@@ -300,14 +312,19 @@ fn command_slot(cmd: &Cmd) -> Option<u16> {
     let key = match name.as_slice() {
         b"TIME" | b"PING" | b"INFO" | b"SCRIPT" | b"CLIENT" | b"CLUSTER" => return None,
         b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" => {
-            let keys = std::str::from_utf8(args.get(2)?).ok()?.parse::<usize>().ok()?;
+            let keys = std::str::from_utf8(args.get(2)?)
+                .ok()?
+                .parse::<usize>()
+                .ok()?;
             if keys == 0 {
                 return None;
             }
             args.get(3)?
         }
         b"XREAD" | b"XREADGROUP" => {
-            let at = args.iter().position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
+            let at = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
             args.get(at + 1)?
         }
         _ => args.get(1)?,
@@ -325,7 +342,9 @@ fn split_by_slot(pipeline: &Pipeline) -> Vec<(Vec<usize>, Pipeline)> {
         if first.is_none() && slot.is_some() {
             first = slot;
         }
-        let group = groups.entry(slot).or_insert_with(|| (Vec::new(), redis::pipe()));
+        let group = groups
+            .entry(slot)
+            .or_insert_with(|| (Vec::new(), redis::pipe()));
         group.0.push(index);
         group.1.add_command(cmd.clone());
     }
@@ -416,7 +435,10 @@ mod tests {
     fn cluster_urls_give_one_seed_per_host_with_the_credentials() {
         assert_eq!(
             cluster_seed_urls("alice:pw@10.0.0.1:7000,10.0.0.2:7001/0").unwrap(),
-            ["redis://alice:pw@10.0.0.1:7000", "redis://alice:pw@10.0.0.2:7001"]
+            [
+                "redis://alice:pw@10.0.0.1:7000",
+                "redis://alice:pw@10.0.0.2:7001"
+            ]
         );
         assert_eq!(
             cluster_seed_urls("h:1, h:2,").unwrap(),
@@ -428,14 +450,17 @@ mod tests {
 
     #[test]
     fn open_tells_a_cluster_from_a_single_node() {
-        let cluster = RedisTarget::open("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        let cluster =
+            RedisTarget::open("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001").unwrap();
         let RedisTarget::Cluster(seeds) = &cluster else {
             panic!("not a cluster: {cluster:?}");
         };
         assert_eq!(seeds.len(), 2);
         assert_eq!(seeds[1].redis_settings().password(), Some("pw"));
         assert!(!format!("{cluster:?}").contains("pw"));
-        assert!(!RedisTarget::open("redis://127.0.0.1:6379").unwrap().is_cluster());
+        assert!(!RedisTarget::open("redis://127.0.0.1:6379")
+            .unwrap()
+            .is_cluster());
         assert!(RedisTarget::open("redis+cluster://").is_err());
         assert!(RedisTarget::cluster(Vec::<String>::new()).is_err());
     }
@@ -459,6 +484,9 @@ mod tests {
         assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
         assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
         assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
-        assert_eq!(slot_of(b"sl:{orders/g}:meta"), slot_of(b"sl:{orders/g}:leases"));
+        assert_eq!(
+            slot_of(b"sl:{orders/g}:meta"),
+            slot_of(b"sl:{orders/g}:leases")
+        );
     }
 }

@@ -57,10 +57,10 @@ mod startup;
 pub mod store;
 pub mod topology;
 
+pub use connection::{Connection, RedisTarget};
 pub use consumer::{
     AckPolicy, DeleteRef, FailurePolicy, HandlerError, Message, OnExhausted, RawMessage,
 };
-pub use connection::{Connection, RedisTarget};
 pub use producer::Producer;
 pub use runtime::{ConsumerBuilder, RunningRuntime, Runtime, RuntimeError};
 /// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].

@@ -144,7 +144,11 @@ async fn blocking_for(shared: &Shared, slot: u16, node: &Node) -> RedisResult<Bl
 type ReadResult = (u16, Blocking, RedisResult<Vec<(String, Vec<Entry>)>>);
 
 /// The blocking part of the idle wait on a cluster (after the reclaim phase of [`super::wait::run`]).
-pub(crate) async fn read(shared: Arc<Shared>, spec: WaitSpec, mut outcome: JobOutcome) -> JobOutcome {
+pub(crate) async fn read(
+    shared: Arc<Shared>,
+    spec: WaitSpec,
+    mut outcome: JobOutcome,
+) -> JobOutcome {
     let notified = shared.cluster_wait.interrupted.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
