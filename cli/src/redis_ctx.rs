@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use redis::{ClientTlsConfig, TlsCertificates, Value};
 use std::path::PathBuf;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
