@@ -26,6 +26,8 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster";
 
 /// Where Redis is: one node (the default) or a Redis Cluster reached through seed nodes.
 #[derive(Clone)]
+// Made once per process and cloned rarely: boxing the client would only complicate matching on it.
+#[allow(clippy::large_enum_variant)]
 pub enum RedisTarget {
     /// One Redis node (`redis://`, `rediss://`, `redis+unix://`).
     Single(redis::Client),

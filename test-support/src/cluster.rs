@@ -16,6 +16,9 @@ pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Environment variable naming the `redis-cli` binary.
 pub const REDIS_CLI_BIN_ENV: &str = "REDIS_CLI_BIN";
 
+/// One `CLUSTER NODES` line: id, port, flags, master id, slots.
+type NodeLine = (String, u16, String, String, String);
+
 /// A running cluster; every node is killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -168,7 +171,7 @@ impl RedisCluster {
     }
 
     /// `CLUSTER NODES` lines as seen by a running node: `(id, port, flags, master id, slots)`.
-    fn topology(&self) -> io::Result<Vec<(String, u16, String, String, String)>> {
+    fn topology(&self) -> io::Result<Vec<NodeLine>> {
         let node = self
             .nodes
             .iter()
@@ -192,7 +195,7 @@ impl RedisCluster {
     }
 
     fn id_of(&self, port: u16) -> io::Result<String> {
-        Ok(self.cli(port, &["CLUSTER", "MYID"])?)
+        self.cli(port, &["CLUSTER", "MYID"])
     }
 
     /// The index of the node that is master of `slot` now.

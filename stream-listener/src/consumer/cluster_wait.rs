@@ -32,6 +32,9 @@ const INTERRUPTED: i64 = -1;
 /// A node's address.
 type Node = (String, u16);
 
+/// `(first slot, last slot, master)` ranges from `CLUSTER SLOTS`.
+type SlotMap = Arc<Vec<(u16, u16, Node)>>;
+
 /// One slot group's blocking connection and its client id on its node.
 struct Blocking {
     node: Node,
@@ -43,7 +46,7 @@ struct Blocking {
 #[derive(Default)]
 pub(crate) struct ClusterWait {
     /// `(first slot, last slot, master)` from `CLUSTER SLOTS`; `None` until read or after a redirection.
-    slots: Mutex<Option<Arc<Vec<(u16, u16, Node)>>>>,
+    slots: Mutex<Option<SlotMap>>,
     /// Idle blocking connections by slot.
     conns: Mutex<HashMap<u16, Blocking>>,
     interrupted: Notify,
@@ -90,7 +93,7 @@ fn parse_slots(value: Value) -> RedisResult<Vec<(u16, u16, Node)>> {
     Ok(out)
 }
 
-async fn slot_map(shared: &Shared) -> RedisResult<Arc<Vec<(u16, u16, Node)>>> {
+async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
     if let Some(map) = shared
         .cluster_wait
         .slots
