@@ -22,7 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod cluster;
-pub use cluster::RedisCluster;
+pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
 
 /// How long [`RedisServer::start`] and [`RedisServer::restart`] wait for the server to answer PING.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
