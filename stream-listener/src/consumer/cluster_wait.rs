@@ -49,6 +49,9 @@ pub(crate) struct ClusterWait {
     slots: Mutex<Option<SlotMap>>,
     /// Idle blocking connections by slot.
     conns: Mutex<HashMap<u16, Blocking>>,
+    /// One non-blocking connection per node for `CLIENT UNBLOCK` (the cluster connection can only be
+    /// routed to nodes it already holds a connection to).
+    control: Mutex<HashMap<Node, MultiplexedConnection>>,
     interrupted: Notify,
 }
 
@@ -260,16 +263,55 @@ pub(crate) async fn read(
     outcome
 }
 
+async fn control(shared: &Shared, node: &Node) -> RedisResult<MultiplexedConnection> {
+    let cached = shared
+        .cluster_wait
+        .control
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(node)
+        .cloned();
+    if let Some(conn) = cached {
+        return Ok(conn);
+    }
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(Some(shared.config.response_timeout))
+        .set_connection_timeout(Some(shared.config.response_timeout));
+    let conn = shared
+        .client
+        .node_connection(Some((&node.0, node.1)), &config)
+        .await?;
+    shared
+        .cluster_wait
+        .control
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(node.clone(), conn.clone());
+    Ok(conn)
+}
+
 /// `CLIENT UNBLOCK` every read still blocked, on its own node.
 async fn unblock(shared: &Shared, running: &HashMap<u16, (Node, i64)>) {
     for (node, id) in running.values() {
-        let mut cmd = redis::cmd("CLIENT");
-        cmd.arg("UNBLOCK").arg(*id);
-        let done: RedisResult<i64> = shared
-            .conn
-            .clone()
-            .query_one_node(&cmd, Some((&node.0, node.1)))
-            .await;
+        let done: RedisResult<i64> = match control(shared, node).await {
+            Ok(mut conn) => {
+                redis::cmd("CLIENT")
+                    .arg("UNBLOCK")
+                    .arg(*id)
+                    .query_async(&mut conn)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        if done.is_err() {
+            // A broken control connection is made again next time.
+            shared
+                .cluster_wait
+                .control
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(node);
+        }
         if let Err(error) = done {
             tracing::debug!(%error, host = %node.0, port = node.1, "could not interrupt a blocking read; it ends at its timeout");
         }
