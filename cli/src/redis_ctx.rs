@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ClientTlsConfig, TlsCertificates, Value};
 use std::path::PathBuf;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
@@ -56,7 +56,7 @@ impl TlsFiles {
 #[derive(Clone)]
 pub struct Ctx {
     /// The connection (cheap to clone).
-    pub conn: ConnectionManager,
+    pub conn: Connection,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -67,26 +67,28 @@ impl std::fmt::Debug for Ctx {
 
 impl Ctx {
     /// Connects, failing fast when Redis is unreachable. A `rediss://` URL uses TLS, trusting `tls.ca_cert`
-    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given.
+    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given. A
+    /// `redis+cluster://h:p,h:p` URL connects to a Redis Cluster (without TLS files).
     pub async fn connect(url: &str, tls: &TlsFiles) -> Result<Self, CliError> {
         // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
             url: redact_url(url),
             source,
         };
-        let client = if tls.is_empty() {
-            redis::Client::open(url).map_err(connect_error)?
+        let target = if tls.is_empty() {
+            RedisTarget::open(url).map_err(connect_error)?
         } else {
             let certificates = tls.load()?;
-            redis::Client::build_with_tls(url, certificates).map_err(connect_error)?
+            RedisTarget::Single(
+                redis::Client::build_with_tls(url, certificates).map_err(connect_error)?,
+            )
         };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(connect_error)?;
+        let options = ConnectOptions {
+            connection_timeout: Some(Duration::from_secs(3)),
+            response_timeout: Some(Duration::from_secs(10)),
+            retries: Some(1),
+        };
+        let conn = target.connect(options).await.map_err(connect_error)?;
         Ok(Self { conn })
     }
 

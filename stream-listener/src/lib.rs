@@ -48,6 +48,7 @@
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
 
+pub mod connection;
 pub mod consumer;
 pub mod coordinator;
 pub mod health;
@@ -65,6 +66,7 @@ mod startup;
 pub mod store;
 pub mod topology;
 
+pub use connection::{Connection, RedisTarget};
 pub use consumer::{
     AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, LifecycleHooks, Message,
     OnExhausted, RawMessage,

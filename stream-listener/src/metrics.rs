@@ -135,7 +135,7 @@ pub(crate) fn handler_attempt(config: &ConsumerConfig, outcome: &'static str, el
 #[derive(Debug)]
 pub(crate) struct ShardSampler {
     /// A connection that never blocks (the member's heartbeat connection).
-    pub conn: redis::aio::ConnectionManager,
+    pub conn: crate::connection::Connection,
     /// Time between samples.
     pub every: Duration,
 }
@@ -274,7 +274,7 @@ fn shard_gauges(stream: &str, group: &str, shard: u32, lag: Option<i64>, pending
 /// `(shard, lag, pending)` of `group` on each of `shards`, in one pipeline of `XINFO GROUPS`. The lag
 /// is `None` when Redis cannot tell (entries were deleted or trimmed past the group's position).
 async fn sample_shards(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut crate::connection::Connection,
     stream: &str,
     group: &str,
     shards: &[u32],

@@ -28,14 +28,14 @@ pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
 
 /// Connects and `PING`s until Redis answers, or `limit` (if any) has passed.
 pub(crate) async fn wait_for_redis(
-    client: &redis::Client,
+    client: &crate::connection::RedisTarget,
     url: &RedisUrl,
     limit: Option<Duration>,
 ) -> Result<(), RuntimeError> {
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
-        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, ping(client)).await;
+        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, client.ping()).await;
         let error = match result {
             Ok(Ok(())) => {
                 if attempt > 0 {
@@ -67,11 +67,6 @@ pub(crate) async fn wait_for_redis(
         tracing::warn!(%url, attempt, %error, retry_in = ?wait, "Redis unreachable at startup; retrying");
         tokio::time::sleep(wait).await;
     }
-}
-
-async fn ping(client: &redis::Client) -> redis::RedisResult<()> {
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    redis::cmd("PING").query_async::<()>(&mut conn).await
 }
 
 #[cfg(test)]

@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod cluster;
+pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
+
 /// How long [`RedisServer::start`] and [`RedisServer::restart`] wait for the server to answer PING.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -44,6 +47,10 @@ pub struct RedisServer {
     child: Option<Child>,
     /// Append-only file on (`appendfsync everysec`): the data set survives [`RedisServer::restart`].
     aof: bool,
+    /// Extra `redis-server` arguments (cluster mode, `requirepass`, ...).
+    extra: Vec<String>,
+    /// The `requirepass` password, sent with `AUTH` by this crate's own commands.
+    password: Option<String>,
 }
 
 impl fmt::Debug for RedisServer {
@@ -81,7 +88,7 @@ impl RedisServer {
 
     /// Fallible form of [`start_with_binary`](Self::start_with_binary).
     pub fn try_start_with_binary(binary: impl AsRef<Path>) -> io::Result<RedisServer> {
-        Self::try_start_with(binary.as_ref(), false)
+        Self::try_start_with(binary.as_ref(), false, Vec::new(), None)
     }
 
     /// Like [`start`](Self::start), with the append-only file on (`appendfsync everysec`), so the data set
@@ -92,11 +99,25 @@ impl RedisServer {
     /// If the server cannot be started or does not answer within [`STARTUP_TIMEOUT`].
     pub fn start_with_aof() -> RedisServer {
         let binary = default_binary();
-        Self::try_start_with(&binary, true)
+        Self::try_start_with(&binary, true, Vec::new(), None)
             .unwrap_or_else(|e| panic!("could not start {}: {e}", binary.display()))
     }
 
-    fn try_start_with(binary: &Path, aof: bool) -> io::Result<RedisServer> {
+    /// Starts the default binary with extra arguments (each `--name value` as two items) and, if
+    /// `password` is set, `requirepass` (and `masterauth`) so this crate's own commands authenticate.
+    pub fn try_start_with_args(
+        extra: Vec<String>,
+        password: Option<String>,
+    ) -> io::Result<RedisServer> {
+        Self::try_start_with(&default_binary(), false, extra, password)
+    }
+
+    fn try_start_with(
+        binary: &Path,
+        aof: bool,
+        extra: Vec<String>,
+        password: Option<String>,
+    ) -> io::Result<RedisServer> {
         let binary = binary.to_path_buf();
         let dir = TempDir::new()?;
         let mut last_error = None;
@@ -108,6 +129,8 @@ impl RedisServer {
                 dir: dir.clone_path(),
                 child: None,
                 aof,
+                extra: extra.clone(),
+                password: password.clone(),
             };
             match server.spawn_and_wait() {
                 Ok(()) => {
@@ -121,6 +144,11 @@ impl RedisServer {
             }
         }
         Err(last_error.unwrap_or_else(|| io::Error::other("no free port found")))
+    }
+
+    /// The `requirepass` password, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
     }
 
     /// The port the server listens on (the same across [`restart`](Self::restart)).
@@ -186,7 +214,7 @@ impl RedisServer {
             return;
         };
         // The server closes the connection without a reply when it exits.
-        let _ = raw_command(self.port, &["SHUTDOWN"]);
+        let _ = raw_command(self.port, self.password.as_deref(), &["SHUTDOWN"]);
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             match child.try_wait() {
@@ -220,7 +248,7 @@ impl RedisServer {
 
     /// Sends PING and reports whether the server answered `PONG`.
     pub fn ping(&self) -> bool {
-        matches!(raw_command(self.port, &["PING"]), Ok(Reply::Simple(s)) if s == "PONG")
+        matches!(raw_command(self.port, self.password.as_deref(), &["PING"]), Ok(Reply::Simple(s)) if s == "PONG")
     }
 
     /// The server version parsed from `INFO server` (`redis_version`), e.g. `(7, 0, 15)`.
@@ -228,7 +256,7 @@ impl RedisServer {
     /// # Panics
     /// If the server does not answer or the version cannot be parsed.
     pub fn version(&self) -> (u32, u32, u32) {
-        let info = match raw_command(self.port, &["INFO", "server"]) {
+        let info = match raw_command(self.port, self.password.as_deref(), &["INFO", "server"]) {
             Ok(Reply::Bulk(text)) => text,
             other => panic!("INFO server failed: {other:?}"),
         };
@@ -242,7 +270,7 @@ impl RedisServer {
     /// port between our probe and our child's bind).
     fn answers_as_our_child(&self) -> bool {
         let Some(pid) = self.pid() else { return false };
-        match raw_command(self.port, &["INFO", "server"]) {
+        match raw_command(self.port, self.password.as_deref(), &["INFO", "server"]) {
             Ok(Reply::Bulk(info)) => info
                 .lines()
                 .filter_map(|line| line.strip_prefix("process_id:"))
@@ -271,6 +299,12 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir.path)
             .args(["--daemonize", "no"])
+            .args(&self.extra)
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--requirepass", p, "--masterauth", p]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -409,17 +443,28 @@ enum Reply {
 }
 
 /// Sends one command over a fresh RESP connection and reads a simple, error or bulk-string reply.
-fn raw_command(port: u16, args: &[&str]) -> io::Result<Reply> {
+fn raw_command(port: u16, password: Option<&str>, args: &[&str]) -> io::Result<Reply> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut request = format!("*{}\r\n", args.len());
-    for arg in args {
-        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    let encode = |args: &[&str]| {
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        request
+    };
+    let mut reader = BufReader::new(stream.try_clone()?);
+    if let Some(password) = password {
+        (&stream).write_all(encode(&["AUTH", password]).as_bytes())?;
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if !line.starts_with("+OK") {
+            return Ok(Reply::Error(line.trim_end().to_string()));
+        }
     }
-    (&stream).write_all(request.as_bytes())?;
-    let mut reader = BufReader::new(stream);
+    (&stream).write_all(encode(args).as_bytes())?;
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let line = line.trim_end_matches(['\r', '\n']);
@@ -541,11 +586,13 @@ mod tests {
     fn aof_keeps_data_across_a_graceful_restart() {
         let mut server = RedisServer::start_with_aof();
         let port = server.port();
-        assert!(matches!(raw_command(port, &["SET", "k", "v"]), Ok(Reply::Simple(s)) if s == "OK"));
+        assert!(
+            matches!(raw_command(port, None, &["SET", "k", "v"]), Ok(Reply::Simple(s)) if s == "OK")
+        );
         server.restart_graceful();
         assert_eq!(server.port(), port);
         assert_eq!(
-            raw_command(port, &["GET", "k"]).unwrap(),
+            raw_command(port, None, &["GET", "k"]).unwrap(),
             Reply::Bulk("v".into())
         );
         assert!(server.dir().exists());

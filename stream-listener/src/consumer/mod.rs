@@ -46,6 +46,7 @@
 //! retries the shard shortly after (see the `job` module). Entries a producer wrote with a stale layout
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
+mod cluster_wait;
 mod config;
 mod fields;
 mod hooks;
@@ -147,7 +148,7 @@ impl Consumer {
     /// the configuration and the server (Redis >= 6.2, for `XAUTOCLAIM`). No shard is read until the
     /// first [`ShardCommand::Assign`].
     pub async fn connect(
-        client: redis::Client,
+        client: impl Into<crate::connection::RedisTarget>,
         config: ConsumerConfig,
         handler: BoxedHandler,
     ) -> Result<Self, ConsumerError> {
@@ -166,7 +167,7 @@ impl Consumer {
                 "group and consumer_name must not be empty".into(),
             ));
         }
-        let shared = Shared::connect(client, config, handler).await?;
+        let shared = Shared::connect(client.into(), config, handler).await?;
         let version = shared.version;
         if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
             return Err(ConsumerError::Config(format!(
@@ -650,6 +651,10 @@ impl Scheduler {
         let Some(meta) = self.wait.and_then(|id| self.meta.get(&id)) else {
             return;
         };
+        if self.shared.client.is_cluster() {
+            self.shared.cluster_wait.interrupt(&self.wait_client);
+            return;
+        }
         let client = self.wait_client.load(Ordering::Acquire);
         if client <= 0 {
             // Not connected yet, so not blocking yet.

@@ -4,8 +4,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, RedisResult, Script, Value};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
+
+use crate::connection::{ConnectOptions, Connection, RedisTarget};
 
 use super::config::{AckPolicy, ConsumerConfig};
 use super::message::BoxedHandler;
@@ -181,9 +183,11 @@ return deleted
 /// State shared by the scheduler, its jobs and manual ackers of one consumer.
 pub(crate) struct Shared {
     pub(crate) config: ConsumerConfig,
-    pub(crate) client: Client,
+    pub(crate) client: RedisTarget,
     /// Non-blocking commands only: reads without BLOCK, claims, acks, dead letters, scripts.
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Connection,
+    /// The idle wait's blocking connections and slot map on a cluster.
+    pub(crate) cluster_wait: super::cluster_wait::ClusterWait,
     pub(crate) version: ServerVersion,
     pub(crate) handler: BoxedHandler,
     pub(crate) dead_letter_key: String,
@@ -199,18 +203,17 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) async fn connect(
-        client: Client,
+        client: RedisTarget,
         config: ConsumerConfig,
         handler: BoxedHandler,
     ) -> RedisResult<Self> {
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(config.response_timeout));
-        let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config).await?;
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await?;
+        let options = ConnectOptions {
+            response_timeout: Some(config.response_timeout),
+            connection_timeout: Some(config.response_timeout),
+            retries: None,
+        };
+        let mut conn = client.connect(options).await?;
+        let info = conn.server_info().await?;
         let version = ServerVersion::from_info(&info).unwrap_or(ServerVersion {
             major: 0,
             minor: 0,
@@ -222,6 +225,7 @@ impl Shared {
             config,
             client,
             conn,
+            cluster_wait: Default::default(),
             version,
             handler,
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
@@ -394,10 +398,7 @@ impl Shared {
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(self.config.response_timeout));
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let mut conn = self.client.node_connection(None, &config).await?;
         let id: i64 = redis::cmd("CLIENT")
             .arg("ID")
             .query_async(&mut conn)

@@ -34,7 +34,8 @@ pub(crate) struct WaitSpec {
 
 pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
     let mut outcome = JobOutcome::default();
-    if spec.conn.is_none() {
+    let cluster = shared.client.is_cluster();
+    if spec.conn.is_none() && !cluster {
         match shared.blocking_connection().await {
             Ok(conn) => {
                 spec.client.store(conn.1, Ordering::Release);
@@ -69,6 +70,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
     if outcome.fetched > 0 || outcome.missing_group {
         outcome.conn = spec.conn;
         return outcome;
+    }
+    if cluster {
+        return super::cluster_wait::read(shared, spec, outcome).await;
     }
     // Read at the last moment: connecting may have taken a while.
     let Some(left) = spec.deadline.remaining() else {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::connection::Connection;
 use tokio::sync::watch;
 
 use crate::coordinator::AdminCommand;
@@ -20,7 +20,7 @@ use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
 /// has passed, delete them once every group consumed them to the end, then drop them from the record);
 /// only then does the group follow to the smaller count.
 pub(super) async fn follow_topology(
-    mut conn: ConnectionManager,
+    mut conn: Connection,
     mut store: GroupStore,
     stream: String,
     group: String,

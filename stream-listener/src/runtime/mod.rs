@@ -19,7 +19,7 @@ mod state;
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use crate::connection::{ConnectOptions, RedisTarget};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -295,7 +295,7 @@ impl Runtime {
             return Err(RuntimeError::NoListeners);
         }
         check_unique_members(&plans)?;
-        let client = redis::Client::open(self.redis_url.expose())?;
+        let client = RedisTarget::open(self.redis_url.expose())?;
         crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut groups: Vec<(String, String)> = plans
@@ -313,7 +313,7 @@ impl Runtime {
         }
         let mut followers = Vec::new();
         for (stream, group) in groups {
-            let conn = ConnectionManager::new(client.clone()).await?;
+            let conn = client.connect(ConnectOptions::default()).await?;
             let store = GroupStore::new(conn.clone(), &stream, &group, 1, self.group_config)?;
             let period =
                 Duration::from_millis(self.group_config.heartbeat_interval_ms.max(200) as u64 * 5);
@@ -388,18 +388,19 @@ impl Runtime {
 
     async fn start_member(
         &self,
-        client: &redis::Client,
+        client: &RedisTarget,
         plan: MemberPlan,
         shutdown: watch::Receiver<bool>,
     ) -> Result<RunningMember, RuntimeError> {
         let interval = Duration::from_millis(self.group_config.heartbeat_interval_ms as u64);
         // The heartbeat connection is the member's own: never behind a blocking read. Its response timeout
         // is one heartbeat interval, so a stuck Redis shows up before the lease is at risk.
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(interval))
-            .set_connection_timeout(Some(interval))
-            .set_number_of_retries(2);
-        let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config).await?;
+        let options = ConnectOptions {
+            response_timeout: Some(interval),
+            connection_timeout: Some(interval),
+            retries: Some(2),
+        };
+        let mut conn = client.connect(options).await?;
         let stream = plan.consumer.stream_prefix.clone();
         let group = plan.consumer.group.clone();
         let topology = match Topology::load(&mut conn, &stream).await {

@@ -38,8 +38,9 @@ mod inbox;
 
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+
+use crate::connection::Connection;
 
 use crate::coordinator::events::AuditEvent;
 use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
@@ -237,7 +238,7 @@ struct Snapshot {
 /// One process's handle on one group's metadata in Redis. Cheap to create; keeps a cached snapshot.
 #[derive(Debug)]
 pub struct GroupStore {
-    conn: ConnectionManager,
+    conn: Connection,
     keys: GroupKeys,
     group: String,
     shard_count: u32,
@@ -268,8 +269,9 @@ struct Scripts {
 impl GroupStore {
     /// A handle on `group` of `stream`. `shard_count` and `config` are used only if the group does not
     /// exist yet; an existing group keeps its own.
+    /// `conn` is a [`Connection`] (a `ConnectionManager` converts into one).
     pub fn new(
-        conn: ConnectionManager,
+        conn: impl Into<Connection>,
         stream: &str,
         group: &str,
         shard_count: u32,
@@ -281,7 +283,7 @@ impl GroupStore {
             }
         }
         Ok(Self {
-            conn,
+            conn: conn.into(),
             keys: GroupKeys::new(stream, group),
             group: group.to_string(),
             shard_count,
@@ -987,7 +989,7 @@ impl Batch {
 
 /// Releases the writer lock from a task of its own if the write that took it was abandoned.
 struct LockGuard {
-    conn: ConnectionManager,
+    conn: Connection,
     release: Script,
     keys: GroupKeys,
     token: Option<String>,

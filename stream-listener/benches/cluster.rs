@@ -1,0 +1,307 @@
+//! Single node vs Redis Cluster, in one run: production (the [`Producer`]'s `send_batch` against a
+//! hand-written loop of per-shard XADD pipelines) and consumption (the [`Consumer`], no-op handler,
+//! against a hand-written per-shard `XREADGROUP` + `XACK` loop), on a redis-server and on a 3-master +
+//! 3-replica cluster this benchmark starts itself, all through [`Connection`].
+//!
+//! `cargo bench -p stream-listener --bench cluster` (`SL_BENCH_ENTRIES`: entries per shard, default
+//! 10,000; `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
+//! faster: the ratio measures overhead.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
+use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessage};
+use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
+use stream_listener::topology::Topology;
+use stream_listener::Producer;
+use stream_listener_test_support::{RedisCluster, RedisServer};
+use tokio::sync::{mpsc, Notify};
+
+const SHARDS: u32 = 8;
+const BATCH: usize = 100;
+const SEND_BATCH: u64 = 1000;
+
+fn payload(i: u64) -> String {
+    format!(
+        "{{\"id\":{i},\"customer\":\"customer-{}\",\"amount_cents\":{}}}",
+        i % 1000,
+        i % 10_000
+    )
+}
+
+/// Hand-written production: per shard, pipelines of `XADD key * k .. p ..`, shards concurrently.
+async fn produce_raw(conn: &Connection, prefix: &str, per_shard: u64) -> Duration {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for shard in 0..SHARDS {
+        let mut conn = conn.clone();
+        let key = format!("{prefix}:{shard}");
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while n < per_shard {
+                let mut pipe = redis::pipe();
+                for i in n..(n + SEND_BATCH / u64::from(SHARDS)).min(per_shard) {
+                    pipe.cmd("XADD")
+                        .arg(&key)
+                        .arg("*")
+                        .arg("k")
+                        .arg(format!("customer-{}", i % 1000))
+                        .arg("p")
+                        .arg(payload(i))
+                        .ignore();
+                }
+                n += SEND_BATCH / u64::from(SHARDS);
+                let _: () = pipe.query_async(&mut conn).await.expect("XADD");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("producer task");
+    }
+    started.elapsed()
+}
+
+/// The library's producer: `send_batch` of 1000 keyed messages at a time (routed, split per slot).
+async fn produce_lib(conn: &Connection, prefix: &str, total: u64) -> Duration {
+    let mut c = conn.clone();
+    Topology::ensure(&mut c, prefix, SHARDS)
+        .await
+        .expect("topology");
+    let producer = Producer::new(conn.clone(), prefix).await.expect("producer");
+    let started = Instant::now();
+    let mut n = 0;
+    while n < total {
+        let batch: Vec<(String, String)> = (n..(n + SEND_BATCH).min(total))
+            .map(|i| (format!("customer-{}", i % 1000), payload(i)))
+            .collect();
+        producer.send_batch_bytes(&batch).await.expect("send_batch");
+        n += SEND_BATCH;
+    }
+    started.elapsed()
+}
+
+fn count_ids(reply: Value) -> Vec<String> {
+    let mut ids = Vec::new();
+    if let Value::Array(streams) = reply {
+        for stream in streams {
+            if let Value::Array(mut parts) = stream {
+                if let Some(Value::Array(entries)) = parts.pop() {
+                    for entry in entries {
+                        if let Value::Array(fields) = entry {
+                            if let Some(Value::BulkString(id)) = fields.first() {
+                                ids.push(String::from_utf8_lossy(id).into_owned());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    ids
+}
+
+async fn create_groups(conn: &Connection, prefix: &str) {
+    let mut conn = conn.clone();
+    for shard in 0..SHARDS {
+        for group in ["raw", "consumer"] {
+            let _: Value = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(format!("{prefix}:{shard}"))
+                .arg(group)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(Value::Nil);
+        }
+    }
+}
+
+/// Hand-written consumption: one task per shard, `XREADGROUP COUNT 100` without BLOCK, one `XACK`.
+async fn consume_raw(conn: &Connection, prefix: &str) -> (Duration, u64) {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for shard in 0..SHARDS {
+        let mut conn = conn.clone();
+        let key = format!("{prefix}:{shard}");
+        tasks.push(tokio::spawn(async move {
+            let mut handled = 0u64;
+            loop {
+                let reply: Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg("raw")
+                    .arg("c")
+                    .arg("COUNT")
+                    .arg(BATCH)
+                    .arg("STREAMS")
+                    .arg(&key)
+                    .arg(">")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("XREADGROUP");
+                let ids = count_ids(reply);
+                if ids.is_empty() {
+                    return handled;
+                }
+                handled += ids.len() as u64;
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&key)
+                    .arg("raw")
+                    .arg(ids)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("XACK");
+            }
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("baseline task");
+    }
+    (started.elapsed(), total)
+}
+
+async fn pending(conn: &Connection, prefix: &str) -> i64 {
+    let mut conn = conn.clone();
+    let mut total = 0;
+    for shard in 0..SHARDS {
+        let reply: Value = redis::cmd("XPENDING")
+            .arg(format!("{prefix}:{shard}"))
+            .arg("consumer")
+            .query_async(&mut conn)
+            .await
+            .expect("XPENDING");
+        if let Value::Array(items) = reply {
+            if let Some(Value::Int(n)) = items.first() {
+                total += n;
+            }
+        }
+    }
+    total
+}
+
+async fn consume_lib(
+    target: &RedisTarget,
+    conn: &Connection,
+    prefix: &str,
+    expected: u64,
+) -> Duration {
+    let handled = Arc::new(AtomicU64::new(0));
+    let all_handled = Arc::new(Notify::new());
+    let (counter, done) = (handled.clone(), all_handled.clone());
+    let handler = BoxedHandler::raw(move |_msg: RawMessage| {
+        if counter.fetch_add(1, Ordering::Relaxed) + 1 == expected {
+            done.notify_one();
+        }
+        std::future::ready(Ok::<(), std::convert::Infallible>(()))
+    });
+    let mut config = ConsumerConfig::new(prefix, "consumer", "bench-m0");
+    config.batch_size = BATCH;
+    config.runtime_max_concurrency = SHARDS as usize;
+    let consumer = Consumer::connect(target.clone(), config, handler)
+        .await
+        .expect("consumer");
+    let (commands, command_rx) = mpsc::channel(16);
+    let (report_tx, mut report_rx) = mpsc::channel(1024);
+    tokio::spawn(async move { while report_rx.recv().await.is_some() {} });
+    let started = Instant::now();
+    let task = tokio::spawn(consumer.run(command_rx, report_tx));
+    let token = FencingToken {
+        member_id: Arc::from("bench-m0"),
+        member_epoch: 1,
+    };
+    for shard in 0..SHARDS {
+        commands
+            .send(ShardCommand::Assign {
+                shard,
+                token: token.clone(),
+            })
+            .await
+            .expect("assign");
+    }
+    tokio::time::timeout(Duration::from_secs(600), all_handled.notified())
+        .await
+        .expect("consumer did not finish");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pending(conn, prefix).await > 0 {
+        assert!(Instant::now() < deadline, "consumer did not ack");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    drop(commands);
+    task.await.expect("consumer task");
+    elapsed
+}
+
+/// Rates (entries/s): raw production, producer, raw consumption, consumer.
+async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> [f64; 4] {
+    let conn = target
+        .connect(ConnectOptions::default())
+        .await
+        .expect("connect");
+    let total = per_shard * u64::from(SHARDS);
+    let rate = |d: Duration| total as f64 / d.as_secs_f64();
+    let raw_prefix = format!("raw{round}");
+    let lib_prefix = format!("lib{round}");
+    let produced_raw = produce_raw(&conn, &raw_prefix, per_shard).await;
+    let produced_lib = produce_lib(&conn, &lib_prefix, total).await;
+    create_groups(&conn, &lib_prefix).await;
+    let (consumed_raw, n) = consume_raw(&conn, &lib_prefix).await;
+    assert_eq!(n, total, "baseline read everything");
+    let consumed_lib = consume_lib(target, &conn, &lib_prefix, total).await;
+    [
+        rate(produced_raw),
+        rate(produced_lib),
+        rate(consumed_raw),
+        rate(consumed_lib),
+    ]
+}
+
+fn main() {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let per_shard = env("SL_BENCH_ENTRIES", 10_000);
+    let rounds = env("SL_BENCH_ROUNDS", 1).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = RedisServer::start();
+    let cluster = RedisCluster::start();
+    let single = RedisTarget::open(&server.url()).expect("url");
+    let clustered = RedisTarget::open(&cluster.url()).expect("url");
+    println!(
+        "redis {:?}; {SHARDS} shards x {per_shard} entries; single node vs 3 masters + 3 replicas; {rounds} rounds",
+        server.version()
+    );
+    runtime.block_on(async {
+        for round in 0..rounds {
+            let s = measure(&single, per_shard, round).await;
+            let c = measure(&clustered, per_shard, round).await;
+            let names = ["produce raw", "producer", "consume raw", "consumer"];
+            for i in 0..4 {
+                println!(
+                    "round {round} {:<12} single {:>9.0}/s  cluster {:>9.0}/s  cluster/single {:.2}",
+                    names[i],
+                    s[i],
+                    c[i],
+                    c[i] / s[i]
+                );
+            }
+            println!(
+                "round {round} ours/raw: producer single {:.2} cluster {:.2}; consumer single {:.2} cluster {:.2}",
+                s[1] / s[0],
+                c[1] / c[0],
+                s[3] / s[2],
+                c[3] / c[2]
+            );
+        }
+    });
+}

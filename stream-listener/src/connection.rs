@@ -1,0 +1,494 @@
+//! Where Redis is ([`RedisTarget`]: one node or a Redis Cluster) and the connection every component
+//! shares ([`Connection`]).
+//!
+//! A single node stays the default and goes through redis-rs's `ConnectionManager`, unchanged. A cluster
+//! (`redis+cluster://host:port,host:port` or [`RedisTarget::cluster`] with seed nodes) goes through
+//! redis-rs's async cluster connection, which follows `MOVED` / `ASK` and reconnects after a failover. Every
+//! command stream-listener sends touches one slot (shard streams spread over slots; a group's keys share a
+//! hash tag); a pipeline that spans slots (the producer's batch) is split per slot here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline,
+    RedisFuture, RedisResult, Value,
+};
+
+/// The URL scheme of a cluster given by its seed nodes: `redis+cluster://[user:pass@]h1:p1,h2:p2`.
+pub const CLUSTER_SCHEME: &str = "redis+cluster";
+
+/// Where Redis is: one node (the default) or a Redis Cluster reached through seed nodes.
+#[derive(Clone)]
+// Made once per process and cloned rarely: boxing the client would only complicate matching on it.
+#[allow(clippy::large_enum_variant)]
+pub enum RedisTarget {
+    /// One Redis node (`redis://`, `rediss://`, `redis+unix://`).
+    Single(redis::Client),
+    /// A Redis Cluster: the nodes to discover it from (one reachable seed is enough).
+    Cluster(Vec<ConnectionInfo>),
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Addresses only: the connection info also holds the password.
+        match self {
+            Self::Single(client) => write!(f, "Single({})", client.get_connection_info().addr()),
+            Self::Cluster(seeds) => {
+                let addrs: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
+                write!(f, "Cluster({})", addrs.join(","))
+            }
+        }
+    }
+}
+
+/// Timeouts of one connection (see [`RedisTarget::connect`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConnectOptions {
+    /// How long a command may wait for its answer (`None`: redis-rs's default).
+    pub response_timeout: Option<Duration>,
+    /// How long connecting may take (`None`: redis-rs's default).
+    pub connection_timeout: Option<Duration>,
+    /// Reconnection attempts per command before it fails (`None`: redis-rs's default).
+    pub retries: Option<usize>,
+}
+
+impl RedisTarget {
+    /// Parses a URL: `redis+cluster://[user:pass@]host:port,host:port,...` is a cluster (the credentials
+    /// apply to every node); anything else is one node, as `redis::Client::open` reads it.
+    pub fn open(url: &str) -> RedisResult<Self> {
+        match url
+            .strip_prefix(CLUSTER_SCHEME)
+            .and_then(|r| r.strip_prefix("://"))
+        {
+            Some(rest) => Self::cluster(cluster_seed_urls(rest)?),
+            None => Ok(Self::Single(redis::Client::open(url)?)),
+        }
+    }
+
+    /// A cluster reached through these seed nodes (`redis://` or `rediss://` URLs, or anything redis-rs
+    /// turns into a connection info).
+    pub fn cluster<T: IntoConnectionInfo>(seeds: impl IntoIterator<Item = T>) -> RedisResult<Self> {
+        let seeds = seeds
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<RedisResult<Vec<_>>>()?;
+        if seeds.is_empty() {
+            return Err(invalid("a cluster needs at least one seed node"));
+        }
+        Ok(Self::Cluster(seeds))
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// A shared connection: a `ConnectionManager` on one node, the cluster connection on a cluster. Both
+    /// reconnect by themselves and are cheap to clone.
+    pub async fn connect(&self, options: ConnectOptions) -> RedisResult<Connection> {
+        match self {
+            Self::Single(client) => {
+                let mut config = ConnectionManagerConfig::new()
+                    .set_response_timeout(options.response_timeout)
+                    .set_connection_timeout(options.connection_timeout);
+                if let Some(retries) = options.retries {
+                    config = config.set_number_of_retries(retries);
+                }
+                Ok(Connection::Single(
+                    ConnectionManager::new_with_config(client.clone(), config).await?,
+                ))
+            }
+            Self::Cluster(seeds) => {
+                let mut builder = ClusterClientBuilder::new(seeds.clone());
+                if let Some(info) = seeds.first() {
+                    // The builder takes the credentials from its own settings, not from each seed.
+                    if let Some(user) = info.redis_settings().username() {
+                        builder = builder.username(user);
+                    }
+                    if let Some(pass) = info.redis_settings().password() {
+                        builder = builder.password(pass);
+                    }
+                }
+                if let Some(timeout) = options.response_timeout {
+                    builder = builder.response_timeout(timeout);
+                }
+                if let Some(timeout) = options.connection_timeout {
+                    builder = builder.connection_timeout(timeout);
+                }
+                if let Some(retries) = options.retries {
+                    builder = builder.retries(retries as u32);
+                }
+                let conn = builder.build()?.get_async_connection().await?;
+                Ok(Connection::Cluster(conn))
+            }
+        }
+    }
+
+    /// A plain multiplexed connection to one node: the single node, or the cluster node at `host:port`
+    /// (with the seeds' credentials and TLS). For blocking reads, which must not share a connection.
+    pub(crate) async fn node_connection(
+        &self,
+        node: Option<(&str, u16)>,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
+        let client = match (self, node) {
+            (Self::Single(client), _) => client.clone(),
+            (Self::Cluster(seeds), Some((host, port))) => {
+                let seed = seeds[0].clone();
+                let addr = match seed.addr() {
+                    ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
+                    #[cfg(feature = "tls")]
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host: host.to_owned(),
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => return Err(invalid("cluster seeds must be TCP addresses")),
+                };
+                redis::Client::open(seed.set_addr(addr))?
+            }
+            (Self::Cluster(_), None) => return Err(invalid("a cluster node address is needed")),
+        };
+        client
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+    }
+
+    /// `PING` through a fresh connection (the cluster: through its discovery), for startup checks.
+    pub(crate) async fn ping(&self) -> RedisResult<()> {
+        match self {
+            Self::Single(client) => {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<()>(&mut conn).await
+            }
+            Self::Cluster(_) => {
+                let mut conn = self.connect(ConnectOptions::default()).await?;
+                redis::cmd("PING").query_async::<()>(&mut conn).await
+            }
+        }
+    }
+}
+
+impl From<redis::Client> for RedisTarget {
+    fn from(client: redis::Client) -> Self {
+        Self::Single(client)
+    }
+}
+
+/// The seed URLs of `redis+cluster://` after the scheme: `[userinfo@]h:p,h:p[/...]`.
+fn cluster_seed_urls(rest: &str) -> RedisResult<Vec<String>> {
+    let (userinfo, hosts) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let hosts = hosts.split(['/', '?']).next().unwrap_or("");
+    let seeds: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{userinfo}{h}"))
+        .collect();
+    if seeds.is_empty() {
+        return Err(invalid("redis+cluster:// names no seed node"));
+    }
+    Ok(seeds)
+}
+
+fn invalid(detail: &'static str) -> redis::RedisError {
+    (
+        redis::ErrorKind::InvalidClientConfig,
+        "invalid Redis target",
+        detail.to_owned(),
+    )
+        .into()
+}
+
+/// The cluster slot of a key: CRC16 (XMODEM) of its hash tag (the part between the first `{` and the
+/// next `}`, when not empty) or of the whole key, modulo 16384, as Redis computes it.
+pub fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(key) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// A shared, reconnecting connection to a [`RedisTarget`]. Clone it freely.
+#[derive(Clone)]
+pub enum Connection {
+    /// One node: redis-rs's `ConnectionManager`.
+    Single(ConnectionManager),
+    /// A cluster: redis-rs's async cluster connection (routes by slot, follows `MOVED` / `ASK`).
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Single(_) => "Connection::Single",
+            Self::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+impl From<ConnectionManager> for Connection {
+    fn from(conn: ConnectionManager) -> Self {
+        Self::Single(conn)
+    }
+}
+
+impl Connection {
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// `INFO server` of one node (any node of a cluster: they run the same version).
+    pub async fn server_info(&mut self) -> RedisResult<String> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        self.query_one_node(&cmd, None).await
+    }
+
+    /// Runs a keyless command on one node: the single node, or on a cluster the node at `addr` (any
+    /// node when `None`). redis-rs would send some keyless commands (`INFO`, `CLIENT`) to every node.
+    pub(crate) async fn query_one_node<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &Cmd,
+        addr: Option<(&str, u16)>,
+    ) -> RedisResult<T> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        match self {
+            Self::Single(conn) => cmd.query_async(conn).await,
+            Self::Cluster(conn) => {
+                let route = match addr {
+                    Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
+                        host: host.to_owned(),
+                        port,
+                    },
+                    None => SingleNodeRoutingInfo::Random,
+                };
+                let value = conn
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
+/// The slot of a command's first key, for the commands stream-listener pipelines (`None`: keyless).
+fn command_slot(cmd: &Cmd) -> Option<u16> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        })
+        .collect();
+    let name = args.first()?.to_ascii_uppercase();
+    let key = match name.as_slice() {
+        b"TIME" | b"PING" | b"INFO" | b"SCRIPT" | b"CLIENT" | b"CLUSTER" => return None,
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" => {
+            let keys = std::str::from_utf8(args.get(2)?)
+                .ok()?
+                .parse::<usize>()
+                .ok()?;
+            if keys == 0 {
+                return None;
+            }
+            args.get(3)?
+        }
+        b"XREAD" | b"XREADGROUP" => {
+            let at = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
+            args.get(at + 1)?
+        }
+        _ => args.get(1)?,
+    };
+    Some(slot_of(key))
+}
+
+/// Splits a pipeline's commands by slot (keyless commands go with the first group), keeping each
+/// command's position so the answers can be put back in order.
+fn split_by_slot(pipeline: &Pipeline) -> Vec<(Vec<usize>, Pipeline)> {
+    let mut groups: BTreeMap<Option<u16>, (Vec<usize>, Pipeline)> = BTreeMap::new();
+    let mut first = None;
+    for (index, cmd) in pipeline.cmd_iter().enumerate() {
+        let slot = command_slot(cmd);
+        if first.is_none() && slot.is_some() {
+            first = slot;
+        }
+        let group = groups
+            .entry(slot)
+            .or_insert_with(|| (Vec::new(), redis::pipe()));
+        group.0.push(index);
+        group.1.add_command(cmd.clone());
+    }
+    if let (Some(keyless), Some(first)) = (groups.remove(&None), first) {
+        let group = groups.get_mut(&Some(first)).expect("first slot present");
+        for (index, cmd) in keyless.0.into_iter().zip(keyless.1.cmd_iter()) {
+            group.0.push(index);
+            group.1.add_command(cmd.clone());
+        }
+    }
+    groups.into_values().collect()
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        // A transaction must stay whole (its keys must share a slot anyway).
+        let conn = match self {
+            Self::Cluster(conn) if !pipeline.is_transaction() => conn.clone(),
+            Self::Cluster(conn) => return conn.req_packed_commands(pipeline, offset, count),
+            Self::Single(conn) => return conn.req_packed_commands(pipeline, offset, count),
+        };
+        {
+            {
+                Box::pin(async move {
+                    let groups = split_by_slot(pipeline);
+                    if groups.len() <= 1 {
+                        let mut conn = conn;
+                        return conn.req_packed_commands(pipeline, offset, count).await;
+                    }
+                    let total = pipeline.len();
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for (indices, part) in groups {
+                        let mut conn = conn.clone();
+                        tasks.spawn(async move {
+                            let n = part.len();
+                            let answers = conn.req_packed_commands(&part, 0, n).await;
+                            (indices, answers)
+                        });
+                    }
+                    let mut answers: Vec<Option<Value>> = vec![None; total];
+                    while let Some(joined) = tasks.join_next().await {
+                        let (indices, part) = joined.map_err(|e| {
+                            redis::RedisError::from((
+                                redis::ErrorKind::Io,
+                                "pipeline part panicked",
+                                e.to_string(),
+                            ))
+                        })?;
+                        for (index, value) in indices.into_iter().zip(part?) {
+                            answers[index] = Some(value);
+                        }
+                    }
+                    let answers: Vec<Value> = answers
+                        .into_iter()
+                        .map(|a| a.unwrap_or(Value::Nil))
+                        .collect();
+                    Ok(answers.into_iter().skip(offset).take(count).collect())
+                })
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(conn) => conn.get_db(),
+            Self::Cluster(_) => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_give_one_seed_per_host_with_the_credentials() {
+        assert_eq!(
+            cluster_seed_urls("alice:pw@10.0.0.1:7000,10.0.0.2:7001/0").unwrap(),
+            [
+                "redis://alice:pw@10.0.0.1:7000",
+                "redis://alice:pw@10.0.0.2:7001"
+            ]
+        );
+        assert_eq!(
+            cluster_seed_urls("h:1, h:2,").unwrap(),
+            ["redis://h:1", "redis://h:2"]
+        );
+        assert!(cluster_seed_urls("").is_err());
+        assert!(cluster_seed_urls("pw@").is_err());
+    }
+
+    #[test]
+    fn open_tells_a_cluster_from_a_single_node() {
+        let cluster =
+            RedisTarget::open("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        let RedisTarget::Cluster(seeds) = &cluster else {
+            panic!("not a cluster: {cluster:?}");
+        };
+        assert_eq!(seeds.len(), 2);
+        assert_eq!(seeds[1].redis_settings().password(), Some("pw"));
+        assert!(!format!("{cluster:?}").contains("pw"));
+        assert!(!RedisTarget::open("redis://127.0.0.1:6379")
+            .unwrap()
+            .is_cluster());
+        assert!(RedisTarget::open("redis+cluster://").is_err());
+        assert!(RedisTarget::cluster(Vec::<String>::new()).is_err());
+    }
+
+    #[test]
+    fn pipelines_split_per_slot_and_keep_positions() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("XADD").arg("orders:0").arg("*").arg("k").arg("a");
+        pipe.cmd("XADD").arg("orders:1").arg("*").arg("k").arg("b");
+        pipe.cmd("TIME");
+        pipe.cmd("XADD").arg("orders:0").arg("*").arg("k").arg("c");
+        let groups = split_by_slot(&pipe);
+        assert_ne!(slot_of(b"orders:0"), slot_of(b"orders:1"));
+        assert_eq!(groups.len(), 2);
+        let mut positions: Vec<Vec<usize>> = groups.iter().map(|(i, _)| i.clone()).collect();
+        positions.sort();
+        // The keyless TIME goes with the first key's slot (orders:0).
+        assert_eq!(positions, [vec![0, 3, 2], vec![1]]);
+        // Known slots (CLUSTER KEYSLOT), and hash tags keep a group's keys in one slot.
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
+        assert_eq!(
+            slot_of(b"sl:{orders/g}:meta"),
+            slot_of(b"sl:{orders/g}:leases")
+        );
+    }
+}

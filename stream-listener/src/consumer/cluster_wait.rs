@@ -1,0 +1,319 @@
+//! The idle wait on a Redis Cluster. One `XREADGROUP ... BLOCK` cannot span slots (CROSSSLOT), so the
+//! idle shards are grouped by slot and each group gets its own blocking read, on a connection of its own
+//! straight to the slot's master (a blocked read holds its connection: reads sharing one would run one
+//! after the other, and a read on the cluster connection would stall acks and heartbeats to that node).
+//!
+//! The wait ends as soon as ANY read returns entries or fails, or the scheduler interrupts it: the other
+//! reads are ended with `CLIENT UNBLOCK` on their node and awaited, so whatever they took is returned too
+//! (pending under this member, handed to the shards' next jobs) and no read outlives the wait in Redis.
+//!
+//! A read answered with `MOVED` / `ASK` (a slot migrating or failed over) drops the cached slot map and
+//! ends the wait as failed: the scheduler then polls the shards one by one through the cluster connection,
+//! which follows redirections, and the next wait reads the new map.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Value};
+use tokio::sync::Notify;
+
+use super::job::{is_missing_group, JobOutcome};
+use super::ops::Shared;
+use super::wait::WaitSpec;
+use crate::connection::slot_of;
+use crate::consumer::Entry;
+
+/// The `client` value the scheduler stores to interrupt a cluster wait (see [`ClusterWait::interrupt`]).
+const INTERRUPTED: i64 = -1;
+
+/// A node's address.
+type Node = (String, u16);
+
+/// `(first slot, last slot, master)` ranges from `CLUSTER SLOTS`.
+type SlotMap = Arc<Vec<(u16, u16, Node)>>;
+
+/// One slot group's blocking connection and its client id on its node.
+struct Blocking {
+    node: Node,
+    conn: MultiplexedConnection,
+    id: i64,
+}
+
+/// The cluster wait's state, kept by the consumer between waits.
+#[derive(Default)]
+pub(crate) struct ClusterWait {
+    /// `(first slot, last slot, master)` from `CLUSTER SLOTS`; `None` until read or after a redirection.
+    slots: Mutex<Option<SlotMap>>,
+    /// Idle blocking connections by slot.
+    conns: Mutex<HashMap<u16, Blocking>>,
+    /// One non-blocking connection per node for `CLIENT UNBLOCK` (the cluster connection can only be
+    /// routed to nodes it already holds a connection to).
+    control: Mutex<HashMap<Node, MultiplexedConnection>>,
+    interrupted: Notify,
+}
+
+impl std::fmt::Debug for ClusterWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterWait")
+    }
+}
+
+impl ClusterWait {
+    /// Ends the running wait (if any) and the next one that starts before it reads: `client` is the
+    /// wait's published client slot, which the scheduler resets when it starts a wait.
+    pub(crate) fn interrupt(&self, client: &AtomicI64) {
+        client.store(INTERRUPTED, Ordering::Release);
+        self.interrupted.notify_waiters();
+    }
+
+    fn forget_slots(&self) {
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// Parses `CLUSTER SLOTS`: `[[start, end, [host, port, ..], replicas..], ..]`.
+fn parse_slots(value: Value) -> RedisResult<Vec<(u16, u16, Node)>> {
+    let ranges: Vec<Value> = redis::from_redis_value(value)?;
+    let mut out = Vec::new();
+    for range in ranges {
+        let range: Vec<Value> = redis::from_redis_value(range)?;
+        if range.len() < 3 {
+            continue;
+        }
+        let start: u16 = redis::from_redis_value_ref(&range[0])?;
+        let end: u16 = redis::from_redis_value_ref(&range[1])?;
+        let master: Vec<Value> = redis::from_redis_value_ref(&range[2])?;
+        if master.len() < 2 {
+            continue;
+        }
+        let host: String = redis::from_redis_value_ref(&master[0])?;
+        let port: u16 = redis::from_redis_value_ref(&master[1])?;
+        out.push((start, end, (host, port)));
+    }
+    Ok(out)
+}
+
+async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
+    if let Some(map) = shared
+        .cluster_wait
+        .slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+    {
+        return Ok(map);
+    }
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let value: Value = shared.conn.clone().query_one_node(&cmd, None).await?;
+    let map = Arc::new(parse_slots(value)?);
+    *shared
+        .cluster_wait
+        .slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
+    Ok(map)
+}
+
+async fn blocking_for(shared: &Shared, slot: u16, node: &Node) -> RedisResult<Blocking> {
+    let cached = shared
+        .cluster_wait
+        .conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&slot);
+    if let Some(blocking) = cached.filter(|b| b.node == *node) {
+        return Ok(blocking);
+    }
+    let timeout = Duration::from_millis(shared.config.block_ms) + shared.config.response_timeout;
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(shared.config.response_timeout));
+    let mut conn = shared
+        .client
+        .node_connection(Some((&node.0, node.1)), &config)
+        .await?;
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut conn)
+        .await?;
+    Ok(Blocking {
+        node: node.clone(),
+        conn,
+        id,
+    })
+}
+
+type ReadResult = (u16, Blocking, RedisResult<Vec<(String, Vec<Entry>)>>);
+
+/// The blocking part of the idle wait on a cluster (after the reclaim phase of [`super::wait::run`]).
+pub(crate) async fn read(
+    shared: Arc<Shared>,
+    spec: WaitSpec,
+    mut outcome: JobOutcome,
+) -> JobOutcome {
+    let notified = shared.cluster_wait.interrupted.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if spec.client.load(Ordering::Acquire) == INTERRUPTED {
+        return outcome;
+    }
+    let map = match slot_map(&shared).await {
+        Ok(map) => map,
+        Err(error) => {
+            outcome.error = Some(error);
+            return outcome;
+        }
+    };
+    let mut groups: BTreeMap<u16, Vec<Arc<str>>> = BTreeMap::new();
+    for (_, key) in &spec.shards {
+        groups
+            .entry(slot_of(key.as_bytes()))
+            .or_default()
+            .push(key.clone());
+    }
+    let mut connected = Vec::new();
+    for (slot, keys) in groups {
+        let Some((_, _, node)) = map.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)) else {
+            shared.cluster_wait.forget_slots();
+            outcome.error = Some(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no master serves the slot",
+                slot.to_string(),
+            )));
+            return outcome;
+        };
+        match blocking_for(&shared, slot, node).await {
+            Ok(blocking) => connected.push((slot, keys, blocking)),
+            Err(error) => {
+                outcome.error = Some(error);
+                return outcome;
+            }
+        }
+    }
+    let Some(left) = spec.deadline.remaining() else {
+        outcome.expired = true;
+        return outcome;
+    };
+    let block = Duration::from_millis(shared.config.block_ms).min(left);
+    let mut running: HashMap<u16, (Node, i64)> = HashMap::new();
+    let mut reads = tokio::task::JoinSet::new();
+    for (slot, keys, mut blocking) in connected {
+        running.insert(slot, (blocking.node.clone(), blocking.id));
+        let shared = shared.clone();
+        reads.spawn(async move {
+            let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
+            let result = shared.wait_new(&keys, &mut blocking.conn, block).await;
+            (slot, blocking, result) as ReadResult
+        });
+    }
+    let mut unblocked = false;
+    loop {
+        let joined = tokio::select! {
+            joined = reads.join_next() => joined,
+            () = &mut notified, if !unblocked => {
+                unblock(&shared, &running).await;
+                unblocked = true;
+                continue;
+            }
+        };
+        let Some(joined) = joined else { break };
+        let Ok((slot, blocking, result)) = joined else {
+            // A read task panicked: its connection is gone with it.
+            continue;
+        };
+        running.remove(&slot);
+        let ended = match result {
+            Ok(by_key) => {
+                let got = !by_key.is_empty();
+                for (key, entries) in by_key {
+                    if let Some((shard, _)) = spec.shards.iter().find(|(_, k)| **k == *key) {
+                        outcome.fetched += entries.len();
+                        outcome.woke.push((*shard, entries));
+                    }
+                }
+                shared
+                    .cluster_wait
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(slot, blocking);
+                got
+            }
+            Err(error) if is_missing_group(&error) => {
+                outcome.missing_group = true;
+                true
+            }
+            Err(error) => {
+                if error.redirect_node().is_some() {
+                    shared.cluster_wait.forget_slots();
+                }
+                outcome.error = Some(error);
+                true
+            }
+        };
+        if ended && !unblocked {
+            unblock(&shared, &running).await;
+            unblocked = true;
+        }
+    }
+    outcome
+}
+
+async fn control(shared: &Shared, node: &Node) -> RedisResult<MultiplexedConnection> {
+    let cached = shared
+        .cluster_wait
+        .control
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(node)
+        .cloned();
+    if let Some(conn) = cached {
+        return Ok(conn);
+    }
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(Some(shared.config.response_timeout))
+        .set_connection_timeout(Some(shared.config.response_timeout));
+    let conn = shared
+        .client
+        .node_connection(Some((&node.0, node.1)), &config)
+        .await?;
+    shared
+        .cluster_wait
+        .control
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(node.clone(), conn.clone());
+    Ok(conn)
+}
+
+/// `CLIENT UNBLOCK` every read still blocked, on its own node.
+async fn unblock(shared: &Shared, running: &HashMap<u16, (Node, i64)>) {
+    for (node, id) in running.values() {
+        let done: RedisResult<i64> = match control(shared, node).await {
+            Ok(mut conn) => {
+                redis::cmd("CLIENT")
+                    .arg("UNBLOCK")
+                    .arg(*id)
+                    .query_async(&mut conn)
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        if done.is_err() {
+            // A broken control connection is made again next time.
+            shared
+                .cluster_wait
+                .control
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(node);
+        }
+        if let Err(error) = done {
+            tracing::debug!(%error, host = %node.0, port = node.1, "could not interrupt a blocking read; it ends at its timeout");
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! A Redis Cluster on loopback: 3 masters and 3 replicas, each a [`RedisServer`] on free ports, made
+//! with `redis-cli --cluster create`. Helpers migrate a slot, fail a master over and restart a node.
+//!
+//! Cluster commands go through `redis-cli` (`$REDIS_CLI_BIN`, else `redis-cli` on `PATH`).
+
+use std::io;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::{free_port, RedisServer};
+
+/// How long [`RedisCluster::start`] and the failover helpers wait for the cluster to settle.
+pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Environment variable naming the `redis-cli` binary.
+pub const REDIS_CLI_BIN_ENV: &str = "REDIS_CLI_BIN";
+
+/// One `CLUSTER NODES` line: id, port, flags, master id, slots.
+type NodeLine = (String, u16, String, String, String);
+
+/// A running cluster; every node is killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    password: Option<String>,
+}
+
+fn cli_binary() -> String {
+    std::env::var(REDIS_CLI_BIN_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "redis-cli".into())
+}
+
+impl RedisCluster {
+    /// Starts 3 masters + 3 replicas and waits until every node says `cluster_state:ok`.
+    ///
+    /// # Panics
+    /// If a node cannot start or the cluster does not form within [`CLUSTER_TIMEOUT`].
+    pub fn start() -> RedisCluster {
+        Self::try_start(None).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
+    }
+
+    /// Like [`start`](Self::start), every node with `requirepass` and `masterauth` set to `password`.
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        Self::try_start(Some(password.to_owned()))
+            .unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
+    }
+
+    fn try_start(password: Option<String>) -> io::Result<RedisCluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            // The bus port must be free too; port + 10000 may be out of range, so pick it.
+            let bus = free_port()?;
+            let extra = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-port",
+                &bus.to_string(),
+                "--cluster-require-full-coverage",
+                "no",
+                // Replicas sync straight away, without an RDB file.
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec();
+            nodes.push(RedisServer::try_start_with_args(extra, password.clone())?);
+        }
+        let cluster = RedisCluster { nodes, password };
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(
+            cluster
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port())),
+        );
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let out = cluster.cli_raw(&args)?;
+        if !out.contains("[OK] All 16384 slots covered") {
+            return Err(io::Error::other(format!("cluster create failed:\n{out}")));
+        }
+        cluster.wait_ok()?;
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://[:password@]127.0.0.1:p1,...` with every node as a seed.
+    pub fn url(&self) -> String {
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{auth}{}", hosts.join(","))
+    }
+
+    /// The nodes, in creation order (the first three start as masters).
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// One node, to kill or restart it.
+    pub fn node_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.nodes[index]
+    }
+
+    fn cli_raw(&self, args: &[String]) -> io::Result<String> {
+        let mut cmd = Command::new(cli_binary());
+        if let Some(password) = &self.password {
+            cmd.args(["-a", password, "--no-auth-warning"]);
+        }
+        let out = cmd.args(args).output()?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// Runs one command with `redis-cli` on the node at `port` and returns its output (trimmed).
+    pub fn cli(&self, port: u16, args: &[&str]) -> io::Result<String> {
+        let mut all: Vec<String> = vec!["-p".into(), port.to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        Ok(self.cli_raw(&all)?.trim().to_owned())
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and sees all 16384 slots, and every
+    /// running replica's link to its master is up (a replica that never synced cannot be promoted).
+    pub fn wait_ok(&self) -> io::Result<()> {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let mut ok = true;
+            for node in &self.nodes {
+                if !node.ping() {
+                    continue;
+                }
+                let info = self.cli(node.port(), &["CLUSTER", "INFO"])?;
+                if !info.contains("cluster_state:ok") || !info.contains("cluster_slots_ok:16384") {
+                    ok = false;
+                }
+                let replication = self.cli(node.port(), &["INFO", "replication"])?;
+                if replication.contains("role:slave")
+                    && !replication.contains("master_link_status:up")
+                {
+                    ok = false;
+                }
+            }
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("cluster not ok within {CLUSTER_TIMEOUT:?}"),
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `CLUSTER NODES` lines as seen by a running node: `(id, port, flags, master id, slots)`.
+    fn topology(&self) -> io::Result<Vec<NodeLine>> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.ping())
+            .ok_or_else(|| io::Error::other("no node runs"))?;
+        let text = self.cli(node.port(), &["CLUSTER", "NODES"])?;
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let port = f.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+                Some((
+                    f[0].to_owned(),
+                    port,
+                    f.get(2)?.to_string(),
+                    f.get(3)?.to_string(),
+                    f.get(8..).map(|s| s.join(" ")).unwrap_or_default(),
+                ))
+            })
+            .collect())
+    }
+
+    fn id_of(&self, port: u16) -> io::Result<String> {
+        self.cli(port, &["CLUSTER", "MYID"])
+    }
+
+    /// The index of the node that is master of `slot` now.
+    pub fn master_of(&self, slot: u16) -> usize {
+        let topology = self.topology().expect("CLUSTER NODES");
+        for (_, port, flags, _, slots) in topology {
+            if !flags.contains("master") || flags.contains("fail") {
+                continue;
+            }
+            let serves = slots.split_whitespace().any(|range| {
+                let mut ends = range.split('-');
+                let a = ends.next().and_then(|s| s.parse::<u16>().ok());
+                let b = ends.next().and_then(|s| s.parse::<u16>().ok()).or(a);
+                matches!((a, b), (Some(a), Some(b)) if (a..=b).contains(&slot))
+            });
+            if serves {
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| n.port() == port)
+                    .expect("a node of ours");
+            }
+        }
+        panic!("no master serves slot {slot}");
+    }
+
+    /// Moves `slot` from its master to the master at index `to`, the way `redis-cli --cluster reshard`
+    /// does: `SETSLOT IMPORTING` / `MIGRATING`, `MIGRATE` the keys in batches, then `SETSLOT NODE` on
+    /// both. Clients see `ASK` during and `MOVED` after.
+    pub fn migrate_slot(&self, slot: u16, to: usize) -> io::Result<()> {
+        let from = self.master_of(slot);
+        if from == to {
+            return Ok(());
+        }
+        let (src, dst) = (self.nodes[from].port(), self.nodes[to].port());
+        let (src_id, dst_id) = (self.id_of(src)?, self.id_of(dst)?);
+        let s = slot.to_string();
+        self.cli(dst, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id])?;
+        self.cli(src, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id])?;
+        for _ in 0..100_000 {
+            let keys = self.cli(src, &["CLUSTER", "GETKEYSINSLOT", &s, "10"])?;
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let d = dst.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &d, "", "0", "5000"];
+            if let Some(password) = &self.password {
+                args.extend(["AUTH", password]);
+            }
+            args.push("KEYS");
+            args.extend(keys.iter().copied());
+            let out = self.cli(src, &args)?;
+            if !out.contains("OK") && !out.contains("NOKEY") {
+                return Err(io::Error::other(format!("MIGRATE failed: {out}")));
+            }
+        }
+        self.cli(dst, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        self.cli(src, &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id])?;
+        for node in &self.nodes {
+            if node.port() != src && node.port() != dst && node.ping() {
+                let _ = self.cli(node.port(), &["CLUSTER", "SETSLOT", &s, "NODE", &dst_id]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills the master at `index` (SIGKILL) and waits until one of its replicas is master and the
+    /// cluster is ok again. Returns the index of the promoted replica.
+    pub fn fail_master(&mut self, index: usize) -> io::Result<usize> {
+        let port = self.nodes[index].port();
+        let id = self.id_of(port)?;
+        let replicas: Vec<u16> = self
+            .topology()?
+            .into_iter()
+            .filter(|(_, _, flags, master, _)| flags.contains("slave") && *master == id)
+            .map(|(_, p, ..)| p)
+            .collect();
+        if replicas.is_empty() {
+            return Err(io::Error::other(format!("{port} has no replica")));
+        }
+        self.nodes[index].kill();
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let promoted = self.topology()?.into_iter().find(|(_, p, flags, _, _)| {
+                replicas.contains(p) && flags.contains("master") && !flags.contains("fail")
+            });
+            if let Some((_, p, ..)) = promoted {
+                self.wait_ok()?;
+                return Ok(self.nodes.iter().position(|n| n.port() == p).expect("ours"));
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no replica of {port} ({replicas:?}) promoted within {CLUSTER_TIMEOUT:?}: {:?}\nreplica log:\n{}",
+                        self.topology(),
+                        self.nodes.iter().filter(|n| replicas.contains(&n.port())).map(|n| n.log()).collect::<String>()
+                    ),
+                ));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Restarts the node at `index` on its port and data directory (it rejoins with its `nodes.conf`,
+    /// a failed-over master as a replica) and waits until the cluster is ok.
+    pub fn restart_node(&mut self, index: usize) -> io::Result<()> {
+        self.nodes[index].restart();
+        self.wait_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_forms_migrates_a_slot_and_fails_over() {
+        let mut cluster = RedisCluster::start();
+        assert_eq!(cluster.nodes().len(), 6);
+        // Slot 12182 is "foo"'s.
+        let port_of = |c: &RedisCluster, slot| c.nodes()[c.master_of(slot)].port();
+        let p = port_of(&cluster, 12182);
+        assert_eq!(cluster.cli(p, &["SET", "foo", "bar"]).unwrap(), "OK");
+        let from = cluster.master_of(12182);
+        let to = (0..6)
+            .find(|&i| i != from && cluster.nodes()[i].port() != p && i < 3)
+            .unwrap();
+        cluster.migrate_slot(12182, to).unwrap();
+        assert_eq!(cluster.master_of(12182), to);
+        assert_eq!(
+            cluster
+                .cli(cluster.nodes()[to].port(), &["GET", "foo"])
+                .unwrap(),
+            "bar"
+        );
+        let promoted = cluster.fail_master(to).unwrap();
+        assert_eq!(cluster.master_of(12182), promoted);
+        assert_eq!(
+            cluster
+                .cli(cluster.nodes()[promoted].port(), &["GET", "foo"])
+                .unwrap(),
+            "bar"
+        );
+        cluster.restart_node(to).unwrap();
+    }
+
+    #[test]
+    fn a_cluster_with_a_password_refuses_anonymous_clients() {
+        let cluster = RedisCluster::start_with_password("s3cret");
+        assert!(cluster
+            .url()
+            .starts_with("redis+cluster://:s3cret@127.0.0.1:"));
+        let port = cluster.nodes()[0].port();
+        let out = Command::new(cli_binary())
+            .args(["-p", &port.to_string(), "PING"])
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("NOAUTH"));
+        assert_eq!(cluster.cli(port, &["PING"]).unwrap(), "PONG");
+    }
+}

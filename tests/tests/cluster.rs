@@ -1,0 +1,342 @@
+//! stream-listener on a real Redis Cluster (3 masters + 3 replicas from `test-support`): two runtimes
+//! consume one group while a producer writes, through a slot migration of a shard stream, a master
+//! failover, the group metadata's master failing, and `SCRIPT FLUSH` everywhere. Every handled message
+//! records the member and epoch that handled it: nothing is lost, per-key order holds, and a shard's
+//! owner tokens never go back to an earlier owner.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use stream_listener::connection::{slot_of, ConnectOptions, Connection, RedisTarget};
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::topology::Topology;
+use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
+use stream_listener_test_support::RedisCluster;
+use tokio::time::Instant;
+
+const TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 100,
+    session_timeout_ms: 3_000,
+    rebalance_timeout_ms: 6_000,
+};
+const SHARDS: u32 = 8;
+const KEYS: u32 = 16;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Order {
+    key: String,
+    seq: u32,
+}
+
+/// One handled message: key, seq, shard, member, member epoch.
+type Seen = Arc<Mutex<Vec<(String, u32, u32, String, i64)>>>;
+
+async fn connect(url: &str) -> Connection {
+    RedisTarget::open(url)
+        .unwrap()
+        .connect(ConnectOptions::default())
+        .await
+        .unwrap()
+}
+
+fn start(
+    url: &str,
+    stream: &str,
+    member: &str,
+    seen: Seen,
+) -> impl std::future::Future<Output = RunningRuntime> {
+    let builder = ConsumerBuilder::new(stream, "g")
+        .member_id(member)
+        .runtime_max_concurrency(2)
+        .batch_size(10)
+        .handler(move |msg: Message<Order>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((
+                    msg.payload.key.clone(),
+                    msg.payload.seq,
+                    msg.shard,
+                    msg.token.member_id.to_string(),
+                    msg.token.member_epoch,
+                ));
+                Ok::<(), String>(())
+            }
+        });
+    let runtime = Runtime::new(url)
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .consumer(builder);
+    async move { runtime.start().await.unwrap() }
+}
+
+/// Sends `per_key` orders per key, round by round, retrying a failed send (a failover in progress)
+/// for up to 20 s. Returns how many were sent.
+async fn produce(url: String, stream: &'static str, per_key: u32, pause: Duration) -> u32 {
+    let producer = Producer::new(connect(&url).await, stream).await.unwrap();
+    for seq in 0..per_key {
+        for k in 0..KEYS {
+            let key = format!("k{k}");
+            let order = Order {
+                key: key.clone(),
+                seq,
+            };
+            let start = Instant::now();
+            loop {
+                match producer.send(&key, &order).await {
+                    Ok(_) => break,
+                    Err(error) => {
+                        assert!(
+                            start.elapsed() < Duration::from_secs(20),
+                            "send failed for 20 s: {error}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+    }
+    per_key * KEYS
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn distinct(seen: &Seen) -> usize {
+    let seen = seen.lock().unwrap();
+    seen.iter()
+        .map(|(k, s, ..)| (k.clone(), *s))
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+/// Nothing lost, per-key order (first deliveries strictly increasing), and per shard the owner token
+/// never returns to an earlier (member, epoch) once another took over.
+fn check(seen: &Seen, sent: u32, per_key: u32) {
+    let seen = seen.lock().unwrap();
+    let mut by_key: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let mut tokens: BTreeMap<u32, Vec<(&str, i64)>> = BTreeMap::new();
+    for (key, seq, shard, member, epoch) in seen.iter() {
+        by_key.entry(key).or_default().push(*seq);
+        let owners = tokens.entry(*shard).or_default();
+        if owners.last() != Some(&(member.as_str(), *epoch)) {
+            assert!(
+                !owners.contains(&(member.as_str(), *epoch)),
+                "shard {shard}: ({member}, {epoch}) handled again after another owner: {owners:?}"
+            );
+            owners.push((member, *epoch));
+        }
+    }
+    let mut total = 0;
+    for (key, seqs) in by_key {
+        let mut first = Vec::new();
+        let mut had = BTreeSet::new();
+        for seq in seqs {
+            if had.insert(seq) {
+                first.push(seq);
+            }
+        }
+        assert!(
+            first.windows(2).all(|w| w[0] < w[1]),
+            "{key}: out of order {first:?}"
+        );
+        assert_eq!(first.len() as u32, per_key, "{key}: lost some: {first:?}");
+        total += first.len() as u32;
+    }
+    assert_eq!(total, sent);
+}
+
+/// Two runtimes consume `stream` while `per_key` rounds are produced; `disrupt` runs once the first
+/// messages were handled. Then everything must be handled and checked.
+async fn consume_through(
+    cluster: &mut RedisCluster,
+    stream: &'static str,
+    disrupt: impl FnOnce(&mut RedisCluster),
+) {
+    let url = cluster.url();
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
+    let seen: Seen = Arc::default();
+    let a = start(&url, stream, "a", seen.clone()).await;
+    let b = start(&url, stream, "b", seen.clone()).await;
+    let per_key = 30;
+    let producer = tokio::spawn(produce(
+        url.clone(),
+        stream,
+        per_key,
+        Duration::from_millis(30),
+    ));
+    wait_until("first messages", Duration::from_secs(30), || {
+        distinct(&seen) >= 64
+    })
+    .await;
+    tokio::task::block_in_place(|| disrupt(cluster));
+    let sent = producer.await.unwrap();
+    wait_until("every message handled", Duration::from_secs(60), || {
+        distinct(&seen) as u32 == sent
+    })
+    .await;
+    a.shutdown().await;
+    b.shutdown().await;
+    check(&seen, sent, per_key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_consume_a_cluster_in_per_key_order() {
+    let mut cluster = RedisCluster::start();
+    consume_through(&mut cluster, "plain", |_| {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_password_works() {
+    let mut cluster = RedisCluster::start_with_password("s3cret");
+    consume_through(&mut cluster, "authed", |_| {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_streams_slot_migrated_during_consumption_loses_nothing() {
+    let mut cluster = RedisCluster::start();
+    consume_through(&mut cluster, "migrated", |cluster| {
+        let slot = slot_of(b"migrated:3");
+        let from = cluster.master_of(slot);
+        let to = (0..6)
+            .find(|&i| i != from && i < 3)
+            .expect("another master");
+        cluster.migrate_slot(slot, to).unwrap();
+        assert_eq!(cluster.master_of(slot), to);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_masters_failover_during_consumption_loses_nothing() {
+    let mut cluster = RedisCluster::start();
+    consume_through(&mut cluster, "failed", |cluster| {
+        let master = cluster.master_of(slot_of(b"failed:5"));
+        cluster.fail_master(master).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_metadata_masters_failover_loses_nothing() {
+    let mut cluster = RedisCluster::start();
+    consume_through(&mut cluster, "meta", |cluster| {
+        let master = cluster.master_of(slot_of(b"sl:{meta/g}"));
+        cluster.fail_master(master).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_on_every_node_mid_run_loses_nothing() {
+    let mut cluster = RedisCluster::start();
+    consume_through(&mut cluster, "flushed", |cluster| {
+        for node in cluster.nodes() {
+            assert_eq!(
+                cluster.cli(node.port(), &["SCRIPT", "FLUSH"]).unwrap(),
+                "OK"
+            );
+        }
+    })
+    .await;
+}
+
+/// Sum over running nodes of a `name:value` (or `name:calls=value`) field of `INFO section`.
+fn info_sum(cluster: &RedisCluster, section: &str, field: &str) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.ping())
+        .map(|n| {
+            let info = cluster.cli(n.port(), &["INFO", section]).unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .map(|rest| {
+                    let rest = rest.trim_start_matches("calls=");
+                    rest.split([',', '\r'])
+                        .next()
+                        .unwrap()
+                        .parse::<u64>()
+                        .unwrap()
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_wait_blocks_per_slot_and_ends_when_any_read_returns() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let stream = "idle";
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
+    let slots: BTreeSet<u16> = (0..SHARDS)
+        .map(|s| slot_of(format!("{stream}:{s}").as_bytes()))
+        .collect();
+    let seen: Seen = Arc::default();
+    let runtime = start(&url, stream, "solo", seen.clone()).await;
+    // Idle: blocked XREADGROUPs side by side, one per slot group of the waiting shards (a shard being
+    // polled by the other worker is not in the wait), spread over the masters.
+    let started = Instant::now();
+    while info_sum(&cluster, "clients", "blocked_clients:") < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "expected blocked reads on {} slots, have {}",
+            slots.len(),
+            info_sum(&cluster, "clients", "blocked_clients:")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let unblocks = info_sum(&cluster, "commandstats", "cmdstat_client|unblock:");
+    let producer = Producer::new(connect(&url).await, stream).await.unwrap();
+    producer
+        .send(
+            "k1",
+            &Order {
+                key: "k1".into(),
+                seq: 0,
+            },
+        )
+        .await
+        .unwrap();
+    wait_until("the message handled", Duration::from_secs(10), || {
+        distinct(&seen) == 1
+    })
+    .await;
+    // The read that got it ended the wait: the other slots' reads were unblocked, not waited for (a
+    // wait that waited for every read would send no CLIENT UNBLOCK at all).
+    let started = Instant::now();
+    while info_sum(&cluster, "commandstats", "cmdstat_client|unblock:") < unblocks + 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the other reads were not unblocked (before {unblocks}, blocked {}): {:?}",
+            info_sum(&cluster, "clients", "blocked_clients:"),
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| cluster
+                    .cli(n.port(), &["INFO", "commandstats"])
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.contains("client") || l.contains("xread"))
+                    .collect::<Vec<_>>()
+                    .join(";"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runtime.shutdown().await;
+}
