@@ -19,7 +19,7 @@
 //!   refused at commit like any stale writer.
 //! * **Batched commits.** A heartbeat that needs a real change queues itself in the group's inbox (one
 //!   script: `RPUSH` and `SET NX` of the writer lock). Whoever holds the lock applies its own input and
-//!   up to [`inbox::BATCH`] queued heartbeats to one snapshot and commits them in **one** write; the
+//!   up to 512 queued heartbeats to one snapshot and commits them in **one** write; the
 //!   commit script answers each queued sender on its own reply key, after the write. Waiting senders block
 //!   in Redis on their reply key and the turn list, so a join storm of `n` members costs about `n / BATCH`
 //!   commits per round instead of `n`. Applying another member's heartbeat is exactly what that member
