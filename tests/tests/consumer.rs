@@ -464,6 +464,38 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    create_groups(&mut conn, "calm", 0..8).await;
+    let log = Log::default();
+    let mut cfg = config("calm", "m0");
+    // Several workers: the shards whose jobs were still running when the wait started come back empty
+    // while it runs. They must join the next wait, not be polled again and again by the free workers.
+    cfg.runtime_max_concurrency = 4;
+    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    running.assign(0..8).await;
+    wait_until("idle wait", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { blocked_clients(&mut conn).await == 1 }
+    })
+    .await;
+    let before = xreadgroup_calls(&mut conn).await;
+    // An observation window, not a synchronisation: an idle member sends about one blocking read per
+    // 450 ms; polling while the wait runs would send thousands.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reads = xreadgroup_calls(&mut conn).await - before;
+    assert!(reads <= 30, "an idle member sent {reads} reads in 2 s");
+    // And it still wakes for traffic on any shard.
+    produce(&mut conn, "calm", 5, 0, 1).await;
+    wait_until("entry on shard 5", Duration::from_secs(5), || async {
+        log.count() == 1
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_shards_are_rotated_not_drained_one_by_one() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
@@ -1166,12 +1198,10 @@ async fn connections_do_not_grow_with_owned_shards() {
         cfg.runtime_max_concurrency = workers;
         let running = Running::start(&server, cfg, recording_handler(&log)).await;
         running.assign(shards.clone()).await;
-        // Wait until the member is idle-polling every shard and has blocked at least once per worker.
-        let before = xreadgroup_calls(&mut conn).await;
-        wait_until("several idle rotations", Duration::from_secs(20), || {
+        // Wait until the member is in its idle wait (every shard it polled came back empty).
+        wait_until("the idle wait", Duration::from_secs(20), || {
             let mut conn = conn.clone();
-            let n = shards.len() as u64;
-            async move { xreadgroup_calls(&mut conn).await >= before + 3 * n + 4 }
+            async move { blocked_clients(&mut conn).await == 1 }
         })
         .await;
         let target = log.count() + 1;

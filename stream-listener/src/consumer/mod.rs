@@ -295,6 +295,10 @@ struct Scheduler {
     free_slots: Vec<usize>,
     /// Consecutive reads that found nothing: a full rotation of them starts the idle wait.
     idle_streak: usize,
+    /// Shards that came back empty while the idle wait ran, for the next one (see `on_job_end`).
+    parked: Vec<u32>,
+    /// The running idle wait was asked to end.
+    wait_interrupted: bool,
     /// The idle wait, while it runs.
     wait: Option<tokio::task::Id>,
     /// The Redis client id of the idle wait's connection (0: not known yet).
@@ -350,6 +354,8 @@ impl Scheduler {
             wait_conn: None,
             free_slots: (0..workers).rev().collect(),
             idle_streak: 0,
+            parked: Vec::new(),
+            wait_interrupted: false,
             wait: None,
             wait_client: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             outbox: VecDeque::new(),
@@ -572,6 +578,7 @@ impl Scheduler {
         };
         self.ready.retain(|s| *s != shard);
         self.delayed.retain(|(_, s, _)| *s != shard);
+        self.parked.retain(|s| *s != shard);
         let in_flight = if state.running {
             state.in_flight.load(Ordering::Acquire)
         } else {
@@ -756,6 +763,9 @@ impl Scheduler {
 
     fn on_wait_end(&mut self, meta: JobMeta, mut outcome: JobOutcome) {
         self.wait = None;
+        self.wait_interrupted = false;
+        // Shards that came back empty while it ran are polled (or waited on) again now.
+        self.ready.extend(self.parked.drain(..));
         if outcome.fetched > 0 {
             // Data: poll the whole rotation again before waiting. (An empty wait leaves the streak as it
             // was, so the member simply waits again.)
@@ -960,6 +970,17 @@ impl Scheduler {
             self.idle_streak = 0;
         } else {
             self.idle_streak += 1;
+            if self.wait.is_some() && state.phase == Some(Phase::Live) && state.held.is_empty() {
+                // Its job was running when the idle wait started, and it came back empty: polling it
+                // again would only spin the free workers. It joins the next wait instead, which the
+                // interrupt starts at once.
+                self.parked.push(shard);
+                if !self.wait_interrupted {
+                    self.wait_interrupted = true;
+                    self.interrupt_wait();
+                }
+                return;
+            }
         }
         self.ready.push_back(shard);
     }
