@@ -425,20 +425,11 @@ impl GroupStore {
                 .arg(WRITER_WAIT_S)
                 .query_async(&mut self.conn)
                 .await?;
-            if let Some((key, answer)) = popped.filter(|(key, _)| *key == reply_key) {
-                debug_assert_eq!(key, reply_key);
+            if let Some((_, answer)) = popped.filter(|(key, _)| *key == reply_key) {
                 return self.answer(&reply_key, &answer);
             }
             stats::add(&stats::LOCK_WAITS, 1);
-            let taken: Option<String> = redis::cmd("SET")
-                .arg(&self.keys.writer)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(WRITER_LOCK_MS)
-                .query_async(&mut self.conn)
-                .await?;
-            if taken.is_some() {
+            if self.try_lock(&token).await? {
                 // The previous holder may have answered between the wait and the lock.
                 let answer: Option<Vec<u8>> = redis::cmd("LPOP")
                     .arg(&reply_key)
@@ -747,19 +738,24 @@ impl GroupStore {
         Ok(Some(outcome.response))
     }
 
+    /// Takes the writer lock with `token` if it is free.
+    async fn try_lock(&mut self, token: &str) -> Result<bool, StoreError> {
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(&self.keys.writer)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(WRITER_LOCK_MS)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(taken.is_some())
+    }
+
     /// Takes the writer lock, waiting in Redis for the holder to release it. Returns the token.
     async fn lock(&mut self) -> Result<String, StoreError> {
         let token = format!("{:x}", random_u64());
         loop {
-            let taken: Option<String> = redis::cmd("SET")
-                .arg(&self.keys.writer)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(WRITER_LOCK_MS)
-                .query_async(&mut self.conn)
-                .await?;
-            if taken.is_some() {
+            if self.try_lock(&token).await? {
                 return Ok(token);
             }
             stats::add(&stats::LOCK_WAITS, 1);
