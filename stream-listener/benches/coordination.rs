@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p stream-listener --bench coordination`
 //! (`SL_BENCH_MEMBERS`: simulated members, default 64; `SL_BENCH_SECONDS`: length of each timed phase,
-//! default 5; `SL_BENCH_ONLY_JOIN`: run only the joining phase).
+//! default 5; `SL_BENCH_ONLY_JOIN`: run only the joining phase; `SL_BENCH_DEFAULT_TIMING_ONLY`: join with
+//! 1 s heartbeats only).
 //!
 //! Every simulated member is a [`MemberSession`] with its own [`GroupStore`] and its own
 //! `ConnectionManager`, driven by its own tokio task on a 2-worker multi-thread runtime. There is no
@@ -650,10 +651,13 @@ fn main() {
 /// Part 4: joining at once, with the default timing and with a ten times shorter interval.
 async fn join_phase(url: &str, members: usize) {
     println!("\n4. {members} members (real heartbeat loops) joining a fresh group at once ({SHARDS} shards)");
-    for (i, config) in [GroupConfig::default(), JOIN_CONFIG]
-        .into_iter()
-        .enumerate()
-    {
+    // `SL_BENCH_DEFAULT_TIMING_ONLY`: skip the 100 ms heartbeat run.
+    let configs = if std::env::var("SL_BENCH_DEFAULT_TIMING_ONLY").is_ok() {
+        vec![GroupConfig::default()]
+    } else {
+        vec![GroupConfig::default(), JOIN_CONFIG]
+    };
+    for (i, config) in configs.into_iter().enumerate() {
         let interval = config.heartbeat_interval_ms;
         match run_join(url, members, &format!("join-{i}"), config).await {
             Some(took) => {
