@@ -470,8 +470,9 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
         .member_id("solo")
         .handler_timeout(Duration::from_millis(200))
         .handler(|msg: Message<Job>| async move {
-            if msg.payload.key == "block" {
-                // Blocks its thread: the timeout cannot cancel it.
+            if msg.payload.key == "block" && msg.delivery_count <= 1 {
+                // Blocks its thread: the timeout cannot cancel it. Only the first attempt blocks,
+                // so the retry after the timeout does not keep the member unready below.
                 std::thread::sleep(Duration::from_millis(2_000));
             }
             Ok::<(), String>(())
@@ -490,14 +491,29 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
     .await;
     assert!(runtime.health().live());
 
+    // A handler that blocks its worker thread can stall this runtime's timer driver (tokio drives
+    // timers from one parked worker), so a check paced by `tokio::time::sleep` may not run until the
+    // handler returns. Probe from an OS thread, as a probe outside the stalled runtime would.
+    let handle = runtime.health_handle();
+    let watcher = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        loop {
+            let health = handle.health();
+            if !health.live() {
+                return health;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting for not live while the handler overruns"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
     let shard = send(&producer, "block", 0).await;
-    wait_until(
-        "not live while the handler overruns",
-        Duration::from_secs(10),
-        || !runtime.health().live(),
-    )
-    .await;
-    let health = runtime.health();
+    let health = tokio::task::spawn_blocking(move || watcher.join())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e));
     assert!(!health.ready());
     let overdue = &health.members[0].overdue_handlers;
     assert_eq!(overdue.len(), 1, "{health:?}");
