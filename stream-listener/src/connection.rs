@@ -274,9 +274,24 @@ impl Connection {
         self.query_one_node(&cmd, None).await
     }
 
+    /// The cluster's masters from `CLUSTER SLOTS` (any node's view), each once; empty on a single node.
+    /// For keyspace-wide commands such as `SCAN`, which see one node's keys only.
+    pub async fn masters(&mut self) -> RedisResult<Vec<(String, u16)>> {
+        if !self.is_cluster() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let slots = parse_cluster_slots(self.query_one_node(&cmd, None).await?)?;
+        let mut masters: Vec<NodeAddr> = slots.into_iter().map(|(_, _, m)| m).collect();
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
     /// Runs a keyless command on one node: the single node, or on a cluster the node at `addr` (any
     /// node when `None`). redis-rs would send some keyless commands (`INFO`, `CLIENT`) to every node.
-    pub(crate) async fn query_one_node<T: redis::FromRedisValue>(
+    pub async fn query_one_node<T: redis::FromRedisValue>(
         &mut self,
         cmd: &Cmd,
         addr: Option<(&str, u16)>,
@@ -427,6 +442,32 @@ impl ConnectionLike for Connection {
             Self::Cluster(_) => 0,
         }
     }
+}
+
+/// A node's address.
+pub(crate) type NodeAddr = (String, u16);
+
+/// Parses `CLUSTER SLOTS`: `[[start, end, [host, port, ..], replicas..], ..]` into
+/// `(first slot, last slot, master)` ranges.
+pub(crate) fn parse_cluster_slots(value: redis::Value) -> RedisResult<Vec<(u16, u16, NodeAddr)>> {
+    let ranges: Vec<redis::Value> = redis::from_redis_value(value)?;
+    let mut out = Vec::new();
+    for range in ranges {
+        let range: Vec<redis::Value> = redis::from_redis_value(range)?;
+        if range.len() < 3 {
+            continue;
+        }
+        let start: u16 = redis::from_redis_value_ref(&range[0])?;
+        let end: u16 = redis::from_redis_value_ref(&range[1])?;
+        let master: Vec<redis::Value> = redis::from_redis_value_ref(&range[2])?;
+        if master.len() < 2 {
+            continue;
+        }
+        let host: String = redis::from_redis_value_ref(&master[0])?;
+        let port: u16 = redis::from_redis_value_ref(&master[1])?;
+        out.push((start, end, (host, port)));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

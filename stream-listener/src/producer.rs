@@ -35,7 +35,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use serde::Serialize;
 
@@ -132,10 +132,11 @@ struct Cached {
 
 /// Publishes messages to one sharded stream. Cheap to clone; clones share the connection and topology cache.
 ///
-/// `C` is any async Redis connection that is cheap to clone, such as [`ConnectionManager`] (the default,
-/// which reconnects) or [`redis::aio::MultiplexedConnection`].
+/// `C` is any async Redis connection that is cheap to clone: [`Connection`](crate::Connection) (the
+/// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`] or
+/// [`redis::aio::MultiplexedConnection`].
 #[derive(Clone)]
-pub struct Producer<C = ConnectionManager> {
+pub struct Producer<C = crate::Connection> {
     conn: C,
     prefix: Arc<str>,
     config: ProducerConfig,
@@ -175,13 +176,13 @@ impl<C> Producer<C> {
     }
 }
 
-impl Producer<ConnectionManager> {
+impl Producer<crate::Connection> {
     /// Connects to the Redis at `url` (reconnecting on failure) and loads the topology of `stream`, which
     /// must exist: a listener with a `shard_count`, [`Topology::ensure`], or
-    /// [`connect_creating`](Self::connect_creating) creates it.
+    /// [`connect_creating`](Self::connect_creating) creates it. A `redis+cluster://host:port,...` URL
+    /// connects to a Redis Cluster (see [`RedisTarget::open`](crate::RedisTarget::open)).
     pub async fn connect(url: &str, stream: &str) -> Result<Self, ProducerError> {
-        let conn = ConnectionManager::new(redis::Client::open(url)?).await?;
-        Self::new(conn, stream).await
+        Self::new(connect_url(url).await?, stream).await
     }
 
     /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
@@ -191,10 +192,16 @@ impl Producer<ConnectionManager> {
         stream: &str,
         shard_count: u32,
     ) -> Result<Self, ProducerError> {
-        let mut conn = ConnectionManager::new(redis::Client::open(url)?).await?;
+        let mut conn = connect_url(url).await?;
         Topology::ensure(&mut conn, stream, shard_count).await?;
         Self::new(conn, stream).await
     }
+}
+
+async fn connect_url(url: &str) -> redis::RedisResult<crate::Connection> {
+    crate::RedisTarget::open(url)?
+        .connect(crate::connection::ConnectOptions::default())
+        .await
 }
 
 impl<C> Producer<C>

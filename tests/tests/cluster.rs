@@ -74,7 +74,7 @@ fn start(
 /// Sends `per_key` orders per key, round by round, retrying a failed send (a failover in progress)
 /// for up to 20 s. Returns how many were sent.
 async fn produce(url: String, stream: &'static str, per_key: u32, pause: Duration) -> u32 {
-    let producer = Producer::new(connect(&url).await, stream).await.unwrap();
+    let producer = Producer::connect(&url, stream).await.unwrap();
     for seq in 0..per_key {
         for k in 0..KEYS {
             let key = format!("k{k}");

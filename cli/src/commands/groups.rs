@@ -42,7 +42,7 @@ struct Found {
     scanned: usize,
 }
 
-/// Scans at most about `scan_limit` keys for `sl:topology:{S}` and `sl:{S/G}:meta`, then describes each
+/// Scans at most about `scan_limit` keys (of every master, on a cluster) for `sl:topology:{S}` and `sl:{S/G}:meta`, then describes each
 /// stream (shard count, topology version) and group (state, live members, group epoch, lag, pending).
 pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String, CliError> {
     let found = scan(ctx, scan_limit).await?;
@@ -193,18 +193,40 @@ async fn describe(
 
 /// `SCAN 0 MATCH sl:* COUNT 1000` until the cursor returns to 0 or about `limit` keys were visited.
 async fn scan(ctx: &mut Ctx, limit: usize) -> Result<Found, CliError> {
+    // On a cluster each master holds a part of the keyspace: scan every one (the limit is shared).
+    let masters = ctx.conn.masters().await?;
     let mut found = Found::default();
+    if masters.is_empty() {
+        scan_node(ctx, None, limit, &mut found).await?;
+    }
+    for (host, port) in &masters {
+        let left = limit.saturating_sub(found.scanned);
+        if left == 0 {
+            found.truncated = true;
+            break;
+        }
+        scan_node(ctx, Some((host, *port)), left, &mut found).await?;
+    }
+    Ok(found)
+}
+
+/// Scans one node's keyspace (the single node when `node` is `None`) for about `limit` keys.
+async fn scan_node(
+    ctx: &mut Ctx,
+    node: Option<(&str, u16)>,
+    limit: usize,
+    found: &mut Found,
+) -> Result<(), CliError> {
     let mut cursor: u64 = 0;
     let max_calls = limit.div_ceil(SCAN_COUNT).max(1);
     for _ in 0..max_calls {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
             .arg("MATCH")
             .arg("sl:*")
             .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .query_async(&mut ctx.conn)
-            .await?;
+            .arg(SCAN_COUNT);
+        let (next, keys): (u64, Vec<String>) = ctx.conn.query_one_node(&cmd, node).await?;
         // SCAN visits about COUNT keys of the keyspace per call, matching or not.
         found.scanned += SCAN_COUNT;
         for key in keys {
@@ -217,11 +239,11 @@ async fn scan(ctx: &mut Ctx, limit: usize) -> Result<Found, CliError> {
         }
         cursor = next;
         if cursor == 0 {
-            return Ok(found);
+            return Ok(());
         }
     }
     found.truncated = true;
-    Ok(found)
+    Ok(())
 }
 
 /// `sl:topology:{S}` -> `(S, None)`; `sl:{S/G}:meta` -> `(S, Some(G))`; anything else `None`.

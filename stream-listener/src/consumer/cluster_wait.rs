@@ -23,14 +23,14 @@ use tokio::sync::Notify;
 use super::job::{is_missing_group, JobOutcome};
 use super::ops::Shared;
 use super::wait::WaitSpec;
-use crate::connection::slot_of;
+use crate::connection::{parse_cluster_slots, slot_of};
 use crate::consumer::Entry;
 
 /// The `client` value the scheduler stores to interrupt a cluster wait (see [`ClusterWait::interrupt`]).
 const INTERRUPTED: i64 = -1;
 
 /// A node's address.
-type Node = (String, u16);
+type Node = crate::connection::NodeAddr;
 
 /// `(first slot, last slot, master)` ranges from `CLUSTER SLOTS`.
 type SlotMap = Arc<Vec<(u16, u16, Node)>>;
@@ -74,28 +74,6 @@ impl ClusterWait {
     }
 }
 
-/// Parses `CLUSTER SLOTS`: `[[start, end, [host, port, ..], replicas..], ..]`.
-fn parse_slots(value: Value) -> RedisResult<Vec<(u16, u16, Node)>> {
-    let ranges: Vec<Value> = redis::from_redis_value(value)?;
-    let mut out = Vec::new();
-    for range in ranges {
-        let range: Vec<Value> = redis::from_redis_value(range)?;
-        if range.len() < 3 {
-            continue;
-        }
-        let start: u16 = redis::from_redis_value_ref(&range[0])?;
-        let end: u16 = redis::from_redis_value_ref(&range[1])?;
-        let master: Vec<Value> = redis::from_redis_value_ref(&range[2])?;
-        if master.len() < 2 {
-            continue;
-        }
-        let host: String = redis::from_redis_value_ref(&master[0])?;
-        let port: u16 = redis::from_redis_value_ref(&master[1])?;
-        out.push((start, end, (host, port)));
-    }
-    Ok(out)
-}
-
 async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
     if let Some(map) = shared
         .cluster_wait
@@ -109,7 +87,7 @@ async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("SLOTS");
     let value: Value = shared.conn.clone().query_one_node(&cmd, None).await?;
-    let map = Arc::new(parse_slots(value)?);
+    let map = Arc::new(parse_cluster_slots(value)?);
     *shared
         .cluster_wait
         .slots
