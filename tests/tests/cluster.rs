@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use stream_listener::connection::{slot_of, ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
-use stream_listener::topology::Topology;
+use stream_listener::topology::{Topology, TopologyError};
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
 use stream_listener_test_support::RedisCluster;
 use tokio::time::Instant;
@@ -339,4 +339,81 @@ async fn the_idle_wait_blocks_per_slot_and_ends_when_any_read_returns() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     runtime.shutdown().await;
+}
+
+/// A grow and then a shrink while a producer writes and two runtimes consume: the scripts touch one
+/// slot each (the record and audit share the stream's tag; each shard stream is its own), the new
+/// shards land on other masters, moved keys keep their order, and the shrink's removed shards are
+/// retired once drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grow_then_a_shrink_under_traffic_loses_nothing() {
+    const GRACE: Duration = Duration::from_millis(1_500); // > the producers' 1 s topology refresh
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let stream = "resized";
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, stream, 4).await.unwrap();
+    let seen: Seen = Arc::default();
+    let a = start(&url, stream, "a", seen.clone()).await;
+    let b = start(&url, stream, "b", seen.clone()).await;
+    let per_key = 80;
+    let producer = tokio::spawn(produce(
+        url.clone(),
+        stream,
+        per_key,
+        Duration::from_millis(40),
+    ));
+    wait_until("first messages", Duration::from_secs(30), || {
+        distinct(&seen) >= 64
+    })
+    .await;
+    let grown = Topology::resize_with_grace(&mut conn, stream, 12, GRACE)
+        .await
+        .unwrap();
+    let masters: BTreeSet<usize> = grown
+        .stream_keys()
+        .iter()
+        .map(|key| cluster.master_of(slot_of(key.as_bytes())))
+        .collect();
+    assert_eq!(masters.len(), 3, "shards on masters {masters:?}");
+    // The shrink is refused until every group consumed the grow's old shards below its cut.
+    let started = Instant::now();
+    loop {
+        match Topology::resize_with_grace(&mut conn, stream, 4, GRACE).await {
+            Ok(shrunk) => {
+                assert_eq!(shrunk.shard_count(), 4);
+                break;
+            }
+            Err(TopologyError::MigrationInProgress { .. }) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the grow's migration never finished"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("shrink failed: {error}"),
+        }
+    }
+    let sent = producer.await.unwrap();
+    wait_until("every message handled", Duration::from_secs(60), || {
+        distinct(&seen) as u32 == sent
+    })
+    .await;
+    // The followers retire the removed shards once drained.
+    let started = Instant::now();
+    while !Topology::load(&mut conn, stream)
+        .await
+        .unwrap()
+        .draining_shards()
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the shrink's removed shards were never retired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+    check(&seen, sent, per_key);
 }
