@@ -671,7 +671,7 @@ fn key_name(k: u32) -> String {
 }
 
 async fn produce(
-    producer: Producer,
+    producer: Producer<ConnectionManager>,
     keys: u32,
     rate: u32,
     max_rounds: u64,

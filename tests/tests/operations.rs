@@ -10,7 +10,6 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use stream_listener::consumer::{dead_letter_fields, FailurePolicy};
 use stream_listener::coordinator::metadata::GroupConfig;
-use stream_listener::topology::Topology;
 use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
 use stream_listener_test_support::RedisServer;
 use tokio::time::Instant;
@@ -34,9 +33,9 @@ async fn connect(url: &str) -> ConnectionManager {
 }
 
 async fn producer(url: &str, stream: &str, shards: u32) -> Producer {
-    let mut conn = connect(url).await;
-    Topology::ensure(&mut conn, stream, shards).await.unwrap();
-    Producer::new(conn, stream).await.unwrap()
+    Producer::connect_creating(url, stream, shards)
+        .await
+        .unwrap()
 }
 
 /// Sends `key` once, returning its shard.

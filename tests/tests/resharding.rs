@@ -292,7 +292,7 @@ struct Traffic {
     sent: Arc<Mutex<BTreeMap<String, u32>>>,
     receipts: Arc<Mutex<Receipts>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    producers: Vec<Producer>,
+    producers: Vec<Producer<ConnectionManager>>,
 }
 
 impl Traffic {
@@ -309,7 +309,7 @@ impl Traffic {
     }
 
     /// Starts a producer task writing keys `{name}-0 .. {name}-{keys-1}` every `pace`.
-    fn spawn(&mut self, producer: Producer, name: &str, keys: u32, pace: Duration) {
+    fn spawn(&mut self, producer: Producer<ConnectionManager>, name: &str, keys: u32, pace: Duration) {
         let (stop, paused, parked, sent, receipts) = (
             self.stop.clone(),
             self.paused.clone(),

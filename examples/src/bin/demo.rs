@@ -134,7 +134,7 @@ async fn run_demo() -> Res<ExitCode> {
     prepare(&mut conn).await?;
 
     let produced = Arc::new(AtomicU64::new(0));
-    let producer = Producer::new(conn.clone(), STREAM).await?;
+    let producer = Producer::connect(&url, STREAM).await?;
     let producing = tokio::spawn(produce(producer, produced.clone()));
 
     let mut workers = vec![
