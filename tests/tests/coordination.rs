@@ -73,6 +73,8 @@ struct RunningMember {
     shutdown: watch::Sender<bool>,
     status: watch::Receiver<MemberStatus>,
     task: tokio::task::JoinHandle<()>,
+    /// The recording consumption layer (abort it to kill the member's consumer).
+    consumer: tokio::task::JoinHandle<()>,
 }
 
 async fn spawn_member(
@@ -98,7 +100,7 @@ async fn spawn_member_with(
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (status_tx, status) = watch::channel(MemberStatus::default());
     let member = id.to_string();
-    tokio::spawn(async move {
+    let consumer = tokio::spawn(async move {
         while let Some(command) = commands_rx.recv().await {
             let mut ledger = ledger.lock().unwrap();
             match command {
@@ -144,6 +146,7 @@ async fn spawn_member_with(
         shutdown,
         status,
         task,
+        consumer,
     }
 }
 
@@ -494,6 +497,37 @@ async fn graceful_shutdown_leaves_the_group() {
         "a left, it did not expire"
     );
     assert!(ledger.lock().unwrap().overlaps.is_empty());
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_consumer_died_leaves_the_group_at_once() {
+    let redis = RedisServer::start();
+    let ledger = SharedLedger::default();
+    let a = spawn_member(&redis.url(), "dead", 4, "a", ledger.clone()).await;
+    let b = spawn_member(&redis.url(), "dead", 4, "b", ledger.clone()).await;
+    let mut observer = store(&redis.url(), "dead", 4).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(2, 4)).await;
+    // The consumer task dies (as a panic would end it): it reads nothing any more.
+    a.consumer.abort();
+    let _ = a.consumer.await;
+    ledger.lock().unwrap().readers.retain(|_, m| m != "a");
+    // Its heartbeat loop leaves instead of holding the shards until the process restarts.
+    tokio::time::timeout(Duration::from_secs(5), a.task)
+        .await
+        .expect("left in time")
+        .unwrap();
+    assert_eq!(a.status.borrow().phase, Phase::Left);
+    wait_for(&mut observer, Duration::from_secs(10), converged(1, 4)).await;
+    let (_, coordinator) = observer.load().await.unwrap();
+    assert!(!coordinator.metadata().members.contains_key("a"));
+    assert!(
+        coordinator.metadata().tombstones.is_empty(),
+        "a left, it did not expire"
+    );
+    let ledger = ledger.lock().unwrap();
+    assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
+    assert!(ledger.backwards.is_empty(), "{:?}", ledger.backwards);
     drop(b);
 }
 

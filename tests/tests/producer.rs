@@ -480,7 +480,8 @@ async fn works_with_a_connection_manager() {
     let client = redis::Client::open(server.url()).unwrap();
     let mut manager = client.get_connection_manager().await.unwrap();
     Topology::ensure(&mut manager, "orders", 3).await.unwrap();
-    let producer: Producer<redis::aio::ConnectionManager> = Producer::new(manager, "orders").await.unwrap();
+    let producer: Producer<redis::aio::ConnectionManager> =
+        Producer::new(manager, "orders").await.unwrap();
     let clone = producer.clone();
     let handle = tokio::spawn(async move { clone.send("a", &1).await });
     handle.await.unwrap().unwrap();

@@ -309,7 +309,13 @@ impl Traffic {
     }
 
     /// Starts a producer task writing keys `{name}-0 .. {name}-{keys-1}` every `pace`.
-    fn spawn(&mut self, producer: Producer<ConnectionManager>, name: &str, keys: u32, pace: Duration) {
+    fn spawn(
+        &mut self,
+        producer: Producer<ConnectionManager>,
+        name: &str,
+        keys: u32,
+        pace: Duration,
+    ) {
         let (stop, paused, parked, sent, receipts) = (
             self.stop.clone(),
             self.paused.clone(),

@@ -117,7 +117,18 @@ impl MemberLoop {
                             next_heartbeat = Instant::now();
                         }
                     }
-                    None => reports_open = false,
+                    None => {
+                        reports_open = false;
+                        if leave_deadline.is_none() {
+                            // The consumption layer is gone (it panicked): nothing reads or
+                            // acknowledges these shards any more. Give them up now rather than hold
+                            // them, heartbeating, until the process restarts.
+                            tracing::error!(member = %self.session.member_id(), shards = ?self.session.owned(), "the consumer stopped unexpectedly: leaving the group so its shards move");
+                            self.leave_without_consumer();
+                            leave_deadline = Some(Instant::now() + self.shutdown_timeout);
+                            next_heartbeat = Instant::now();
+                        }
+                    }
                 },
                 changed = self.shutdown.changed(), if leave_deadline.is_none() => {
                     if changed.is_err() || *self.shutdown.borrow() {
@@ -256,9 +267,24 @@ impl MemberLoop {
         }
     }
 
+    /// Leaves with nothing to drain: the consumption layer is gone, so no job of it may touch Redis
+    /// again (the deadline stays passed) and every shard counts as revoked at once.
+    fn leave_without_consumer(&mut self) {
+        self.deadline.set(i64::MIN);
+        let _ = self.session.begin_leave();
+        let draining: Vec<u32> = self.session.draining().collect();
+        for shard in draining {
+            self.session.on_revoked(shard);
+        }
+    }
+
     /// Publishes the session's deadline first (a grant must find it valid, a fence must find it gone),
-    /// then hands the commands down.
+    /// then hands the commands down. Without a consumption layer the deadline stays passed.
     fn send(&self, commands: Vec<ShardCommand>) {
+        if self.reports.is_closed() {
+            self.deadline.set(i64::MIN);
+            return;
+        }
         self.deadline.set(self.session.valid_until());
         for command in commands {
             // A consumption layer that is gone cannot read either.
