@@ -5,9 +5,11 @@
 //! `rediss://` URL.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use stream_listener_test_support::tls;
 
 /// A TLS-only redis-server child, killed on drop.
 struct TlsRedis {
@@ -24,99 +26,13 @@ impl Drop for TlsRedis {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(output.status.success(), "openssl {args:?}: {output:?}");
-}
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA.
-fn certificates(dir: &Path) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-subj",
-            "/CN=stream-listener test CA",
-        ],
-    );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         extendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    // An extension makes it an X.509 v3 certificate, which webpki requires.
-    std::fs::write(
-        dir.join("client.ext"),
-        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-    )
-    .unwrap();
-    for name in ["server", "client"] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &format!("{name}.key"),
-                "-out",
-                &format!("{name}.csr"),
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        );
-        let mut args = vec![
-            "x509".to_string(),
-            "-req".into(),
-            "-in".into(),
-            format!("{name}.csr"),
-            "-CA".into(),
-            "ca.pem".into(),
-            "-CAkey".into(),
-            "ca.key".into(),
-            "-CAcreateserial".into(),
-            "-days".into(),
-            "2".into(),
-            "-out".into(),
-            format!("{name}.pem"),
-        ];
-        args.extend(["-extfile".into(), format!("{name}.ext")]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        openssl(dir, &args);
-    }
-}
-
 fn start() -> Option<TlsRedis> {
-    if Command::new("openssl").arg("version").output().is_err() {
-        // CI installs openssl (scripts/install-redis.sh): a skip there would hide a broken TLS path.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no openssl to make a certificate, and CI must run the TLS tests"
-        );
-        eprintln!(
-            "SKIPPED: no openssl to make a certificate (scripts/install-redis.sh installs it)"
-        );
+    if !tls::openssl_available() {
         return None;
     }
     let dir = std::env::temp_dir().join(format!("sl-cli-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    certificates(&dir);
+    tls::certificates(&dir);
     let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .unwrap()
         .local_addr()

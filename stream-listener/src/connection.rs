@@ -24,6 +24,10 @@ use redis::{
 /// The URL scheme of a cluster given by its seed nodes: `redis+cluster://[user:pass@]h1:p1,h2:p2`.
 pub const CLUSTER_SCHEME: &str = "redis+cluster";
 
+/// [`CLUSTER_SCHEME`] over TLS: `rediss+cluster://[user:pass@]h1:p1,h2:p2` (the nodes' TLS ports,
+/// certificates checked against the system's roots).
+pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster";
+
 /// Where Redis is: one node (the default) or a Redis Cluster reached through seed nodes.
 #[derive(Clone)]
 // Made once per process and cloned rarely: boxing the client would only complicate matching on it.
@@ -61,15 +65,15 @@ pub struct ConnectOptions {
 
 impl RedisTarget {
     /// Parses a URL: `redis+cluster://[user:pass@]host:port,host:port,...` is a cluster (the credentials
-    /// apply to every node); anything else is one node, as `redis::Client::open` reads it.
+    /// apply to every node), `rediss+cluster://` one over TLS; anything else is one node, as
+    /// `redis::Client::open` reads it.
     pub fn open(url: &str) -> RedisResult<Self> {
-        match url
-            .strip_prefix(CLUSTER_SCHEME)
-            .and_then(|r| r.strip_prefix("://"))
-        {
-            Some(rest) => Self::cluster(cluster_seed_urls(rest)?),
-            None => Ok(Self::Single(redis::Client::open(url)?)),
+        for (scheme, node_scheme) in [(CLUSTER_SCHEME, "redis"), (CLUSTER_TLS_SCHEME, "rediss")] {
+            if let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) {
+                return Self::cluster(cluster_seed_urls(node_scheme, rest)?);
+            }
         }
+        Ok(Self::Single(redis::Client::open(url)?))
     }
 
     /// A cluster reached through these seed nodes (`redis://` or `rediss://` URLs, or anything redis-rs
@@ -187,8 +191,8 @@ impl From<redis::Client> for RedisTarget {
     }
 }
 
-/// The seed URLs of `redis+cluster://` after the scheme: `[userinfo@]h:p,h:p[/...]`.
-fn cluster_seed_urls(rest: &str) -> RedisResult<Vec<String>> {
+/// The seed URLs (`{scheme}://...`) of a cluster URL after its scheme: `[userinfo@]h:p,h:p[/...]`.
+fn cluster_seed_urls(scheme: &str, rest: &str) -> RedisResult<Vec<String>> {
     let (userinfo, hosts) = match rest.rfind('@') {
         Some(at) => (&rest[..=at], &rest[at + 1..]),
         None => ("", rest),
@@ -198,10 +202,10 @@ fn cluster_seed_urls(rest: &str) -> RedisResult<Vec<String>> {
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{userinfo}{h}"))
+        .map(|h| format!("{scheme}://{userinfo}{h}"))
         .collect();
     if seeds.is_empty() {
-        return Err(invalid("redis+cluster:// names no seed node"));
+        return Err(invalid("the cluster URL names no seed node"));
     }
     Ok(seeds)
 }
@@ -477,18 +481,18 @@ mod tests {
     #[test]
     fn cluster_urls_give_one_seed_per_host_with_the_credentials() {
         assert_eq!(
-            cluster_seed_urls("alice:pw@10.0.0.1:7000,10.0.0.2:7001/0").unwrap(),
+            cluster_seed_urls("redis", "alice:pw@10.0.0.1:7000,10.0.0.2:7001/0").unwrap(),
             [
                 "redis://alice:pw@10.0.0.1:7000",
                 "redis://alice:pw@10.0.0.2:7001"
             ]
         );
         assert_eq!(
-            cluster_seed_urls("h:1, h:2,").unwrap(),
+            cluster_seed_urls("redis", "h:1, h:2,").unwrap(),
             ["redis://h:1", "redis://h:2"]
         );
-        assert!(cluster_seed_urls("").is_err());
-        assert!(cluster_seed_urls("pw@").is_err());
+        assert!(cluster_seed_urls("redis", "").is_err());
+        assert!(cluster_seed_urls("redis", "pw@").is_err());
     }
 
     #[test]
@@ -505,6 +509,15 @@ mod tests {
             .unwrap()
             .is_cluster());
         assert!(RedisTarget::open("redis+cluster://").is_err());
+        let tls = RedisTarget::open("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        let RedisTarget::Cluster(seeds) = &tls else {
+            panic!("not a cluster: {tls:?}");
+        };
+        assert!(
+            matches!(seeds[0].addr(), ConnectionAddr::TcpTls { host, port: 7000, .. } if host == "127.0.0.1"),
+            "{:?}",
+            seeds[0].addr()
+        );
         assert!(RedisTarget::cluster(Vec::<String>::new()).is_err());
     }
 

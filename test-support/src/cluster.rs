@@ -8,7 +8,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::{free_port, RedisServer};
+use crate::{free_port, RedisServer, TempDir};
 
 /// How long [`RedisCluster::start`] and the failover helpers wait for the cluster to settle.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -24,6 +24,9 @@ type NodeLine = (String, u16, String, String, String);
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     password: Option<String>,
+    /// With TLS: the certificates' directory and each node's TLS port (the plain ports stay open for
+    /// this crate's own commands).
+    tls: Option<(TempDir, Vec<u16>)>,
 }
 
 fn cli_binary() -> String {
@@ -39,16 +42,43 @@ impl RedisCluster {
     /// # Panics
     /// If a node cannot start or the cluster does not form within [`CLUSTER_TIMEOUT`].
     pub fn start() -> RedisCluster {
-        Self::try_start(None).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
+        Self::try_start(None, false).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
     }
 
     /// Like [`start`](Self::start), every node with `requirepass` and `masterauth` set to `password`.
     pub fn start_with_password(password: &str) -> RedisCluster {
-        Self::try_start(Some(password.to_owned()))
+        Self::try_start(Some(password.to_owned()), false)
             .unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
     }
 
-    fn try_start(password: Option<String>) -> io::Result<RedisCluster> {
+    /// Like [`start`](Self::start), with TLS: every node also listens on a TLS port, and the cluster
+    /// bus and replication run over TLS, with [`tls::certificates`](crate::tls::certificates) (clients
+    /// may present a certificate; they need not). [`url`](Self::url) names the TLS ports
+    /// (`rediss+cluster://`); trust [`ca_cert`](Self::ca_cert). `None` (skipped) without `openssl`.
+    pub fn start_tls() -> Option<RedisCluster> {
+        if !crate::tls::openssl_available() {
+            return None;
+        }
+        Some(
+            Self::try_start(None, true)
+                .unwrap_or_else(|e| panic!("could not start a TLS cluster: {e}")),
+        )
+    }
+
+    /// The certificate authority of a TLS cluster.
+    pub fn ca_cert(&self) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|(dir, _)| dir.path.join("ca.pem"))
+    }
+
+    fn try_start(password: Option<String>, tls: bool) -> io::Result<RedisCluster> {
+        let tls = if tls {
+            let dir = TempDir::new()?;
+            crate::tls::certificates(&dir.path);
+            Some((dir, Vec::new()))
+        } else {
+            None
+        };
+        let mut tls = tls;
         let mut nodes = Vec::new();
         for _ in 0..6 {
             // The bus port must be free too; port + 10000 may be out of range, so pick it.
@@ -72,9 +102,40 @@ impl RedisCluster {
             ]
             .map(String::from)
             .to_vec();
+            let mut extra = extra;
+            if let Some((dir, ports)) = &mut tls {
+                let port = free_port()?;
+                ports.push(port);
+                let file = |name: &str| dir.path.join(name).display().to_string();
+                extra.extend([
+                    "--tls-port".into(),
+                    port.to_string(),
+                    "--tls-cluster".into(),
+                    "yes".into(),
+                    "--tls-replication".into(),
+                    "yes".into(),
+                    "--tls-cert-file".into(),
+                    file("server.pem"),
+                    "--tls-key-file".into(),
+                    file("server.key"),
+                    // The bus and replication connect out with the client certificate.
+                    "--tls-client-cert-file".into(),
+                    file("client.pem"),
+                    "--tls-client-key-file".into(),
+                    file("client.key"),
+                    "--tls-ca-cert-file".into(),
+                    file("ca.pem"),
+                    "--tls-auth-clients".into(),
+                    "optional".into(),
+                ]);
+            }
             nodes.push(RedisServer::try_start_with_args(extra, password.clone())?);
         }
-        let cluster = RedisCluster { nodes, password };
+        let cluster = RedisCluster {
+            nodes,
+            password,
+            tls,
+        };
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(
             cluster
@@ -91,19 +152,23 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// `redis+cluster://[:password@]127.0.0.1:p1,...` with every node as a seed.
+    /// `redis+cluster://[:password@]127.0.0.1:p1,...` with every node as a seed; with TLS,
+    /// `rediss+cluster://` and the nodes' TLS ports.
     pub fn url(&self) -> String {
         let auth = self
             .password
             .as_ref()
             .map(|p| format!(":{p}@"))
             .unwrap_or_default();
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redis+cluster://{auth}{}", hosts.join(","))
+        let (scheme, ports) = match &self.tls {
+            Some((_, ports)) => ("rediss+cluster", ports.clone()),
+            None => (
+                "redis+cluster",
+                self.nodes.iter().map(|n| n.port()).collect(),
+            ),
+        };
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("{scheme}://{auth}{}", hosts.join(","))
     }
 
     /// The nodes, in creation order (the first three start as masters).

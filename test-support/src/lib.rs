@@ -22,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod cluster;
+pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
 
 /// How long [`RedisServer::start`] and [`RedisServer::restart`] wait for the server to answer PING.
@@ -489,6 +490,7 @@ fn raw_command(port: u16, password: Option<&str>, args: &[&str]) -> io::Result<R
 }
 
 /// A unique temporary directory, removed on drop (only by the instance created with [`TempDir::new`]).
+#[derive(Debug)]
 struct TempDir {
     path: PathBuf,
     owned: bool,

@@ -394,10 +394,12 @@ impl Runtime {
     ) -> Result<RunningMember, RuntimeError> {
         let interval = Duration::from_millis(self.group_config.heartbeat_interval_ms as u64);
         // The heartbeat connection is the member's own: never behind a blocking read. Its response timeout
-        // is one heartbeat interval, so a stuck Redis shows up before the lease is at risk.
+        // is one heartbeat interval, so a stuck Redis shows up before the lease is at risk. Connecting may
+        // take longer (a TLS handshake over a slow link, every node of a cluster): a connection timeout
+        // below that would never connect at all; each heartbeat stays bounded by its own budget anyway.
         let options = ConnectOptions {
             response_timeout: Some(interval),
-            connection_timeout: Some(interval),
+            connection_timeout: Some(interval.max(MIN_CONNECTION_TIMEOUT)),
             retries: Some(2),
         };
         let mut conn = client.connect(options).await?;
@@ -725,6 +727,9 @@ fn check_unique_members(plans: &[MemberPlan]) -> Result<(), RuntimeError> {
     }
     Ok(())
 }
+
+/// The shortest connection timeout of a member's heartbeat connection (see `start_member`).
+const MIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A nonce that differs between processes and restarts using the same memberId.
 fn incarnation() -> u64 {
