@@ -17,8 +17,10 @@
 //!   rotation starts over afterwards, so an entry written to an idle shard is picked up within the wait
 //!   and an idle member costs a couple of commands a second, however many shards it owns.
 //!
-//! The same rules, as a pure state machine with rule-named and property tests, are in the [`scheduler`]
-//! module; the loop below does not drive it yet.
+//! These rules are decided by one pure state machine, [`scheduler::ShardScheduler`] (rule-named unit tests
+//! and a property test); the loop below is its shell: it turns commands, job ends, pause changes, the
+//! ownership deadline and time into the machine's inputs and executes its outputs (start a job or the idle
+//! wait, interrupt the wait, report REVOKED, abort everything on a fence).
 //!
 //! # Connections
 //!
@@ -80,6 +82,7 @@ use crate::member::lifecycle::{FencingToken, OwnershipDeadline, ShardCommand, Sh
 use job::{JobOutcome, JobSpec, Phase};
 use message::Lease;
 use ops::{Entry, Shared, HOLD_RETRY};
+use scheduler::{JobEnd, JobId, JobKind, Millis, Output, ShardScheduler};
 
 /// Why a consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -236,78 +239,66 @@ impl Consumer {
     }
 }
 
-/// Ownership state of one shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Owned,
-    Revoking,
-}
-
-struct ShardState {
+/// What one owned shard's jobs need and what its progress reports say. Which job runs when is the
+/// [`ShardScheduler`]'s decision, not this.
+struct ShardIo {
+    /// Tells this ownership from an earlier one of the same index (a job of a fenced ownership may still
+    /// end and must not touch this one).
     generation: u64,
     key: Arc<str>,
     token: FencingToken,
     lease: Arc<Lease>,
-    mode: Mode,
-    /// `None` while a job has it.
-    phase: Option<Phase>,
+    revoking: bool,
+    /// Where the shard's reads are (a claim's cursor is carried from job to job).
+    phase: Phase,
     running: bool,
     stop: Arc<AtomicBool>,
     in_flight: Arc<AtomicU32>,
-    /// Waiting for a job of an earlier (fenced) ownership of this shard index to end.
-    waiting_for_old_job: bool,
-    /// An `Assign` that arrived while revoking: start over once the revoke is through.
+    /// An `Assign` that arrived while revoking: a new ownership once the revoke is through.
     reassign: Option<FencingToken>,
     error_backoff: Duration,
     last_delivered: Option<String>,
     last_acked: Option<String>,
     pending: u64,
     dirty: bool,
-    /// Entries a job held back (a moved key waiting for its old shard after a resize), for the next job.
+    /// Entries a job (or the idle wait) held back, for the next job.
     held: Vec<Entry>,
-    /// When entries left pending by other consumers were last looked for.
-    reclaimed_at: Instant,
-    /// The shard's consumer group was missing (the store lost it): the number of accepted heartbeats at
-    /// that moment. The shard is not touched again until a later heartbeat confirmed the ownership.
-    missing_group: Option<u64>,
+    /// The shard's consumer group was missing: the next job creates it again.
+    missing_group: bool,
 }
 
 struct JobMeta {
-    shard: u32,
-    generation: u64,
-    slot: usize,
-    /// The idle wait's shards and their generations (empty for a shard's job).
-    wait: Vec<(u32, u64)>,
+    job: JobId,
+    /// `(shard, generation)`: the job's shard, or every shard of the idle wait.
+    shards: Vec<(u32, u64)>,
+    wait: bool,
     abort: AbortHandle,
 }
 
+/// The async shell around the pure [`ShardScheduler`]: turns commands, job ends, pause changes, the
+/// deadline and time into its inputs, and executes its outputs.
 struct Scheduler {
     shared: Arc<Shared>,
     deadline: Arc<OwnershipDeadline>,
-    shards: HashMap<u32, ShardState>,
-    ready: VecDeque<u32>,
-    delayed: Vec<(Instant, u32, u64)>,
+    machine: ShardScheduler,
+    shards: HashMap<u32, ShardIo>,
     meta: HashMap<tokio::task::Id, JobMeta>,
-    /// Jobs still running per shard index, any generation: a new ownership waits for them.
-    busy: HashMap<u32, usize>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<(MultiplexedConnection, i64)>,
-    free_slots: Vec<usize>,
-    /// Consecutive reads that found nothing: a full rotation of them starts the idle wait.
-    idle_streak: usize,
-    /// Shards that came back empty while the idle wait ran, for the next one (see `on_job_end`).
-    parked: Vec<u32>,
-    /// The running idle wait was asked to end.
-    wait_interrupted: bool,
     /// The idle wait, while it runs.
-    wait: Option<tokio::task::Id>,
+    wait: Option<(JobId, tokio::task::Id)>,
     /// The Redis client id of the idle wait's connection (0: not known yet).
     wait_client: Arc<std::sync::atomic::AtomicI64>,
     outbox: VecDeque<ShardReport>,
     next_generation: u64,
-    /// `ready.len()` after dispatching: shards waiting for a worker. Jobs hand their shard back early
-    /// when it is not zero.
+    /// Shards waiting for a worker (the machine's count). Jobs hand their shard back early when it is not
+    /// zero.
     waiting: Arc<AtomicUsize>,
+    /// The deadline and the heartbeat confirmations last given to the machine.
+    fed_until: i64,
+    fed_confirmations: u64,
+    /// The machine was told the lease is lost, and not renewed since.
+    lease_lost: bool,
     /// The lifecycle hooks' task, if any hook is set.
     hook_calls: Option<mpsc::UnboundedSender<hooks::HookCall>>,
     /// Revoked shards whose hook returned, with the fence generation they were revoked in.
@@ -330,6 +321,12 @@ struct Scheduler {
 
 const OUTBOX_PROGRESS_LIMIT: usize = 4096;
 
+fn claim_from_start() -> Phase {
+    Phase::Claim {
+        cursor: "0-0".to_owned(),
+    }
+}
+
 impl Scheduler {
     fn new(
         shared: Arc<Shared>,
@@ -338,29 +335,28 @@ impl Scheduler {
         pause: PauseHandle,
     ) -> Self {
         let workers = shared.config.runtime_max_concurrency;
+        let reclaim_every =
+            u64::try_from(shared.config.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
         let (done_tx, hooks_done) = mpsc::unbounded_channel();
         let revoke_waits_for_hook = hooks.has_revoked();
         let hook_calls = (!hooks.is_empty()).then(|| hooks::spawn_runner(hooks, done_tx));
         let pause_rx = pause.paused.subscribe();
-        let paused = Arc::new(AtomicBool::new(*pause_rx.borrow()));
+        let paused = Arc::new(AtomicBool::new(false));
         Self {
             shared,
             deadline,
+            machine: ShardScheduler::new(workers, reclaim_every),
             shards: HashMap::new(),
-            ready: VecDeque::new(),
-            delayed: Vec::new(),
             meta: HashMap::new(),
-            busy: HashMap::new(),
             wait_conn: None,
-            free_slots: (0..workers).rev().collect(),
-            idle_streak: 0,
-            parked: Vec::new(),
-            wait_interrupted: false,
             wait: None,
             wait_client: Arc::new(std::sync::atomic::AtomicI64::new(0)),
             outbox: VecDeque::new(),
             next_generation: 0,
             waiting: Arc::new(AtomicUsize::new(0)),
+            fed_until: i64::MIN,
+            fed_confirmations: 0,
+            lease_lost: false,
             hook_calls,
             hooks_done,
             revoke_waits_for_hook,
@@ -372,6 +368,74 @@ impl Scheduler {
             pause_rx,
             paused,
         }
+    }
+
+    /// The member's monotonic clock, as the machine counts it.
+    fn now(&self) -> Millis {
+        Millis(u64::try_from(self.deadline.local_ms()).unwrap_or(0))
+    }
+
+    fn millis(until: i64) -> Millis {
+        if until == i64::MAX {
+            Millis(u64::MAX)
+        } else {
+            Millis(u64::try_from(until).unwrap_or(0))
+        }
+    }
+
+    /// When a point of the machine's clock is, for the timer.
+    fn instant(&self, at: Millis) -> Option<Instant> {
+        Instant::from_std(self.deadline.origin()).checked_add(Duration::from_millis(at.0))
+    }
+
+    /// Tells the machine what the heartbeat loop did to the deadline since it was last looked at.
+    fn sync_lease(&mut self, jobs: &mut JoinSet<JobOutcome>) {
+        let until = self.deadline.until_ms();
+        let confirmations = self.deadline.confirmations();
+        if until > self.fed_until || confirmations > self.fed_confirmations {
+            self.fed_until = until;
+            self.fed_confirmations = confirmations;
+            self.lease_lost = false;
+            let out = self.machine.lease_renewed(self.now(), Self::millis(until));
+            self.execute(out, jobs);
+        }
+        // Withdrawn (or lowered) before the machine's own deadline.
+        self.fed_until = until;
+        let now = self.now();
+        if !self.lease_lost && Self::millis(until) <= now {
+            self.lease_lost = true;
+            let out = self.machine.lease_lost(now);
+            self.execute(out, jobs);
+        }
+    }
+
+    /// Executes the machine's outputs, in order.
+    fn execute(&mut self, out: Vec<Output>, jobs: &mut JoinSet<JobOutcome>) {
+        let mut queue: VecDeque<Output> = out.into();
+        while let Some(output) = queue.pop_front() {
+            match output {
+                Output::Start {
+                    job, shard, kind, ..
+                } => {
+                    if !self.start_job(job, shard, kind, jobs) {
+                        // Not reachable: the machine starts owned shards only. Keep it consistent.
+                        let now = self.now();
+                        queue.extend(self.machine.job_ended(now, job, JobEnd::Aborted));
+                    }
+                }
+                Output::StartWait { job, shards } => self.start_wait(job, shards, jobs),
+                Output::InterruptWait { job } => self.interrupt_wait(job),
+                Output::Revoked { shard } => self.finish_revoke(shard),
+                Output::AbortAll => {
+                    for meta in self.meta.values() {
+                        meta.abort.abort();
+                    }
+                }
+                Output::Stopped => {}
+            }
+        }
+        self.waiting
+            .store(self.machine.waiting(), Ordering::Release);
     }
 
     /// Hands the shards assigned and drained since the last call to the hooks' task (revoked first, as
@@ -403,19 +467,20 @@ impl Scheduler {
         }
     }
 
-    fn on_pause_change(&mut self) {
+    fn on_pause_change(&mut self, jobs: &mut JoinSet<JobOutcome>) {
         let paused = *self.pause_rx.borrow_and_update();
         if paused == self.paused.swap(paused, Ordering::AcqRel) {
             return;
         }
-        if paused {
+        let now = self.now();
+        let out = if paused {
             tracing::info!("listener paused");
-            self.interrupt_wait();
+            self.machine.pause(now)
         } else {
             tracing::info!("listener resumed");
-            // Entries arrived meanwhile: poll the rotation before waiting.
-            self.idle_streak = 0;
-        }
+            self.machine.resume(now)
+        };
+        self.execute(out, jobs);
     }
 
     async fn run(
@@ -428,44 +493,54 @@ impl Scheduler {
         let mut progress = tokio::time::interval(self.shared.config.progress_interval);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closing = false;
+        self.sync_lease(&mut jobs);
+        self.on_pause_change(&mut jobs);
         loop {
-            if !closing {
-                self.dispatch(&mut jobs);
-            }
             self.flush_hooks();
             if closing && jobs.is_empty() && self.hooks_pending == 0 {
                 break;
             }
-            let next_delay = self.delayed.iter().map(|(at, _, _)| *at).min();
+            // Backoffs end, the deadline lapses; a lapsed lease or an unconfirmed shard is looked at
+            // again shortly (the heartbeat loop moves the deadline without a word).
+            let mut wake = self.machine.next_wake().and_then(|at| self.instant(at));
+            if self.machine.awaits_renewal() {
+                let soon = Instant::now() + HOLD_RETRY;
+                wake = Some(wake.map_or(soon, |at| at.min(soon)));
+            }
             tokio::select! {
                 biased;
-                command = commands.recv(), if !closing => match command {
-                    Some(command) => {
-                        self.on_command(command);
-                        // Take what else is queued, so that hooks see one batch per rebalance.
-                        for _ in 0..1024 {
-                            match commands.try_recv() {
-                                Ok(command) => self.on_command(command),
-                                Err(_) => break,
+                command = commands.recv(), if !closing => {
+                    self.sync_lease(&mut jobs);
+                    match command {
+                        Some(command) => {
+                            self.on_command(command, &mut jobs);
+                            // Take what else is queued, so that hooks see one batch per rebalance.
+                            for _ in 0..1024 {
+                                match commands.try_recv() {
+                                    Ok(command) => self.on_command(command, &mut jobs),
+                                    Err(_) => break,
+                                }
                             }
                         }
-                    }
-                    None => {
-                        closing = true;
-                        self.interrupt_wait();
-                        for shard in self.shards.values() {
-                            shard.stop.store(true, Ordering::Release);
+                        None => {
+                            closing = true;
+                            for shard in self.shards.values() {
+                                shard.stop.store(true, Ordering::Release);
+                            }
+                            let out = self.machine.shutdown(self.now());
+                            self.execute(out, &mut jobs);
                         }
                     }
                 },
                 Some(joined) = jobs.join_next_with_id(), if !jobs.is_empty() => {
+                    self.sync_lease(&mut jobs);
                     match joined {
-                        Ok((id, outcome)) => self.on_job_end(id, Some(outcome)),
+                        Ok((id, outcome)) => self.on_job_end(id, Some(outcome), &mut jobs),
                         Err(error) => {
                             if error.is_panic() {
                                 tracing::error!(%error, "consumer job panicked");
                             }
-                            self.on_job_end(error.id(), None);
+                            self.on_job_end(error.id(), None, &mut jobs);
                         }
                     }
                 }
@@ -477,7 +552,7 @@ impl Scheduler {
                         }
                     }
                 }
-                Ok(()) = self.pause_rx.changed() => self.on_pause_change(),
+                Ok(()) = self.pause_rx.changed() => self.on_pause_change(&mut jobs),
                 permit = reports.reserve(), if !self.outbox.is_empty() => match permit {
                     Ok(permit) => {
                         if let Some(report) = self.outbox.pop_front() {
@@ -486,8 +561,10 @@ impl Scheduler {
                     }
                     Err(_) => self.outbox.clear(),
                 },
-                _ = tokio::time::sleep_until(next_delay.unwrap_or_else(Instant::now)), if next_delay.is_some() => {
-                    self.release_delayed();
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    self.sync_lease(&mut jobs);
+                    let out = self.machine.tick(self.now());
+                    self.execute(out, &mut jobs);
                 }
                 _ = progress.tick() => self.queue_progress(),
             }
@@ -500,41 +577,28 @@ impl Scheduler {
         }
     }
 
-    fn on_command(&mut self, command: ShardCommand) {
+    fn on_command(&mut self, command: ShardCommand, jobs: &mut JoinSet<JobOutcome>) {
         match command {
-            ShardCommand::Assign { shard, token } => self.assign(shard, token),
-            ShardCommand::Revoke { shard } => self.revoke(shard),
-            ShardCommand::Fence => self.fence(),
+            ShardCommand::Assign { shard, token } => self.assign(shard, token, jobs),
+            ShardCommand::Revoke { shard } => self.revoke(shard, jobs),
+            ShardCommand::Fence => self.fence(jobs),
         }
     }
 
-    fn assign(&mut self, shard: u32, token: FencingToken) {
-        // The new shard joins the rotation now, and the next wait.
-        self.interrupt_wait();
-        if let Some(state) = self.shards.get_mut(&shard) {
-            match state.mode {
-                Mode::Owned => state.token = token,
-                Mode::Revoking => state.reassign = Some(token),
-            }
-            return;
-        }
+    fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
-        let waiting = self.busy.get(&shard).copied().unwrap_or(0) > 0;
         self.shards.insert(
             shard,
-            ShardState {
+            ShardIo {
                 generation: self.next_generation,
                 key: self.shared.config.shard_key(shard).into(),
                 token,
                 lease: Lease::new(self.deadline.clone()),
-                mode: Mode::Owned,
-                phase: Some(Phase::Claim {
-                    cursor: "0-0".to_owned(),
-                }),
+                revoking: false,
+                phase: claim_from_start(),
                 running: false,
                 stop: Arc::new(AtomicBool::new(false)),
                 in_flight: Arc::new(AtomicU32::new(0)),
-                waiting_for_old_job: waiting,
                 reassign: None,
                 error_backoff: Duration::ZERO,
                 last_delivered: None,
@@ -542,57 +606,60 @@ impl Scheduler {
                 pending: 0,
                 dirty: true,
                 held: Vec::new(),
-                reclaimed_at: Instant::now(),
-                missing_group: None,
+                missing_group: false,
             },
         );
-        if !waiting {
-            self.ready.push_back(shard);
-        }
         self.newly_assigned.push(shard);
         tracing::debug!(shard, "shard assigned");
     }
 
-    fn revoke(&mut self, shard: u32) {
-        let Some(state) = self.shards.get_mut(&shard) else {
-            // Nothing here to drain: say so, so the hand-off is not held up.
-            self.outbox.push_back(ShardReport::Draining {
-                shard,
-                in_flight: 0,
-            });
-            self.outbox.push_back(ShardReport::Revoked { shard });
-            return;
-        };
-        if state.mode == Mode::Revoking {
-            state.reassign = None;
-            return;
+    fn assign(&mut self, shard: u32, token: FencingToken, jobs: &mut JoinSet<JobOutcome>) {
+        let epoch = token.member_epoch;
+        match self.shards.get_mut(&shard) {
+            Some(state) if state.revoking => state.reassign = Some(token),
+            Some(state) => state.token = token,
+            None => self.new_shard(shard, token),
         }
-        state.mode = Mode::Revoking;
-        state.stop.store(true, Ordering::Release);
-        if state.running {
-            // If the idle wait holds it, the revocation need not wait for the wait's timeout.
-            self.interrupt_wait();
-        }
-        let Some(state) = self.shards.get_mut(&shard) else {
-            return;
-        };
-        self.ready.retain(|s| *s != shard);
-        self.delayed.retain(|(_, s, _)| *s != shard);
-        self.parked.retain(|s| *s != shard);
-        let in_flight = if state.running {
-            state.in_flight.load(Ordering::Acquire)
-        } else {
-            0
-        };
-        self.outbox
-            .push_back(ShardReport::Draining { shard, in_flight });
-        tracing::debug!(shard, in_flight, "shard revoking");
-        if !state.running {
-            self.finish_revoke(shard);
-        }
+        let now = self.now();
+        let until = Self::millis(self.fed_until);
+        let out = self.machine.assign(now, shard, epoch, until);
+        self.execute(out, jobs);
     }
 
+    fn revoke(&mut self, shard: u32, jobs: &mut JoinSet<JobOutcome>) {
+        let in_flight = match self.shards.get_mut(&shard) {
+            Some(state) if state.revoking => {
+                state.reassign = None;
+                None
+            }
+            Some(state) => {
+                state.revoking = true;
+                state.stop.store(true, Ordering::Release);
+                Some(if state.running {
+                    state.in_flight.load(Ordering::Acquire)
+                } else {
+                    0
+                })
+            }
+            // Nothing here to drain: say so, so the hand-off is not held up.
+            None => Some(0),
+        };
+        if let Some(in_flight) = in_flight {
+            self.outbox
+                .push_back(ShardReport::Draining { shard, in_flight });
+            tracing::debug!(shard, in_flight, "shard revoking");
+        }
+        let out = self.machine.revoke(self.now(), shard);
+        self.execute(out, jobs);
+    }
+
+    /// The machine reports `shard` REVOKED: its job (if any) has ended.
     fn finish_revoke(&mut self, shard: u32) {
+        if !self.shards.get(&shard).is_some_and(|s| s.revoking) {
+            // Not ours (or owned again already): nothing to hand over but the report.
+            self.outbox.push_back(ShardReport::Revoked { shard });
+            return;
+        }
         let Some(state) = self.shards.remove(&shard) else {
             return;
         };
@@ -607,11 +674,12 @@ impl Scheduler {
         }
         tracing::debug!(shard, "shard revoked");
         if let Some(token) = state.reassign {
-            self.assign(shard, token);
+            // The machine serves the assignment next (its `Start` follows this report).
+            self.new_shard(shard, token);
         }
     }
 
-    fn fence(&mut self) {
+    fn fence(&mut self, jobs: &mut JoinSet<JobOutcome>) {
         tracing::warn!(shards = self.shards.len(), "fenced: aborting every handler");
         // Hooks see events in order: what was assigned or drained before the fence first.
         self.flush_hooks();
@@ -627,35 +695,106 @@ impl Scheduler {
             state.stop.store(true, Ordering::Release);
         }
         self.shards.clear();
-        self.ready.clear();
-        self.delayed.clear();
         self.outbox.clear();
-        for meta in self.meta.values() {
-            meta.abort.abort();
-        }
-        self.idle_streak = 0;
+        let out = self.machine.fence(self.now());
+        self.execute(out, jobs);
     }
 
-    fn owned_live(&self) -> usize {
-        self.shards
-            .values()
-            .filter(|s| s.mode == Mode::Owned)
-            .count()
+    /// Starts the machine's job `job` of `shard`; false if the shard is not known here.
+    fn start_job(
+        &mut self,
+        job: JobId,
+        shard: u32,
+        kind: JobKind,
+        jobs: &mut JoinSet<JobOutcome>,
+    ) -> bool {
+        let Some(state) = self.shards.get_mut(&shard) else {
+            return false;
+        };
+        let phase = match (kind, &state.phase) {
+            (JobKind::ClaimOwn, Phase::Live) => claim_from_start(),
+            (_, phase) => phase.clone(),
+        };
+        state.running = true;
+        let spec = JobSpec {
+            shard,
+            key: state.key.clone(),
+            token: state.token.clone(),
+            lease: state.lease.clone(),
+            phase,
+            stop: state.stop.clone(),
+            in_flight: state.in_flight.clone(),
+            waiting: self.waiting.clone(),
+            paused: self.paused.clone(),
+            // Handled first whatever the job's kind (a claim would deliver them again anyway).
+            held: std::mem::take(&mut state.held),
+            reclaim: kind == JobKind::ReclaimZombies,
+            recreate_group: std::mem::take(&mut state.missing_group),
+        };
+        let generation = state.generation;
+        let abort = jobs.spawn(tracing::Instrument::in_current_span(job::run(
+            self.shared.clone(),
+            spec,
+        )));
+        self.meta.insert(
+            abort.id(),
+            JobMeta {
+                job,
+                shards: vec![(shard, generation)],
+                wait: false,
+                abort,
+            },
+        );
+        true
     }
 
-    /// Start jobs while there are free workers and ready shards.
-    fn dispatch(&mut self, jobs: &mut JoinSet<JobOutcome>) {
-        if !self.paused.load(Ordering::Acquire) {
-            self.dispatch_ready(jobs);
+    /// Starts the idle wait over `shards` (see the `wait` module).
+    fn start_wait(&mut self, job: JobId, shards: Vec<u32>, jobs: &mut JoinSet<JobOutcome>) {
+        let mut keys = Vec::with_capacity(shards.len());
+        let mut members = Vec::with_capacity(shards.len());
+        for shard in shards {
+            if let Some(state) = self.shards.get_mut(&shard) {
+                state.running = true;
+                keys.push((shard, state.key.clone()));
+                members.push((shard, state.generation));
+            }
         }
-        self.waiting.store(self.ready.len(), Ordering::Release);
+        let conn = self.wait_conn.take();
+        self.wait_client
+            .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
+        let spec = wait::WaitSpec {
+            shards: keys,
+            // Shards due to look for zombies' entries get a job of their own (the machine's rule).
+            reclaim: Vec::new(),
+            conn,
+            client: self.wait_client.clone(),
+            deadline: self.deadline.clone(),
+        };
+        let abort = jobs.spawn(tracing::Instrument::in_current_span(wait::run(
+            self.shared.clone(),
+            spec,
+        )));
+        self.wait = Some((job, abort.id()));
+        self.meta.insert(
+            abort.id(),
+            JobMeta {
+                job,
+                shards: members,
+                wait: true,
+                abort,
+            },
+        );
     }
 
     /// Ends the idle wait early. Aborting the task would not end the read in Redis, which could then
     /// still hand entries to it after a revocation was reported; `CLIENT UNBLOCK` ends it there, and the
     /// wait returns normally with whatever it read (pending under this member, reported before REVOKED).
-    fn interrupt_wait(&mut self) {
-        let Some(meta) = self.wait.and_then(|id| self.meta.get(&id)) else {
+    fn interrupt_wait(&mut self, job: JobId) {
+        let Some(meta) = self
+            .wait
+            .filter(|(wait, _)| *wait == job)
+            .and_then(|(_, id)| self.meta.get(&id))
+        else {
             return;
         };
         if self.shared.client.is_cluster() {
@@ -681,239 +820,108 @@ impl Scheduler {
         });
     }
 
-    /// Starts the idle wait over every ready shard that only needs new entries, if a whole rotation came
-    /// back empty.
-    fn start_wait(&mut self, jobs: &mut JoinSet<JobOutcome>) {
-        let owned = self.owned_live();
-        if self.wait.is_some() || owned == 0 || self.idle_streak < owned {
-            return;
+    fn on_wait_end(
+        &mut self,
+        meta: JobMeta,
+        outcome: Option<JobOutcome>,
+        jobs: &mut JoinSet<JobOutcome>,
+    ) {
+        if self.wait.is_some_and(|(job, _)| job == meta.job) {
+            self.wait = None;
         }
-        let Some(&slot) = self.free_slots.last() else {
-            return;
-        };
-        let reclaim_every = self.shared.config.reclaim_idle;
-        let eligible = |state: &ShardState| {
-            !state.running
-                && state.mode == Mode::Owned
-                && state.phase == Some(Phase::Live)
-                && state.held.is_empty()
-                && state.missing_group.is_none()
-        };
-        // Ready shards the wait cannot serve (held entries: a retry or a moved key) need a worker first.
-        let busy_ready = self
-            .ready
-            .iter()
-            .filter(|shard| self.shards.get(shard).is_some_and(|s| !eligible(s)))
-            .count();
-        if busy_ready >= self.free_slots.len() {
-            return;
-        }
-        let mut shards = Vec::new();
-        let mut reclaim = Vec::new();
-        let mut members = Vec::new();
-        self.ready.retain(|shard| {
-            let Some(state) = self.shards.get_mut(shard) else {
-                return false;
-            };
-            if !eligible(state) {
-                return true;
+        for (shard, generation) in &meta.shards {
+            if let Some(state) = self
+                .shards
+                .get_mut(shard)
+                .filter(|s| s.generation == *generation)
+            {
+                state.running = false;
             }
-            state.running = true;
-            if state.reclaimed_at.elapsed() >= reclaim_every {
-                state.reclaimed_at = Instant::now();
-                reclaim.push(*shard);
-            }
-            shards.push((*shard, state.key.clone()));
-            members.push((*shard, state.generation));
-            false
-        });
-        if shards.is_empty() {
+        }
+        let now = self.now();
+        let Some(mut outcome) = outcome else {
+            let out = self.machine.job_ended(now, meta.job, JobEnd::Aborted);
+            self.execute(out, jobs);
             return;
-        }
-        self.free_slots.pop();
-        for (shard, _) in &members {
-            *self.busy.entry(*shard).or_insert(0) += 1;
-        }
-        let conn = self.wait_conn.take();
-        self.wait_client
-            .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
-        let spec = wait::WaitSpec {
-            shards,
-            reclaim,
-            conn,
-            client: self.wait_client.clone(),
-            deadline: self.deadline.clone(),
         };
-        let abort = jobs.spawn(tracing::Instrument::in_current_span(wait::run(
-            self.shared.clone(),
-            spec,
-        )));
-        self.wait = Some(abort.id());
-        self.meta.insert(
-            abort.id(),
-            JobMeta {
-                shard: u32::MAX,
-                generation: 0,
-                slot,
-                wait: members,
-                abort,
-            },
-        );
-    }
-
-    fn on_wait_end(&mut self, meta: JobMeta, mut outcome: JobOutcome) {
-        self.wait = None;
-        self.wait_interrupted = false;
-        // Shards that came back empty while it ran are polled (or waited on) again now.
-        self.ready.extend(self.parked.drain(..));
-        if outcome.fetched > 0 {
-            // Data: poll the whole rotation again before waiting. (An empty wait leaves the streak as it
-            // was, so the member simply waits again.)
-            self.idle_streak = 0;
-        }
         if let Some(conn) = outcome.conn.take() {
             self.wait_conn = Some(conn);
         }
         if let Some(error) = &outcome.error {
             tracing::warn!(%error, "idle wait failed; polling the shards one by one");
         }
-        if outcome.missing_group || outcome.error.is_some() {
-            // Which shard is at fault is found by the shards' own reads: poll them one by one.
-            self.idle_streak = 0;
-        }
-        let again = outcome.error.is_some() || outcome.expired || outcome.missing_group;
-        let mut woke: HashMap<u32, Vec<Entry>> = outcome.woke.drain(..).collect();
-        for (shard, generation) in meta.wait {
-            if let Some(busy) = self.busy.get_mut(&shard) {
-                *busy -= 1;
-                if *busy == 0 {
-                    self.busy.remove(&shard);
-                }
-            }
-            let Some(state) = self.shards.get_mut(&shard) else {
+        // Which shard is at fault is found by the shards' own reads: poll them one by one.
+        let failed = outcome.error.is_some() || outcome.expired || outcome.missing_group;
+        let mut woke = Vec::new();
+        for (shard, entries) in outcome.woke.drain(..) {
+            let Some(generation) = meta
+                .shards
+                .iter()
+                .find(|(s, _)| *s == shard)
+                .map(|(_, g)| *g)
+            else {
                 continue;
             };
-            if state.generation != generation {
-                if state.waiting_for_old_job && !self.busy.contains_key(&shard) && !state.running {
-                    state.waiting_for_old_job = false;
-                    self.ready.push_back(shard);
-                }
+            let Some(state) = self
+                .shards
+                .get_mut(&shard)
+                .filter(|s| s.generation == generation)
+            else {
+                continue;
+            };
+            if entries.is_empty() {
                 continue;
             }
-            state.running = false;
-            if let Some(entries) = woke.remove(&shard).filter(|e| !e.is_empty()) {
-                state.last_delivered = entries.last().map(|e| e.id.clone());
-                state.dirty = true;
-                state.held.extend(entries);
-            }
-            if state.mode == Mode::Revoking {
-                self.finish_revoke(shard);
-            } else if again {
-                self.delayed
-                    .push((Instant::now() + HOLD_RETRY, shard, generation));
-            } else {
-                self.ready.push_back(shard);
-            }
+            state.last_delivered = entries.last().map(|e| e.id.clone());
+            state.dirty = true;
+            state.held.extend(entries);
+            woke.push(shard);
         }
+        let out = self.machine.wait_ended(now, meta.job, &woke, failed);
+        self.execute(out, jobs);
     }
 
-    fn dispatch_ready(&mut self, jobs: &mut JoinSet<JobOutcome>) {
-        while !self.free_slots.is_empty() {
-            self.start_wait(jobs);
-            if self.free_slots.is_empty() {
-                return;
-            }
-            let Some(shard) = self.ready.pop_front() else {
-                return;
-            };
-            let Some(state) = self.shards.get_mut(&shard) else {
-                continue;
-            };
-            if state.running || state.mode != Mode::Owned {
-                continue;
-            }
-            if let Some(seen) = state.missing_group {
-                if self.deadline.confirmations() <= seen {
-                    // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
-                    self.delayed
-                        .push((Instant::now() + HOLD_RETRY, shard, state.generation));
-                    continue;
-                }
-            }
-            let Some(phase) = state.phase.take() else {
-                continue;
-            };
-            let reclaim = phase == Phase::Live
-                && state.reclaimed_at.elapsed() >= self.shared.config.reclaim_idle;
-            if reclaim {
-                state.reclaimed_at = Instant::now();
-            }
-            let Some(slot) = self.free_slots.pop() else {
-                return;
-            };
-            state.running = true;
-            let spec = JobSpec {
-                shard,
-                key: state.key.clone(),
-                token: state.token.clone(),
-                lease: state.lease.clone(),
-                phase,
-                stop: state.stop.clone(),
-                in_flight: state.in_flight.clone(),
-                waiting: self.waiting.clone(),
-                paused: self.paused.clone(),
-                held: std::mem::take(&mut state.held),
-                reclaim,
-                recreate_group: state.missing_group.take().is_some(),
-            };
-            let generation = state.generation;
-            let abort = jobs.spawn(tracing::Instrument::in_current_span(job::run(
-                self.shared.clone(),
-                spec,
-            )));
-            *self.busy.entry(shard).or_insert(0) += 1;
-            self.meta.insert(
-                abort.id(),
-                JobMeta {
-                    shard,
-                    generation,
-                    slot,
-                    wait: Vec::new(),
-                    abort,
-                },
-            );
-        }
-    }
-
-    fn on_job_end(&mut self, id: tokio::task::Id, outcome: Option<JobOutcome>) {
+    fn on_job_end(
+        &mut self,
+        id: tokio::task::Id,
+        outcome: Option<JobOutcome>,
+        jobs: &mut JoinSet<JobOutcome>,
+    ) {
         let Some(meta) = self.meta.remove(&id) else {
             return;
         };
-        self.free_slots.push(meta.slot);
-        if !meta.wait.is_empty() {
-            self.on_wait_end(meta, outcome.unwrap_or_default());
+        if meta.wait {
+            self.on_wait_end(meta, outcome, jobs);
             return;
         }
-        let shard = meta.shard;
-        if let Some(busy) = self.busy.get_mut(&shard) {
-            *busy -= 1;
-            if *busy == 0 {
-                self.busy.remove(&shard);
-            }
-        }
-        let mut outcome = outcome.unwrap_or_default();
-        let Some(state) = self.shards.get_mut(&shard) else {
-            return;
+        let now = self.now();
+        let end = match meta.shards.first() {
+            Some(&(shard, generation)) => self.shard_job_ended(now, shard, generation, outcome),
+            None => JobEnd::Aborted,
         };
-        if state.generation != meta.generation {
-            // A job of a fenced ownership ended; the new ownership may start now.
-            if state.waiting_for_old_job && !self.busy.contains_key(&shard) && !state.running {
-                state.waiting_for_old_job = false;
-                self.ready.push_back(shard);
-            }
-            return;
-        }
+        let out = self.machine.job_ended(now, meta.job, end);
+        self.execute(out, jobs);
+    }
+
+    /// Takes what a shard's job found into the shard's state, and says how it ended.
+    fn shard_job_ended(
+        &mut self,
+        now: Millis,
+        shard: u32,
+        generation: u64,
+        outcome: Option<JobOutcome>,
+    ) -> JobEnd {
+        let Some(state) = self
+            .shards
+            .get_mut(&shard)
+            .filter(|s| s.generation == generation)
+        else {
+            // A job of a fenced ownership: what it did is not this ownership's.
+            return JobEnd::Aborted;
+        };
         state.running = false;
+        // A job that was aborted or crashed: re-deliver what it left pending before reading on.
+        let mut outcome = outcome.unwrap_or_default();
         if outcome.fetched > 0 {
             state.last_delivered = outcome
                 .last_delivered
@@ -927,80 +935,56 @@ impl Scheduler {
         }
         state.held = std::mem::take(&mut outcome.held);
         state.pending = (outcome.left_pending + state.held.len()) as u64;
-        if outcome.missing_group {
-            state.missing_group = Some(self.deadline.confirmations());
+        if state.revoking {
+            return JobEnd::Aborted;
         }
-        if state.mode == Mode::Revoking {
-            self.finish_revoke(shard);
-            return;
-        }
-        // A job that was aborted or crashed: re-deliver what it left pending before reading on.
-        state.phase = Some(outcome.next_phase.unwrap_or(Phase::Claim {
-            cursor: "0-0".to_owned(),
-        }));
+        let aborted = outcome.next_phase.is_none();
+        state.phase = outcome.next_phase.take().unwrap_or_else(claim_from_start);
         self.shared
             .probe
             .read_result(shard, outcome.error.is_some());
+        let later = |delay: Duration| {
+            Millis(
+                now.0
+                    .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+            )
+        };
         if let Some(error) = &outcome.error {
             state.error_backoff =
                 (state.error_backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
             tracing::warn!(shard, %error, backoff = ?state.error_backoff, "shard read failed; backing off");
-            self.delayed.push((
-                Instant::now() + state.error_backoff,
-                shard,
-                state.generation,
-            ));
-            return;
+            let retry_at = later(state.error_backoff);
+            return match state.phase {
+                Phase::Claim { .. } => JobEnd::Failed { retry_at },
+                Phase::Live => JobEnd::ReadFailed { retry_at },
+            };
         }
         state.error_backoff = Duration::ZERO;
-        if outcome.expired || outcome.missing_group {
-            // Past the self-fencing deadline (a fence is on its way), or waiting for a confirmation.
-            self.delayed
-                .push((Instant::now() + HOLD_RETRY, shard, state.generation));
-            return;
+        if outcome.expired {
+            // Past the self-fencing deadline: a fence is on its way, or the lease comes back.
+            return JobEnd::Expired;
+        }
+        if outcome.missing_group {
+            // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
+            state.missing_group = true;
+            return JobEnd::MissingGroup {
+                retry_at: later(HOLD_RETRY),
+            };
         }
         if let Some(delay) = outcome.hold_for {
-            // A moved key waits for its old shard: try again later, starting with the held entries.
-            self.delayed
-                .push((Instant::now() + delay, shard, state.generation));
-            return;
+            // A moved key waits for its old shard (or a failed entry for its backoff): try again later,
+            // starting with the held entries.
+            return JobEnd::Held {
+                retry_at: later(delay),
+            };
         }
-        if outcome.fetched > 0 {
-            // Data found: poll the whole rotation again before waiting.
-            self.idle_streak = 0;
-        } else {
-            self.idle_streak += 1;
-            if self.wait.is_some() && state.phase == Some(Phase::Live) && state.held.is_empty() {
-                // Its job was running when the idle wait started, and it came back empty: polling it
-                // again would only spin the free workers. It joins the next wait instead, which the
-                // interrupt starts at once.
-                self.parked.push(shard);
-                if !self.wait_interrupted {
-                    self.wait_interrupted = true;
-                    self.interrupt_wait();
-                }
-                return;
-            }
+        if aborted {
+            return JobEnd::Aborted;
         }
-        self.ready.push_back(shard);
-    }
-
-    fn release_delayed(&mut self) {
-        let now = Instant::now();
-        let mut i = 0;
-        while i < self.delayed.len() {
-            if self.delayed[i].0 <= now {
-                let (_, shard, generation) = self.delayed.swap_remove(i);
-                if self
-                    .shards
-                    .get(&shard)
-                    .is_some_and(|s| s.generation == generation && s.mode == Mode::Owned)
-                {
-                    self.ready.push_back(shard);
-                }
-            } else {
-                i += 1;
-            }
+        match (&state.phase, outcome.fetched) {
+            (Phase::Claim { .. }, _) => JobEnd::Claiming,
+            (Phase::Live, 0) => JobEnd::Empty,
+            (Phase::Live, _) => JobEnd::Data,
         }
     }
 
@@ -1012,7 +996,7 @@ impl Scheduler {
         let mut dirty: Vec<u32> = self
             .shards
             .iter()
-            .filter(|(_, s)| s.dirty && s.mode == Mode::Owned)
+            .filter(|(_, s)| s.dirty && !s.revoking)
             .map(|(i, _)| *i)
             .collect();
         dirty.sort_unstable();

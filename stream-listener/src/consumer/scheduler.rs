@@ -5,6 +5,7 @@
 //!
 //! Inputs: [`assign`](ShardScheduler::assign), [`revoke`](ShardScheduler::revoke),
 //! [`fence`](ShardScheduler::fence), [`lease_renewed`](ShardScheduler::lease_renewed),
+//! [`lease_lost`](ShardScheduler::lease_lost),
 //! [`job_ended`](ShardScheduler::job_ended), [`wait_ended`](ShardScheduler::wait_ended),
 //! [`tick`](ShardScheduler::tick), [`pause`](ShardScheduler::pause) / [`resume`](ShardScheduler::resume),
 //! [`shutdown`](ShardScheduler::shutdown). Each returns the [`Output`]s the async shell executes: jobs to
@@ -23,9 +24,14 @@
 //! * every shard looks for entries other consumers left pending too long once per `reclaim_every` (the
 //!   session timeout);
 //! * a shard's first job after an assignment, after its deadline lapsed, after a failed or aborted job, is a
-//!   claim of its own pending entries;
+//!   claim of its own pending entries; a read that failed before anything was delivered backs off, then
+//!   reads on;
+//! * a shard whose consumer group was found missing starts again only after its backoff and after a
+//!   renewed lease (a heartbeat the coordinator accepted after the loss confirms that it is still ours);
 //! * after a rotation of empty reads, one idle wait holds every idle shard, never the last worker a held
-//!   shard needs; an assignment, a revocation, pause, shutdown or a deadline lapse interrupts it.
+//!   shard needs; an assignment, a revocation, pause, shutdown or a deadline lapse interrupts it. A shard
+//!   whose job comes back empty while the wait runs is parked for the next wait (not polled again by a
+//!   free worker) and the wait is interrupted, once, so that the next one holds it too.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -73,6 +79,18 @@ pub enum JobEnd {
     /// A Redis error: back off until `retry_at`, then claim our own pending entries (acks may be lost).
     Failed {
         /// When the shard may run again.
+        retry_at: Millis,
+    },
+    /// A read failed before it delivered anything (no ack is in doubt): back off until `retry_at`, then
+    /// read on.
+    ReadFailed {
+        /// When the shard may run again.
+        retry_at: Millis,
+    },
+    /// The shard's consumer group (or stream) is missing: back off until `retry_at` and wait for a renewed
+    /// lease (see [`ShardScheduler::lease_renewed`]), then claim our own pending entries.
+    MissingGroup {
+        /// When the shard may run again, at the earliest.
         retry_at: Millis,
     },
     /// The job found the ownership deadline passed.
@@ -153,6 +171,8 @@ struct Shard {
     parked: bool,
     /// Waiting for a job of an earlier ownership of the same index to end.
     waiting_for_old: bool,
+    /// Its consumer group was missing: waits for a renewed lease.
+    unconfirmed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -179,6 +199,8 @@ pub struct ShardScheduler {
     stopped: bool,
     idle_streak: usize,
     wait: Option<JobId>,
+    /// The running wait was interrupted for a parked shard (once per wait is enough).
+    wait_interrupted: bool,
 }
 
 impl ShardScheduler {
@@ -201,6 +223,7 @@ impl ShardScheduler {
             stopped: false,
             idle_streak: 0,
             wait: None,
+            wait_interrupted: false,
         }
     }
 
@@ -247,6 +270,7 @@ impl ShardScheduler {
             queued: false,
             parked: false,
             waiting_for_old: false,
+            unconfirmed: false,
         }
     }
 
@@ -302,12 +326,46 @@ impl ShardScheduler {
         out
     }
 
-    /// An accepted heartbeat moved the ownership deadline.
+    /// An accepted heartbeat moved the ownership deadline (or confirmed it): shards whose group was
+    /// missing may start again once their backoff is over.
     pub fn lease_renewed(&mut self, now: Millis, deadline: Millis) -> Vec<Output> {
         let mut out = Vec::new();
         self.renew(now, deadline);
+        let confirmed: Vec<u32> = self
+            .shards
+            .iter()
+            .filter(|(_, s)| s.unconfirmed)
+            .map(|(i, _)| *i)
+            .collect();
+        for shard in confirmed {
+            if let Some(state) = self.shards.get_mut(&shard) {
+                state.unconfirmed = false;
+            }
+            self.enqueue(shard);
+        }
         self.dispatch(now, &mut out);
         out
+    }
+
+    /// The ownership deadline was withdrawn before its time (the heartbeat loop gave the lease up): as a
+    /// lapse, until a later [`lease_renewed`](Self::lease_renewed).
+    pub fn lease_lost(&mut self, now: Millis) -> Vec<Output> {
+        let mut out = Vec::new();
+        self.deadline = self.deadline.min(now);
+        self.lapse(&mut out);
+        out
+    }
+
+    fn lapse(&mut self, out: &mut Vec<Output>) {
+        if self.lapsed {
+            return;
+        }
+        self.lapsed = true;
+        self.interrupt_wait(out);
+        for state in self.shards.values_mut() {
+            // Some entries may have been read and not handled at the lapse: ours to claim first.
+            state.claim_owed = true;
+        }
     }
 
     fn renew(&mut self, now: Millis, deadline: Millis) {
@@ -328,6 +386,7 @@ impl ShardScheduler {
         if ended.wait {
             // A wait ended through `job_ended` (aborted): nothing was read.
             self.wait = None;
+            self.wait_interrupted = false;
             self.unpark();
             for (shard, generation) in ended.shards {
                 self.back_from_job(now, shard, generation, Some(NextJob::Read), None, &mut out);
@@ -337,12 +396,20 @@ impl ShardScheduler {
                 JobEnd::Data | JobEnd::Empty => (NextJob::Read, None),
                 JobEnd::Held { retry_at } => (NextJob::Retry, Some(retry_at)),
                 JobEnd::Claiming | JobEnd::Expired | JobEnd::Aborted => (NextJob::ClaimOwn, None),
-                JobEnd::Failed { retry_at } => (NextJob::ClaimOwn, Some(retry_at)),
+                JobEnd::Failed { retry_at } | JobEnd::MissingGroup { retry_at } => {
+                    (NextJob::ClaimOwn, Some(retry_at))
+                }
+                JobEnd::ReadFailed { retry_at } => (NextJob::Read, Some(retry_at)),
             };
             let current = self
                 .shards
                 .get(&shard)
                 .is_some_and(|s| s.generation == generation && !s.revoking);
+            if current && matches!(end, JobEnd::MissingGroup { .. }) {
+                if let Some(state) = self.shards.get_mut(&shard) {
+                    state.unconfirmed = true;
+                }
+            }
             if current {
                 match end {
                     JobEnd::Data | JobEnd::Claiming => self.idle_streak = 0,
@@ -358,7 +425,10 @@ impl ShardScheduler {
                         state.queued = false;
                         state.parked = true;
                         self.ready.retain(|s| *s != shard);
-                        self.interrupt_wait(&mut out);
+                        if !self.wait_interrupted {
+                            self.wait_interrupted = true;
+                            self.interrupt_wait(&mut out);
+                        }
                     }
                 }
             }
@@ -381,6 +451,7 @@ impl ShardScheduler {
             return out;
         };
         self.wait = None;
+        self.wait_interrupted = false;
         self.unpark();
         if !woke.is_empty() || failed {
             self.idle_streak = 0;
@@ -401,13 +472,8 @@ impl ShardScheduler {
     /// Time passed: backoffs end, the deadline may have lapsed.
     pub fn tick(&mut self, now: Millis) -> Vec<Output> {
         let mut out = Vec::new();
-        if !self.lapsed && now >= self.deadline {
-            self.lapsed = true;
-            self.interrupt_wait(&mut out);
-            for state in self.shards.values_mut() {
-                // Some entries may have been read and not handled at the lapse: ours to claim first.
-                state.claim_owed = true;
-            }
+        if now >= self.deadline {
+            self.lapse(&mut out);
         }
         let due: Vec<u32> = self
             .shards
@@ -461,6 +527,17 @@ impl ShardScheduler {
         }
     }
 
+    /// Shards ready to run and waiting for a worker (a job hands its shard back early when some are).
+    pub fn waiting(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether the shell must look for a renewed lease even with nothing else to do: the deadline lapsed,
+    /// or a shard waits for a confirmation of its ownership.
+    pub fn awaits_renewal(&self) -> bool {
+        (self.lapsed && !self.shards.is_empty()) || self.shards.values().any(|s| s.unconfirmed)
+    }
+
     /// Jobs running now, the idle wait included.
     pub fn running(&self) -> usize {
         self.jobs.len()
@@ -508,6 +585,7 @@ impl ShardScheduler {
                 && !state.parked
                 && !state.running
                 && !state.revoking
+                && !state.unconfirmed
                 && state.retry_at.is_none()
             {
                 state.queued = true;

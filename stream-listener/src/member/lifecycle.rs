@@ -112,6 +112,11 @@ impl OwnershipDeadline {
             .store(until_ms, std::sync::atomic::Ordering::Release);
     }
 
+    /// The deadline in local milliseconds (`i64::MIN`: none, `i64::MAX`: unbounded).
+    pub(crate) fn until_ms(&self) -> i64 {
+        self.until_ms.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Counts a heartbeat the coordinator accepted.
     pub fn confirm(&self) {
         self.confirmations

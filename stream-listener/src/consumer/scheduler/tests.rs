@@ -471,6 +471,119 @@ fn rule_next_wake_is_the_earliest_backoff_or_the_deadline() {
     assert_eq!(s.next_wake(), Some(t(40)));
 }
 
+#[test]
+fn rule_a_failed_read_that_delivered_nothing_backs_off_then_reads_on() {
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let (job, _, _) = running[0];
+    let out = s.job_ended(t(2), job, JobEnd::ReadFailed { retry_at: t(50) });
+    assert!(starts(&out).is_empty(), "{out:?}");
+    assert_eq!(s.next_wake(), Some(t(50)));
+    let out = s.tick(t(50));
+    assert_eq!(start_of(&out, 0).1, JobKind::Read);
+}
+
+#[test]
+fn rule_a_missing_group_waits_for_its_backoff_and_a_renewed_lease() {
+    // Backoff over first, then the renewal.
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let (job, _, _) = running[0];
+    assert!(!s.awaits_renewal());
+    s.job_ended(t(2), job, JobEnd::MissingGroup { retry_at: t(50) });
+    assert!(s.awaits_renewal());
+    assert!(starts(&s.tick(t(60))).is_empty(), "started unconfirmed");
+    let out = s.lease_renewed(t(70), FAR);
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+    assert!(!s.awaits_renewal());
+    // The renewal first, then the backoff.
+    let (mut s, running) = claimed(1, &[0], FAR);
+    let (job, _, _) = running[0];
+    s.job_ended(t(2), job, JobEnd::MissingGroup { retry_at: t(50) });
+    assert!(
+        starts(&s.lease_renewed(t(10), FAR)).is_empty(),
+        "started in backoff"
+    );
+    let out = s.tick(t(50));
+    assert_eq!(start_of(&out, 0).1, JobKind::ClaimOwn);
+}
+
+#[test]
+fn rule_a_lost_lease_stops_starts_until_renewed() {
+    let (mut s, running) = claimed(1, &[0, 1], FAR);
+    let (job, _, _) = running[0];
+    assert!(s.lease_lost(t(5)).is_empty());
+    assert!(s.awaits_renewal());
+    assert!(starts(&s.job_ended(t(6), job, JobEnd::Expired)).is_empty());
+    assert!(starts(&s.tick(t(7))).is_empty());
+    assert!(
+        starts(&s.lease_renewed(t(8), t(5))).is_empty(),
+        "not a renewal"
+    );
+    let out = s.lease_renewed(t(9), FAR);
+    assert!(
+        !starts(&out).is_empty() && starts(&out).iter().all(|j| j.2 == JobKind::ClaimOwn),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn rule_a_lost_lease_interrupts_the_idle_wait() {
+    let (mut s, wait) = idle(2);
+    assert_eq!(
+        s.lease_lost(t(2)),
+        vec![Output::InterruptWait { job: wait }]
+    );
+}
+
+#[test]
+fn rule_shards_back_empty_while_the_wait_runs_park_and_interrupt_it_once() {
+    let (mut s, mut running) = claimed(3, &[0, 1, 2, 3, 4], FAR);
+    let mut wait = None;
+    let mut interrupts = 0;
+    let mut parked = Vec::new();
+    for _ in 0..40 {
+        if parked.len() == 2 {
+            break;
+        }
+        let (job, shard, _) = running.remove(0);
+        let out = s.job_ended(t(1), job, JobEnd::Empty);
+        if wait.is_some() {
+            interrupts += out
+                .iter()
+                .filter(|o| matches!(o, Output::InterruptWait { .. }))
+                .count();
+            assert!(
+                starts(&out).iter().all(|j| j.1 != shard),
+                "polled again while the wait runs: {out:?}"
+            );
+            parked.push(shard);
+        }
+        if let Some(started) = wait_of(&out) {
+            wait = Some(started);
+        }
+        running.extend(starts(&out));
+    }
+    let (wait, waited) = wait.expect("an idle wait");
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    assert_eq!(interrupts, 1);
+    assert!(waited.iter().all(|s| !parked.contains(s)));
+    // The next wait holds the parked shards too.
+    let out = s.wait_ended(t(2), wait, &[], false);
+    let (_, next) = wait_of(&out).expect("the next wait");
+    assert!(
+        parked.iter().all(|s| next.contains(s)),
+        "{next:?} {parked:?}"
+    );
+}
+
+#[test]
+fn rule_waiting_counts_the_shards_queued_for_a_worker() {
+    let mut s = ShardScheduler::new(1, RECLAIM);
+    for shard in 0..3 {
+        s.assign(t(0), shard, 1, FAR);
+    }
+    assert_eq!(s.waiting(), 2);
+}
+
 // ---- property test --------------------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -479,6 +592,7 @@ enum Op {
     Revoke(u32),
     Fence,
     Renew(u64),
+    LeaseLost,
     End(usize, u8, u64),
     Tick(u64),
     Pause,
@@ -492,7 +606,8 @@ fn op() -> impl Strategy<Value = Op> {
         40 => (0u32..6).prop_map(Op::Revoke),
         15 => Just(Op::Fence),
         40 => (0u64..3_000).prop_map(Op::Renew),
-        160 => (0usize..8, 0u8..7, 0u64..500).prop_map(|(i, k, d)| Op::End(i, k, d)),
+        5 => Just(Op::LeaseLost),
+        160 => (0usize..8, 0u8..9, 0u64..500).prop_map(|(i, k, d)| Op::End(i, k, d)),
         60 => (0u64..700).prop_map(Op::Tick),
         15 => Just(Op::Pause),
         20 => Just(Op::Resume),
@@ -516,6 +631,8 @@ struct Model {
     owned: BTreeMap<u32, i64>,
     /// Backoff ends per shard.
     retry_at: BTreeMap<u32, u64>,
+    /// Shards whose group was missing: no job before a renewal.
+    unconfirmed: BTreeSet<u32>,
     /// Jobs of an ownership that ended (revoked or fenced): their end says nothing about the shard now.
     stale: BTreeSet<JobId>,
 }
@@ -551,6 +668,7 @@ impl Model {
                         self.retry_at.get(shard).is_none_or(|at| *at <= self.now),
                         "started in backoff"
                     );
+                    prop_assert!(!self.unconfirmed.contains(shard), "started unconfirmed");
                     prop_assert!(
                         !self.running.values().any(|(s, _)| s.contains(shard)),
                         "two jobs of shard {}",
@@ -605,12 +723,14 @@ proptest! {
                     }
                     m.owned.insert(shard, epoch);
                     m.retry_at.remove(&shard);
+                    m.unconfirmed.remove(&shard);
                     s.assign(t(m.now), shard, epoch, t(deadline))
                 }
                 Op::Revoke(shard) => {
                     m.staled(Some(shard));
                     m.owned.remove(&shard);
                     m.retry_at.remove(&shard);
+                    m.unconfirmed.remove(&shard);
                     m.revoking.insert(shard);
                     s.revoke(t(m.now), shard)
                 }
@@ -619,12 +739,18 @@ proptest! {
                     m.owned.clear();
                     m.revoking.clear();
                     m.retry_at.clear();
+                    m.unconfirmed.clear();
                     m.deadline = m.now;
                     s.fence(t(m.now))
                 }
                 Op::Renew(d) => {
                     m.deadline = m.deadline.max(m.now + d);
+                    m.unconfirmed.clear();
                     s.lease_renewed(t(m.now), t(m.now + d))
+                }
+                Op::LeaseLost => {
+                    m.deadline = m.deadline.min(m.now);
+                    s.lease_lost(t(m.now))
                 }
                 Op::End(index, kind, d) => {
                     let Some((&job, (shards, wait))) = m.running.iter().nth(index % m.running.len().max(1)) else {
@@ -644,10 +770,15 @@ proptest! {
                             3 => JobEnd::Held { retry_at: t(m.now + d) },
                             4 => JobEnd::Failed { retry_at: t(m.now + d) },
                             5 => JobEnd::Expired,
-                            _ => JobEnd::Aborted,
+                            6 => JobEnd::Aborted,
+                            7 => JobEnd::ReadFailed { retry_at: t(m.now + d) },
+                            _ => JobEnd::MissingGroup { retry_at: t(m.now + d) },
                         };
-                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::MissingGroup { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
                             m.retry_at.insert(shards[0], retry_at.0);
+                        }
+                        if let (JobEnd::MissingGroup { .. }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                            m.unconfirmed.insert(shards[0]);
                         }
                         s.job_ended(t(m.now), job, end)
                     }
@@ -681,6 +812,7 @@ proptest! {
         m.now += 1_000;
         m.deadline = m.now + 1_000_000;
         m.retry_at.clear();
+        m.unconfirmed.clear();
         let mut out = s.resume(t(m.now));
         out.extend(s.lease_renewed(t(m.now), t(m.deadline)));
         out.extend(s.tick(t(m.now)));
