@@ -167,6 +167,52 @@ pub fn read_reply_entries(reply: redis::Value) -> Vec<(Vec<u8>, Vec<redis::Value
     out
 }
 
+/// `XREADGROUP GROUP group consumer COUNT count STREAMS key >` without `BLOCK`, as
+/// [`read_reply_entries`]: the entries never delivered to the group, at most `count`, none if there are none.
+///
+/// # Panics
+/// If the command fails (no such group).
+pub async fn xreadgroup(
+    conn: &mut impl ConnectionLike,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    key: &str,
+) -> Vec<(Vec<u8>, Vec<redis::Value>)> {
+    let reply: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("STREAMS")
+        .arg(key)
+        .arg(">")
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("XREADGROUP {group} {key}: {e}"));
+    read_reply_entries(reply)
+}
+
+/// `XACK key group id...`; returns how many were acknowledged.
+///
+/// # Panics
+/// If the command fails.
+pub async fn xack<I: redis::ToRedisArgs>(
+    conn: &mut impl ConnectionLike,
+    key: &str,
+    group: &str,
+    ids: I,
+) -> i64 {
+    redis::cmd("XACK")
+        .arg(key)
+        .arg(group)
+        .arg(ids)
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("XACK {key} {group}: {e}"))
+}
+
 /// How many entries `group` has pending on `key` (the count of the `XPENDING key group` summary).
 ///
 /// # Panics
@@ -299,7 +345,20 @@ mod tests {
         );
         assert_eq!(read_reply_entries(redis::Value::Nil), []);
         assert_eq!(xpending_count(&mut conn, "s", "g").await, 2);
-        assert_eq!(command_calls(&mut conn).await.get("xreadgroup"), Some(&1));
+        let rest = xreadgroup(&mut conn, "g", "c", 10, "s").await;
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].0, entries[2].0.as_bytes());
+        assert_eq!(xreadgroup(&mut conn, "g", "c", 10, "s").await, []);
+        let acked = xack(
+            &mut conn,
+            "s",
+            "g",
+            vec![entries[0].0.clone(), entries[2].0.clone()],
+        )
+        .await;
+        assert_eq!(acked, 2);
+        assert_eq!(xpending_count(&mut conn, "s", "g").await, 1);
+        assert_eq!(command_calls(&mut conn).await.get("xreadgroup"), Some(&3));
 
         let mut polls = 0;
         wait_until("three polls", Duration::from_secs(5), || {
