@@ -14,7 +14,7 @@
 //! and the demo and the benchmarks that only start servers do not pull redis-rs or tokio through it.
 //!
 //! [`wait_until_blocking`] and [`wait_for_blocking`] wait on a condition with a deadline from an OS thread.
-//! The feature `aio` adds [`aio`]: redis-rs connections, [`aio::wait_until`] on tokio, and the stream and
+//! The feature `aio` adds the module `aio`: redis-rs connections, `aio::wait_until` on tokio, and the stream and
 //! `INFO` replies tests read back.
 
 use std::fmt;
