@@ -11,7 +11,7 @@
 //!
 //! The server is spoken to over a raw RESP socket (PING, INFO, SHUTDOWN), so this crate has no dependencies
 //! by default: [`RedisServer`] is synchronous (started, probed and killed from plain functions and `Drop`),
-//! and the demo and the benchmarks that only start servers do not pull redis-rs or tokio through it.
+//! and the demo, which only starts a server, does not pull redis-rs or tokio through it.
 //!
 //! [`wait_until_blocking`] and [`wait_for_blocking`] wait on a condition with a deadline from an OS thread.
 //! The feature `aio` adds the module `aio`: redis-rs connections, `aio::wait_until` on tokio, and the stream and
