@@ -342,7 +342,9 @@ impl RedisServer {
                     format!("redis-server exited with {status} before answering PING; log:\n{log}"),
                 ));
             }
-            if self.answers_as_our_child() {
+            // INFO answers while an append-only file is still loading; PING says `-LOADING` until the data
+            // set is back, so a restarted server is ready only once it answers PONG.
+            if self.answers_as_our_child() && self.ping() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
