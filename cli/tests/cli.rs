@@ -6,16 +6,18 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::{GroupProjection, GroupState};
 use stream_listener::coordinator::AdminCommand;
 use stream_listener::member::lifecycle::ShardCommand;
-use stream_listener::member::session::{MemberIdentity, MemberSession};
+use stream_listener::member::session::MemberSession;
 use stream_listener::store::GroupStore;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
+use stream_listener_test_support::aio::connect_with_timeouts;
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::member_session;
 
 const STREAM: &str = "orders";
 const GROUP: &str = "billing";
@@ -71,23 +73,11 @@ fn cli(url: &str, args: &[&str]) -> Run {
 }
 
 async fn connect(url: &str) -> ConnectionManager {
-    let client = redis::Client::open(url).expect("url");
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_connection_timeout(Some(Duration::from_secs(5)));
-    ConnectionManager::new_with_config(client, config)
-        .await
-        .expect("connect")
+    connect_with_timeouts(url, Duration::from_secs(5), None).await
 }
 
 fn session(id: &str) -> MemberSession {
-    let identity = MemberIdentity {
-        member_id: Arc::from(id),
-        member_name: None,
-        weight: 1,
-        runtime_max_concurrency: 2,
-    };
-    MemberSession::new(identity, CONFIG.session_timeout_ms, 0xc11 ^ id.len() as u64)
+    member_session(id, CONFIG.session_timeout_ms, 2, 0xc11 ^ id.len() as u64)
 }
 
 /// A Redis with stream `orders` (4 shards, [`MESSAGES`] entries, consumer group `billing` on every shard)

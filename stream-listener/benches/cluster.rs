@@ -17,6 +17,7 @@ use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessa
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener::topology::Topology;
 use stream_listener::Producer;
+use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
 use stream_listener_test_support::{RedisCluster, RedisServer};
 use tokio::sync::{mpsc, Notify};
 
@@ -83,26 +84,6 @@ async fn produce_lib(conn: &Connection, prefix: &str, total: u64) -> Duration {
     started.elapsed()
 }
 
-fn count_ids(reply: Value) -> Vec<String> {
-    let mut ids = Vec::new();
-    if let Value::Array(streams) = reply {
-        for stream in streams {
-            if let Value::Array(mut parts) = stream {
-                if let Some(Value::Array(entries)) = parts.pop() {
-                    for entry in entries {
-                        if let Value::Array(fields) = entry {
-                            if let Some(Value::BulkString(id)) = fields.first() {
-                                ids.push(String::from_utf8_lossy(id).into_owned());
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    ids
-}
-
 async fn create_groups(conn: &Connection, prefix: &str) {
     let mut conn = conn.clone();
     for shard in 0..SHARDS {
@@ -130,30 +111,13 @@ async fn consume_raw(conn: &Connection, prefix: &str) -> (Duration, u64) {
         tasks.push(tokio::spawn(async move {
             let mut handled = 0u64;
             loop {
-                let reply: Value = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg("raw")
-                    .arg("c")
-                    .arg("COUNT")
-                    .arg(BATCH)
-                    .arg("STREAMS")
-                    .arg(&key)
-                    .arg(">")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("XREADGROUP");
-                let ids = count_ids(reply);
-                if ids.is_empty() {
+                let entries = xreadgroup(&mut conn, "raw", "c", BATCH, &key).await;
+                if entries.is_empty() {
                     return handled;
                 }
-                handled += ids.len() as u64;
-                let _: i64 = redis::cmd("XACK")
-                    .arg(&key)
-                    .arg("raw")
-                    .arg(ids)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("XACK");
+                handled += entries.len() as u64;
+                let ids: Vec<Vec<u8>> = entries.into_iter().map(|(id, _)| id).collect();
+                xack(&mut conn, &key, "raw", ids).await;
             }
         }));
     }
@@ -168,17 +132,7 @@ async fn pending(conn: &Connection, prefix: &str) -> i64 {
     let mut conn = conn.clone();
     let mut total = 0;
     for shard in 0..SHARDS {
-        let reply: Value = redis::cmd("XPENDING")
-            .arg(format!("{prefix}:{shard}"))
-            .arg("consumer")
-            .query_async(&mut conn)
-            .await
-            .expect("XPENDING");
-        if let Value::Array(items) = reply {
-            if let Some(Value::Int(n)) = items.first() {
-                total += n;
-            }
-        }
+        total += xpending_count(&mut conn, &format!("{prefix}:{shard}"), "consumer").await;
     }
     total
 }

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::Script;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::{GroupProjection, GroupState};
@@ -36,6 +36,7 @@ use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberIdentity, MemberSession};
 use stream_listener::store::GroupStore;
+use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, info, info_field};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, watch};
 
@@ -65,14 +66,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 async fn connect(url: &str) -> ConnectionManager {
-    let client = redis::Client::open(url).expect("url");
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_number_of_retries(1);
-    ConnectionManager::new_with_config(client, config)
-        .await
-        .expect("connect")
+    connect_with_timeouts(url, Duration::from_secs(5), Some(1)).await
 }
 
 async fn store(url: &str, group: &str, config: GroupConfig) -> GroupStore {
@@ -115,14 +109,6 @@ fn converged(view: &GroupProjection, members: usize) -> bool {
         && counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0) <= 1
 }
 
-async fn info(conn: &mut ConnectionManager, section: &str) -> String {
-    redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .expect("INFO")
-}
-
 /// `calls` per command from `INFO commandstats`, plus `total_commands_processed` from `INFO stats`.
 #[derive(Debug, Clone, Default)]
 struct Counters {
@@ -132,21 +118,12 @@ struct Counters {
 
 impl Counters {
     async fn read(conn: &mut ConnectionManager) -> Self {
-        let calls = info(conn, "commandstats")
+        let calls = command_calls(conn)
             .await
-            .lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("cmdstat_")?;
-                let (name, stats) = rest.split_once(':')?;
-                let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-                Some((name.to_string(), calls.parse().ok()?))
-            })
+            .into_iter()
+            .map(|(name, calls)| (name, calls as i64))
             .collect();
-        let total_processed = info(conn, "stats")
-            .await
-            .lines()
-            .find_map(|l| l.strip_prefix("total_commands_processed:"))
-            .and_then(|v| v.trim().parse().ok())
+        let total_processed = info_field(&info(conn, "stats").await, "total_commands_processed")
             .expect("total_commands_processed");
         Self {
             calls,

@@ -10,7 +10,6 @@
 //!    latency from the entry id (Redis time) to the handler's start (wall clock of the same machine).
 //! 3. **Pickup, busy shard**: one shard receiving 10 entries every 10 ms for 5 s; the same latency.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +17,7 @@ use redis::aio::MultiplexedConnection;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::{ConsumerBuilder, Message, Runtime};
+use stream_listener_test_support::aio::command_calls;
 use stream_listener_test_support::RedisServer;
 
 const STREAM: &str = "idle";
@@ -31,20 +31,6 @@ fn wall_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis() as u64
-}
-
-async fn commandstats(conn: &mut MultiplexedConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            Some((name.to_string(), rest.split(',').next()?.parse().ok()?))
-        })
-        .collect()
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -149,9 +135,9 @@ fn main() {
         tokio::time::sleep(Duration::from_secs(3)).await;
 
         println!("stream-listener idle cost: 1 process, 4 members x {SHARDS} shards, 1 s heartbeats, block_ms 450");
-        let before = commandstats(&mut conn).await;
+        let before = command_calls(&mut conn).await;
         tokio::time::sleep(Duration::from_secs(seconds)).await;
-        let after = commandstats(&mut conn).await;
+        let after = command_calls(&mut conn).await;
         let mut total = 0;
         let mut breakdown = Vec::new();
         for (name, calls) in &after {

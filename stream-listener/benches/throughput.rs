@@ -22,6 +22,7 @@ use redis::Value;
 use serde::Deserialize;
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, Message, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
+use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, Notify};
 
@@ -86,39 +87,21 @@ async fn fill(conn: &mut MultiplexedConnection, scenario: Scenario) {
     }
 }
 
-/// Entries (id, payload) out of a raw single-stream `XREADGROUP` reply.
-fn entries(reply: Value) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-    let Value::Array(mut streams) = reply else {
-        return Vec::new();
-    };
-    let Some(Value::Array(mut stream)) = streams.pop() else {
-        return Vec::new();
-    };
-    let Some(Value::Array(entries)) = stream.pop() else {
-        return Vec::new();
-    };
+/// Entries (id, payload `p`) out of read entries (id, flat field array).
+fn payloads(entries: Vec<(Vec<u8>, Vec<Value>)>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
     entries
         .into_iter()
-        .filter_map(|entry| {
-            let Value::Array(mut pair) = entry else {
-                return None;
-            };
-            let fields = pair.pop()?;
-            let Value::BulkString(id) = pair.pop()? else {
-                return None;
-            };
+        .map(|(id, fields)| {
             let mut payload = None;
-            if let Value::Array(fields) = fields {
-                let mut fields = fields.into_iter();
-                while let (Some(Value::BulkString(name)), Some(Value::BulkString(value))) =
-                    (fields.next(), fields.next())
-                {
-                    if name == b"p" {
-                        payload = Some(value);
-                    }
+            let mut fields = fields.into_iter();
+            while let (Some(Value::BulkString(name)), Some(Value::BulkString(value))) =
+                (fields.next(), fields.next())
+            {
+                if name == b"p" {
+                    payload = Some(value);
                 }
             }
-            Some((id, payload))
+            (id, payload)
         })
         .collect()
 }
@@ -132,19 +115,7 @@ async fn run_baseline(conn: &MultiplexedConnection, scenario: Scenario) -> (Dura
             let key = key(shard);
             let mut handled = 0u64;
             loop {
-                let reply: Value = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg("raw")
-                    .arg("c")
-                    .arg("COUNT")
-                    .arg(BATCH)
-                    .arg("STREAMS")
-                    .arg(&key)
-                    .arg(">")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("XREADGROUP");
-                let entries = entries(reply);
+                let entries = payloads(xreadgroup(&mut conn, "raw", "c", BATCH, &key).await);
                 if entries.is_empty() {
                     return handled;
                 }
@@ -158,13 +129,7 @@ async fn run_baseline(conn: &MultiplexedConnection, scenario: Scenario) -> (Dura
                     ids.push(id);
                 }
                 handled += ids.len() as u64;
-                let _: i64 = redis::cmd("XACK")
-                    .arg(&key)
-                    .arg("raw")
-                    .arg(ids)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("XACK");
+                xack(&mut conn, &key, "raw", ids).await;
             }
         }));
     }
@@ -178,17 +143,7 @@ async fn run_baseline(conn: &MultiplexedConnection, scenario: Scenario) -> (Dura
 async fn total_pending(conn: &mut MultiplexedConnection, group: &str, shards: u32) -> i64 {
     let mut total = 0;
     for shard in 0..shards {
-        let reply: Value = redis::cmd("XPENDING")
-            .arg(key(shard))
-            .arg(group)
-            .query_async(conn)
-            .await
-            .expect("XPENDING");
-        if let Value::Array(items) = reply {
-            if let Some(Value::Int(n)) = items.first() {
-                total += n;
-            }
-        }
+        total += xpending_count(conn, &key(shard), group).await;
     }
     total
 }

@@ -9,7 +9,13 @@
 //! (for `XACKDEL`) ask [`redis_8_binary`], which looks at `$REDIS_8_SERVER_BIN` and then at the copy that
 //! `scripts/fetch-redis8.sh` unpacks into `target/redis8/`.
 //!
-//! The server is spoken to over a raw RESP socket (PING, INFO), so this crate has no dependencies.
+//! The server is spoken to over a raw RESP socket (PING, INFO, SHUTDOWN), so this crate has no dependencies
+//! by default: [`RedisServer`] is synchronous (started, probed and killed from plain functions and `Drop`),
+//! and the demo, which only starts a server, does not pull redis-rs or tokio through it.
+//!
+//! [`wait_until_blocking`] and [`wait_for_blocking`] wait on a condition with a deadline from an OS thread.
+//! The feature `aio` adds the module `aio`: redis-rs connections, `aio::wait_until` on tokio, and the stream and
+//! `INFO` replies tests read back.
 
 use std::fmt;
 use std::fs;
@@ -21,6 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "aio")]
+pub mod aio;
 mod cluster;
 pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
@@ -335,7 +343,9 @@ impl RedisServer {
                     format!("redis-server exited with {status} before answering PING; log:\n{log}"),
                 ));
             }
-            if self.answers_as_our_child() {
+            // INFO answers while an append-only file is still loading; PING says `-LOADING` until the data
+            // set is back, so a restarted server is ready only once it answers PONG.
+            if self.answers_as_our_child() && self.ping() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -356,6 +366,41 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// How often [`wait_until_blocking`] and [`wait_for_blocking`] check their condition.
+pub const BLOCKING_POLL: Duration = Duration::from_millis(5);
+
+/// Polls `done` from the calling OS thread every [`BLOCKING_POLL`] until it holds; for waits that must not
+/// depend on an async runtime (whose timers a blocked worker can stall).
+///
+/// # Panics
+/// After `timeout`, naming `what` and the timeout.
+pub fn wait_until_blocking(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    wait_for_blocking(what, timeout, || done().then_some(()));
+}
+
+/// Polls `probe` from the calling OS thread every [`BLOCKING_POLL`] until it returns `Some`, and returns
+/// that value (the reading that satisfied the condition, not a later one).
+///
+/// # Panics
+/// After `timeout`, naming `what` and the timeout.
+pub fn wait_for_blocking<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        thread::sleep(BLOCKING_POLL);
     }
 }
 
@@ -620,6 +665,27 @@ mod tests {
             err.to_string().contains("/nonexistent/redis-server"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn blocking_waits_return_the_reading_that_held() {
+        let mut readings = 0..;
+        let got = wait_for_blocking("the third reading", Duration::from_secs(5), || {
+            readings.next().filter(|n| *n == 3)
+        });
+        assert_eq!(got, 3);
+        let mut calls = 0;
+        wait_until_blocking("two calls", Duration::from_secs(5), || {
+            calls += 1;
+            calls == 2
+        });
+        assert_eq!(calls, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "timed out after 20ms waiting for the impossible")]
+    fn blocking_waits_panic_naming_what_they_waited_for() {
+        wait_until_blocking("the impossible", Duration::from_millis(20), || false);
     }
 
     #[test]

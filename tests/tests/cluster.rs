@@ -8,12 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use stream_listener::connection::{slot_of, ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::topology::{Topology, TopologyError};
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
+use stream_listener_test_support::aio::wait_until;
 use stream_listener_test_support::RedisCluster;
+use stream_listener_tests::Order;
 use tokio::time::Instant;
 
 const TIMING: GroupConfig = GroupConfig {
@@ -23,12 +24,6 @@ const TIMING: GroupConfig = GroupConfig {
 };
 const SHARDS: u32 = 8;
 const KEYS: u32 = 16;
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    key: String,
-    seq: u32,
-}
 
 /// One handled message: key, seq, shard, member, member epoch.
 type Seen = Arc<Mutex<Vec<(String, u32, u32, String, i64)>>>;
@@ -99,14 +94,6 @@ async fn produce(url: String, stream: &'static str, per_key: u32, pause: Duratio
         tokio::time::sleep(pause).await;
     }
     per_key * KEYS
-}
-
-async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn distinct(seen: &Seen) -> usize {

@@ -2,7 +2,6 @@
 //! revoke and fence, scheduling fairness and connection use.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +16,10 @@ use stream_listener::consumer::{
 use stream_listener::member::lifecycle::{
     FencingToken, OwnershipDeadline, ShardCommand, ShardReport,
 };
+use stream_listener_test_support::aio::{
+    command_calls, connect_multiplexed, info, info_field, wait_until_async, xlen, xpending_count,
+    xrange,
+};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -27,14 +30,6 @@ const GROUP: &str = "billing";
 #[derive(Debug, Deserialize)]
 struct Order {
     n: u64,
-}
-
-async fn connect(server: &RedisServer) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 async fn create_groups(
@@ -53,6 +48,17 @@ async fn create_groups(
             .await
             .unwrap();
     }
+}
+
+/// A fresh server, a connection to it, and group [`GROUP`] on `shards` of `prefix`.
+async fn server_with_groups(
+    prefix: &str,
+    shards: impl IntoIterator<Item = u32>,
+) -> (RedisServer, MultiplexedConnection) {
+    let server = RedisServer::start();
+    let mut conn = connect_multiplexed(&server.url()).await;
+    create_groups(&mut conn, prefix, shards).await;
+    (server, conn)
 }
 
 /// Append `count` entries `{"n": i}` (i from `start`) with key `key-{i % 7}` to one shard, in one pipeline.
@@ -74,26 +80,6 @@ async fn produce(
             .arg(format!("{{\"n\":{n}}}"));
     }
     pipe.query_async(conn).await.unwrap()
-}
-
-async fn pending_count(conn: &mut MultiplexedConnection, key: &str, group: &str) -> i64 {
-    let reply: Value = redis::cmd("XPENDING")
-        .arg(key)
-        .arg(group)
-        .query_async(conn)
-        .await
-        .unwrap();
-    match reply {
-        Value::Array(items) => match items.first() {
-            Some(Value::Int(n)) => *n,
-            _ => 0,
-        },
-        _ => 0,
-    }
-}
-
-async fn xlen(conn: &mut MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("XLEN").arg(key).query_async(conn).await.unwrap()
 }
 
 async fn consumer_names(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, i64)> {
@@ -121,46 +107,20 @@ async fn consumer_names(conn: &mut MultiplexedConnection, key: &str) -> Vec<(Str
 }
 
 async fn read_stream(conn: &mut MultiplexedConnection, key: &str) -> Vec<HashMap<String, String>> {
-    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(key)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .unwrap();
-    reply
-        .into_iter()
-        .map(|(_, flat)| {
-            flat.chunks(2)
-                .map(|c| (c[0].clone(), c[1].clone()))
-                .collect()
-        })
-        .collect()
+    let entries = xrange(conn, key).await;
+    entries.into_iter().map(|(_, fields)| fields).collect()
 }
 
 async fn xreadgroup_calls(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
+    command_calls(conn)
         .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_xreadgroup:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
+        .get("xreadgroup")
+        .copied()
         .unwrap_or(0)
 }
 
 async fn blocked_clients(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    info_field(&info(conn, "clients").await, "blocked_clients").unwrap_or(0)
 }
 
 async fn client_count(conn: &mut MultiplexedConnection) -> usize {
@@ -170,25 +130,6 @@ async fn client_count(conn: &mut MultiplexedConnection) -> usize {
         .await
         .unwrap();
     list.lines().filter(|l| !l.trim().is_empty()).count()
-}
-
-/// Poll `condition` every 10 ms until it holds, failing the test after `timeout`.
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn token(member: &str) -> FencingToken {
@@ -331,9 +272,7 @@ fn recording_handler(log: &Log) -> BoxedHandler {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_entry_is_handled_and_acked() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "orders", 0..4).await;
+    let (server, mut conn) = server_with_groups("orders", 0..4).await;
     let mut expected = HashSet::new();
     for shard in 0..4 {
         for id in produce(&mut conn, "orders", shard, 0, 250).await {
@@ -346,7 +285,7 @@ async fn every_entry_is_handled_and_acked() {
     cfg.batch_size = 32;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign(0..4).await;
-    wait_until(
+    wait_until_async(
         "all 1000 entries handled",
         Duration::from_secs(20),
         || async { log.count() == 1000 },
@@ -355,10 +294,10 @@ async fn every_entry_is_handled_and_acked() {
     assert_eq!(log.ids(), expected);
     for shard in 0..4 {
         let key = format!("orders:{shard}");
-        wait_until("pending list empty", Duration::from_secs(5), || {
+        wait_until_async("pending list empty", Duration::from_secs(5), || {
             let mut conn = conn.clone();
             let key = key.clone();
-            async move { pending_count(&mut conn, &key, GROUP).await == 0 }
+            async move { xpending_count(&mut conn, &key, GROUP).await == 0 }
         })
         .await;
         assert_eq!(
@@ -370,7 +309,7 @@ async fn every_entry_is_handled_and_acked() {
     // Exactly once in the happy path, in order per shard.
     assert!(log.handled.lock().unwrap().values().all(|d| d == &vec![1]));
     // Progress is reported with the last acked id of each shard.
-    wait_until(
+    wait_until_async(
         "progress of every shard",
         Duration::from_secs(5),
         || async {
@@ -390,9 +329,7 @@ async fn every_entry_is_handled_and_acked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_are_handled_in_order_within_a_shard() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "seq", 0..2).await;
+    let (server, mut conn) = server_with_groups("seq", 0..2).await;
     produce(&mut conn, "seq", 0, 0, 300).await;
     produce(&mut conn, "seq", 1, 0, 300).await;
     let seen: Arc<Mutex<HashMap<u32, Vec<u64>>>> = Arc::default();
@@ -413,7 +350,7 @@ async fn entries_are_handled_in_order_within_a_shard() {
     cfg.batch_size = 7;
     let running = Running::start(&server, cfg, handler).await;
     running.assign(0..2).await;
-    wait_until("600 entries", Duration::from_secs(20), || async {
+    wait_until_async("600 entries", Duration::from_secs(20), || async {
         seen.lock().unwrap().values().map(Vec::len).sum::<usize>() == 600
     })
     .await;
@@ -429,16 +366,14 @@ async fn entries_are_handled_in_order_within_a_shard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "wide", 0..64).await;
+    let (server, mut conn) = server_with_groups("wide", 0..64).await;
     let log = Log::default();
     let mut cfg = config("wide", "m0");
     cfg.runtime_max_concurrency = 1;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign(0..64).await;
     // Let the claim phase of every shard pass so the consumer is in its idle wait.
-    wait_until("idle wait", Duration::from_secs(10), || {
+    wait_until_async("idle wait", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { blocked_clients(&mut conn).await == 1 }
     })
@@ -447,7 +382,7 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
         let before = xreadgroup_calls(&mut conn).await;
         let started = Instant::now();
         produce(&mut conn, "wide", 63, round, 1).await;
-        wait_until("entry on shard 63", Duration::from_secs(5), || async {
+        wait_until_async("entry on shard 63", Duration::from_secs(5), || async {
             log.count() as u64 == round + 1
         })
         .await;
@@ -465,9 +400,7 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "calm", 0..8).await;
+    let (server, mut conn) = server_with_groups("calm", 0..8).await;
     let log = Log::default();
     let mut cfg = config("calm", "m0");
     // Several workers: the shards whose jobs were still running when the wait started come back empty
@@ -475,7 +408,7 @@ async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
     cfg.runtime_max_concurrency = 4;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign(0..8).await;
-    wait_until("idle wait", Duration::from_secs(10), || {
+    wait_until_async("idle wait", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { blocked_clients(&mut conn).await == 1 }
     })
@@ -488,7 +421,7 @@ async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
     assert!(reads <= 30, "an idle member sent {reads} reads in 2 s");
     // And it still wakes for traffic on any shard.
     produce(&mut conn, "calm", 5, 0, 1).await;
-    wait_until("entry on shard 5", Duration::from_secs(5), || async {
+    wait_until_async("entry on shard 5", Duration::from_secs(5), || async {
         log.count() == 1
     })
     .await;
@@ -497,9 +430,7 @@ async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_shards_are_rotated_not_drained_one_by_one() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "busy", 0..16).await;
+    let (server, mut conn) = server_with_groups("busy", 0..16).await;
     for shard in 0..16 {
         produce(&mut conn, "busy", shard, 0, 200).await;
     }
@@ -516,7 +447,7 @@ async fn busy_shards_are_rotated_not_drained_one_by_one() {
     cfg.batch_size = 10;
     let running = Running::start(&server, cfg, handler).await;
     running.assign(0..16).await;
-    wait_until("all entries", Duration::from_secs(30), || async {
+    wait_until_async("all entries", Duration::from_secs(30), || async {
         order.lock().unwrap().len() == 3200
     })
     .await;
@@ -532,7 +463,7 @@ async fn busy_shards_are_rotated_not_drained_one_by_one() {
 
 /// Runs the ack-and-delete checks against `server`, for both the script path and `XACKDEL`.
 async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
-    let mut conn = connect(server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     for (mode, prefix) in [
         (DeleteRef::KeepRef, "keep"),
         (DeleteRef::DelRef, "del"),
@@ -577,19 +508,19 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
         );
         let running = Running::start(server, cfg, recording_handler(&log)).await;
         running.assign([0]).await;
-        wait_until("20 handled", Duration::from_secs(10), || async {
+        wait_until_async("20 handled", Duration::from_secs(10), || async {
             log.count() == 20
         })
         .await;
-        wait_until("our pending list empty", Duration::from_secs(5), || {
+        wait_until_async("our pending list empty", Duration::from_secs(5), || {
             let mut conn = conn.clone();
             let key = key.clone();
-            async move { pending_count(&mut conn, &key, GROUP).await == 0 }
+            async move { xpending_count(&mut conn, &key, GROUP).await == 0 }
         })
         .await;
         running.stop().await;
         let len = xlen(&mut conn, &key).await;
-        let audit_pending = pending_count(&mut conn, &key, "audit").await;
+        let audit_pending = xpending_count(&mut conn, &key, "audit").await;
         match mode {
             DeleteRef::KeepRef => {
                 assert_eq!(len, 0, "KEEPREF deletes every acked entry");
@@ -636,7 +567,7 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
     cfg.ack_policy = AckPolicy::AckDelete(DeleteRef::Acked);
     let running = Running::start(server, cfg, recording_handler(&log)).await;
     running.assign([0]).await;
-    wait_until("1 handled", Duration::from_secs(10), || async {
+    wait_until_async("1 handled", Duration::from_secs(10), || async {
         log.count() == 1
     })
     .await;
@@ -647,14 +578,8 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
 }
 
 async fn read_stream_ids(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
-    let reply: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(key)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .unwrap();
-    reply.into_iter().map(|(id, _)| id).collect()
+    let entries: Vec<(String, HashMap<String, String>)> = xrange(conn, key).await;
+    entries.into_iter().map(|(id, _)| id).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -689,9 +614,7 @@ async fn ack_and_delete_on_redis_8_2_uses_xackdel() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_ack_acks_only_what_the_handler_acked() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "manual", 0..1).await;
+    let (server, mut conn) = server_with_groups("manual", 0..1).await;
     produce(&mut conn, "manual", 0, 0, 40).await;
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = handled.clone();
@@ -710,13 +633,13 @@ async fn manual_ack_acks_only_what_the_handler_acked() {
     cfg.ack_policy = AckPolicy::Manual;
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
-    wait_until("40 handled", Duration::from_secs(10), || async {
+    wait_until_async("40 handled", Duration::from_secs(10), || async {
         handled.load(Ordering::SeqCst) == 40
     })
     .await;
-    wait_until("20 left pending", Duration::from_secs(5), || {
+    wait_until_async("20 left pending", Duration::from_secs(5), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "manual:0", GROUP).await == 20 }
+        async move { xpending_count(&mut conn, "manual:0", GROUP).await == 20 }
     })
     .await;
     running.stop().await;
@@ -724,9 +647,7 @@ async fn manual_ack_acks_only_what_the_handler_acked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "fail", 0..2).await;
+    let (server, mut conn) = server_with_groups("fail", 0..2).await;
     let bad = produce(&mut conn, "fail", 1, 13, 1).await.remove(0);
     produce(&mut conn, "fail", 1, 14, 5).await;
     let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
@@ -747,12 +668,12 @@ async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
     cfg.failure_policy.max_deliveries = 3;
     let running = Running::start(&server, cfg, handler).await;
     running.assign(0..2).await;
-    wait_until("dead letter", Duration::from_secs(10), || {
+    wait_until_async("dead letter", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xlen(&mut conn, "fail:dlq").await == 1 }
     })
     .await;
-    wait_until("later entries handled", Duration::from_secs(10), || async {
+    wait_until_async("later entries handled", Duration::from_secs(10), || async {
         ok.count() == 5
     })
     .await;
@@ -768,9 +689,9 @@ async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
     assert_eq!(letter[dead_letter_fields::SOURCE_STREAM], "fail:1");
     assert_eq!(letter[dead_letter_fields::SOURCE_ID], bad);
     assert_eq!(letter[dead_letter_fields::CONSUMER], "m0");
-    wait_until("nothing pending", Duration::from_secs(5), || {
+    wait_until_async("nothing pending", Duration::from_secs(5), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "fail:1", GROUP).await == 0 }
+        async move { xpending_count(&mut conn, "fail:1", GROUP).await == 0 }
     })
     .await;
     running.stop().await;
@@ -778,9 +699,7 @@ async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exhausted_entry_can_be_left_pending() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "leave", 0..1).await;
+    let (server, mut conn) = server_with_groups("leave", 0..1).await;
     produce(&mut conn, "leave", 0, 0, 10).await;
     let ok = Log::default();
     let log = ok.clone();
@@ -799,13 +718,13 @@ async fn exhausted_entry_can_be_left_pending() {
     cfg.failure_policy.on_exhausted = OnExhausted::LeavePending;
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
-    wait_until("9 handled", Duration::from_secs(10), || async {
+    wait_until_async("9 handled", Duration::from_secs(10), || async {
         ok.count() == 9
     })
     .await;
-    wait_until("1 pending", Duration::from_secs(5), || {
+    wait_until_async("1 pending", Duration::from_secs(5), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "leave:0", GROUP).await == 1 }
+        async move { xpending_count(&mut conn, "leave:0", GROUP).await == 1 }
     })
     .await;
     running.stop().await;
@@ -814,9 +733,7 @@ async fn exhausted_entry_can_be_left_pending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_payload_is_dead_lettered_at_once() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "junk", 0..1).await;
+    let (server, mut conn) = server_with_groups("junk", 0..1).await;
     let _: String = redis::cmd("XADD")
         .arg("junk:0")
         .arg("*")
@@ -839,11 +756,11 @@ async fn undecodable_payload_is_dead_lettered_at_once() {
     let log = Log::default();
     let running = Running::start(&server, config("junk", "m0"), recording_handler(&log)).await;
     running.assign([0]).await;
-    wait_until("good entry handled", Duration::from_secs(10), || async {
+    wait_until_async("good entry handled", Duration::from_secs(10), || async {
         log.count() == 1
     })
     .await;
-    wait_until("two dead letters", Duration::from_secs(10), || {
+    wait_until_async("two dead letters", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xlen(&mut conn, "junk:dlq").await == 2 }
     })
@@ -866,9 +783,7 @@ async fn undecodable_payload_is_dead_lettered_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_panic_is_a_failure_not_a_crash() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "panic", 0..1).await;
+    let (server, mut conn) = server_with_groups("panic", 0..1).await;
     produce(&mut conn, "panic", 0, 0, 3).await;
     let ok = Log::default();
     let log = ok.clone();
@@ -890,7 +805,7 @@ async fn handler_panic_is_a_failure_not_a_crash() {
     cfg.failure_policy.max_deliveries = 2;
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
-    wait_until("2 handled", Duration::from_secs(10), || async {
+    wait_until_async("2 handled", Duration::from_secs(10), || async {
         ok.count() == 2
     })
     .await;
@@ -898,7 +813,7 @@ async fn handler_panic_is_a_failure_not_a_crash() {
         ok.handled.lock().unwrap().values().any(|d| d == &vec![2]),
         "entry 0 succeeded on its 2nd delivery"
     );
-    wait_until("dead letter", Duration::from_secs(10), || {
+    wait_until_async("dead letter", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xlen(&mut conn, "panic:dlq").await == 1 }
     })
@@ -954,9 +869,7 @@ fn slow_handler(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "move", 0..1).await;
+    let (server, mut conn) = server_with_groups("move", 0..1).await;
     let expected: HashSet<_> = produce(&mut conn, "move", 0, 0, 400)
         .await
         .into_iter()
@@ -975,12 +888,12 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
     )
     .await;
     a.assign([0]).await;
-    wait_until("A is mid-stream", Duration::from_secs(10), || async {
+    wait_until_async("A is mid-stream", Duration::from_secs(10), || async {
         log.count() >= 60
     })
     .await;
     a.revoke(0).await;
-    wait_until("A reports revoked", Duration::from_secs(10), || async {
+    wait_until_async("A reports revoked", Duration::from_secs(10), || async {
         a.revoked(0)
     })
     .await;
@@ -1006,7 +919,7 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
     );
     let handled_by_a = log.count();
     b.assign([0]).await;
-    wait_until("all 400 handled", Duration::from_secs(20), || async {
+    wait_until_async("all 400 handled", Duration::from_secs(20), || async {
         log.count() == 400
     })
     .await;
@@ -1023,10 +936,10 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
     );
     // B claimed what A left pending: those carry a delivery count of 2.
     assert!(log.handled.lock().unwrap().values().any(|d| d == &vec![2]));
-    wait_until("A's consumer name removed", Duration::from_secs(10), || {
+    wait_until_async("A's consumer name removed", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move {
-            pending_count(&mut conn, "move:0", GROUP).await == 0
+            xpending_count(&mut conn, "move:0", GROUP).await == 0
                 && consumer_names(&mut conn, "move:0")
                     .await
                     .iter()
@@ -1040,9 +953,7 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "kill", 0..1).await;
+    let (server, mut conn) = server_with_groups("kill", 0..1).await;
     let expected: HashSet<_> = produce(&mut conn, "kill", 0, 0, 30)
         .await
         .into_iter()
@@ -1062,29 +973,29 @@ async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
     });
     let a = Running::start(&server, config("kill", "member-a"), hanging).await;
     a.assign([0]).await;
-    wait_until("A stuck in a handler", Duration::from_secs(10), || async {
+    wait_until_async("A stuck in a handler", Duration::from_secs(10), || async {
         stuck.load(Ordering::SeqCst)
     })
     .await;
     a.task.abort();
     assert!(a.task.await.unwrap_err().is_cancelled());
     assert_eq!(
-        pending_count(&mut conn, "kill:0", GROUP).await,
+        xpending_count(&mut conn, "kill:0", GROUP).await,
         30,
         "nothing acked: the batch was in flight"
     );
     let log = Log::default();
     let b = Running::start(&server, config("kill", "member-b"), recording_handler(&log)).await;
     b.assign([0]).await;
-    wait_until("B handled all 30", Duration::from_secs(10), || async {
+    wait_until_async("B handled all 30", Duration::from_secs(10), || async {
         log.count() == 30
     })
     .await;
     assert_eq!(log.ids(), expected);
     assert!(log.handled.lock().unwrap().values().all(|d| d == &vec![2]));
-    wait_until("nothing pending", Duration::from_secs(5), || {
+    wait_until_async("nothing pending", Duration::from_secs(5), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "kill:0", GROUP).await == 0 }
+        async move { xpending_count(&mut conn, "kill:0", GROUP).await == 0 }
     })
     .await;
     b.stop().await;
@@ -1092,9 +1003,7 @@ async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "claim", 0..1).await;
+    let (server, mut conn) = server_with_groups("claim", 0..1).await;
     produce(&mut conn, "claim", 0, 0, 450).await;
     // A gone member read everything and acked nothing.
     let _: Value = redis::cmd("XREADGROUP")
@@ -1125,7 +1034,7 @@ async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
     cfg.batch_size = 40;
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
-    wait_until("500 handled", Duration::from_secs(20), || async {
+    wait_until_async("500 handled", Duration::from_secs(20), || async {
         seen.lock().unwrap().len() == 500
     })
     .await;
@@ -1140,9 +1049,7 @@ async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_consumer_names_are_deleted_on_takeover() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "names", 0..1).await;
+    let (server, mut conn) = server_with_groups("names", 0..1).await;
     for ghost in ["ghost-1", "ghost-2"] {
         let _: i64 = redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
@@ -1170,11 +1077,11 @@ async fn idle_consumer_names_are_deleted_on_takeover() {
     let log = Log::default();
     let running = Running::start(&server, config("names", "m0"), recording_handler(&log)).await;
     running.assign([0]).await;
-    wait_until("3 handled", Duration::from_secs(10), || async {
+    wait_until_async("3 handled", Duration::from_secs(10), || async {
         log.count() == 3
     })
     .await;
-    wait_until("only our name left", Duration::from_secs(10), || {
+    wait_until_async("only our name left", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move {
             let names = consumer_names(&mut conn, "names:0").await;
@@ -1187,9 +1094,7 @@ async fn idle_consumer_names_are_deleted_on_takeover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_do_not_grow_with_owned_shards() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "conns", 0..300).await;
+    let (server, mut conn) = server_with_groups("conns", 0..300).await;
     let baseline = client_count(&mut conn).await;
     let log = Log::default();
     let mut counts = Vec::new();
@@ -1199,14 +1104,14 @@ async fn connections_do_not_grow_with_owned_shards() {
         let running = Running::start(&server, cfg, recording_handler(&log)).await;
         running.assign(shards.clone()).await;
         // Wait until the member is in its idle wait (every shard it polled came back empty).
-        wait_until("the idle wait", Duration::from_secs(20), || {
+        wait_until_async("the idle wait", Duration::from_secs(20), || {
             let mut conn = conn.clone();
             async move { blocked_clients(&mut conn).await == 1 }
         })
         .await;
         let target = log.count() + 1;
         produce(&mut conn, "conns", shards.end - 1, 0, 1).await;
-        wait_until("traffic handled", Duration::from_secs(10), || async {
+        wait_until_async("traffic handled", Duration::from_secs(10), || async {
             log.count() == target
         })
         .await;
@@ -1218,7 +1123,7 @@ async fn connections_do_not_grow_with_owned_shards() {
         );
         counts.push(used);
         running.stop().await;
-        wait_until("connections closed", Duration::from_secs(5), || {
+        wait_until_async("connections closed", Duration::from_secs(5), || {
             let mut conn = conn.clone();
             async move { client_count(&mut conn).await == baseline }
         })
@@ -1232,9 +1137,7 @@ async fn connections_do_not_grow_with_owned_shards() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_aborts_handlers_and_reports_nothing() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "fence", 0..2).await;
+    let (server, mut conn) = server_with_groups("fence", 0..2).await;
     produce(&mut conn, "fence", 0, 0, 5).await;
     let started = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicBool::new(false));
@@ -1262,12 +1165,12 @@ async fn fence_aborts_handlers_and_reports_nothing() {
     cfg.runtime_max_concurrency = 2;
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
-    wait_until("handler running", Duration::from_secs(10), || async {
+    wait_until_async("handler running", Duration::from_secs(10), || async {
         started.load(Ordering::SeqCst)
     })
     .await;
     running.commands.send(ShardCommand::Fence).await.unwrap();
-    wait_until("handler aborted", Duration::from_secs(5), || async {
+    wait_until_async("handler aborted", Duration::from_secs(5), || async {
         dropped.load(Ordering::SeqCst)
     })
     .await;
@@ -1285,7 +1188,7 @@ async fn fence_aborts_handlers_and_reports_nothing() {
         .await
         .unwrap();
     produce(&mut conn, "fence", 1, 0, 1).await;
-    wait_until(
+    wait_until_async(
         "shard 1 handled after the rejoin",
         Duration::from_secs(10),
         || async { log.count() == 1 },
@@ -1310,7 +1213,7 @@ async fn fence_aborts_handlers_and_reports_nothing() {
         }
     }
     assert_eq!(
-        pending_count(&mut conn, "fence:0", GROUP).await,
+        xpending_count(&mut conn, "fence:0", GROUP).await,
         5,
         "nothing acked after the fence"
     );
@@ -1320,30 +1223,21 @@ async fn fence_aborts_handlers_and_reports_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "idle", 0..1).await;
+    let (server, mut conn) = server_with_groups("idle", 0..1).await;
     let log = Log::default();
     let mut cfg = config("idle", "m0");
     cfg.block_ms = 200;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign([0]).await;
     // Wait until the worker sits in a blocking read of the only shard.
-    wait_until("a blocking read", Duration::from_secs(10), || {
+    wait_until_async("a blocking read", Duration::from_secs(10), || {
         let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("clients")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            info.lines().any(|l| l.trim() == "blocked_clients:1")
-        }
+        async move { blocked_clients(&mut conn).await == 1 }
     })
     .await;
     let started = Instant::now();
     running.revoke(0).await;
-    wait_until("revoked", Duration::from_secs(5), || async {
+    wait_until_async("revoked", Duration::from_secs(5), || async {
         running.revoked(0)
     })
     .await;
@@ -1355,7 +1249,7 @@ async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
     // Entries produced while the shard is away are handled once it is assigned again.
     produce(&mut conn, "idle", 0, 0, 10).await;
     running.assign([0]).await;
-    wait_until("10 handled", Duration::from_secs(10), || async {
+    wait_until_async("10 handled", Duration::from_secs(10), || async {
         log.count() == 10
     })
     .await;
@@ -1365,7 +1259,7 @@ async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_recovers_after_a_redis_restart() {
     let mut server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     create_groups(&mut conn, "restart", 0..2).await;
     produce(&mut conn, "restart", 0, 0, 20).await;
     let log = Log::default();
@@ -1373,24 +1267,24 @@ async fn consumer_recovers_after_a_redis_restart() {
     cfg.runtime_max_concurrency = 2;
     let running = Running::start(&server, cfg, recording_handler(&log)).await;
     running.assign(0..2).await;
-    wait_until("20 handled", Duration::from_secs(10), || async {
+    wait_until_async("20 handled", Duration::from_secs(10), || async {
         log.count() == 20
     })
     .await;
     server.restart();
     // The restarted server is empty (no persistence): recreate what the topology module would.
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     create_groups(&mut conn, "restart", 0..2).await;
     produce(&mut conn, "restart", 1, 100, 20).await;
-    wait_until(
+    wait_until_async(
         "20 more handled after the restart",
         Duration::from_secs(20),
         || async { log.count() == 40 },
     )
     .await;
-    wait_until("nothing pending", Duration::from_secs(10), || {
+    wait_until_async("nothing pending", Duration::from_secs(10), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "restart:1", GROUP).await == 0 }
+        async move { xpending_count(&mut conn, "restart:1", GROUP).await == 0 }
     })
     .await;
     assert!(!running.task.is_finished());
@@ -1401,11 +1295,6 @@ async fn consumer_recovers_after_a_redis_restart() {
 
 /// Calls of the commands that touch a shard, from `INFO commandstats`.
 async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
     let touching = [
         "xreadgroup",
         "xack",
@@ -1415,12 +1304,11 @@ async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
         "evalsha",
         "xadd",
     ];
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            touching.contains(&name).then_some(())?;
-            rest.split(',').next()?.parse::<u64>().ok()
-        })
+    command_calls(conn)
+        .await
+        .iter()
+        .filter(|(name, _)| touching.contains(&name.as_str()))
+        .map(|(_, calls)| calls)
         .sum()
 }
 
@@ -1428,9 +1316,7 @@ async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
 /// itself must see the deadline has passed and send nothing for the shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "frozen", 0..2).await;
+    let (server, mut conn) = server_with_groups("frozen", 0..2).await;
     // The last accepted heartbeat gave two seconds; no later one gets through.
     let deadline = OwnershipDeadline::new();
     deadline.set(deadline.local_ms() + 2_000);
@@ -1444,13 +1330,13 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
     .await;
     running.assign(0..2).await;
     produce(&mut conn, "frozen", 0, 0, 5).await;
-    wait_until("first entries handled", Duration::from_secs(2), || async {
+    wait_until_async("first entries handled", Duration::from_secs(2), || async {
         log.count() == 5
     })
     .await;
     // The lease runs out and no Fence command arrives (the heartbeat task is frozen, or has not run yet).
     // A read sent before then never blocks past the deadline, so once it has passed nothing is in flight.
-    wait_until("the deadline passed", Duration::from_secs(5), || async {
+    wait_until_async("the deadline passed", Duration::from_secs(5), || async {
         !deadline.is_valid()
     })
     .await;
@@ -1471,13 +1357,13 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
     }
     assert_eq!(log.count(), 5, "no handler started past the deadline");
     assert_eq!(
-        pending_count(&mut conn, "frozen:0", GROUP).await,
+        xpending_count(&mut conn, "frozen:0", GROUP).await,
         0,
         "nothing was read"
     );
     // A renewed lease (the heartbeat got through) resumes consumption.
     deadline.set(deadline.local_ms() + 60_000);
-    wait_until("the rest handled", Duration::from_secs(10), || async {
+    wait_until_async("the rest handled", Duration::from_secs(10), || async {
         log.count() == 15
     })
     .await;
@@ -1488,9 +1374,7 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
 /// must claim them periodically, not only when it takes the shard over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "zombie", 0..1).await;
+    let (server, mut conn) = server_with_groups("zombie", 0..1).await;
     let log = Log::default();
     // The owner's handler holds entry 2 until told, so the owner reads nothing meanwhile.
     let gate = Arc::new(AtomicBool::new(true));
@@ -1517,7 +1401,7 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
     let running = Running::start(&server, cfg, handler).await;
     running.assign([0]).await;
     produce(&mut conn, "zombie", 0, 0, 3).await;
-    wait_until(
+    wait_until_async(
         "owner busy with entry 2",
         Duration::from_secs(10),
         || async { entered.load(Ordering::Acquire) },
@@ -1539,7 +1423,7 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
         .unwrap();
     assert_ne!(read, Value::Nil, "the zombie read them");
     gate.store(false, Ordering::Release);
-    wait_until(
+    wait_until_async(
         "the zombie's entries handled by the owner",
         Duration::from_secs(10),
         || async { log.count() == 6 },
@@ -1548,9 +1432,9 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
     for id in &ids {
         assert!(log.ids().contains(&(0, id.clone())));
     }
-    wait_until("nothing pending", Duration::from_secs(5), || {
+    wait_until_async("nothing pending", Duration::from_secs(5), || {
         let mut conn = conn.clone();
-        async move { pending_count(&mut conn, "zombie:0", GROUP).await == 0 }
+        async move { xpending_count(&mut conn, "zombie:0", GROUP).await == 0 }
     })
     .await;
     running.stop().await;
@@ -1560,9 +1444,7 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
 /// a heartbeat confirms the ownership, then creates the consumer group again and consumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    create_groups(&mut conn, "flushed", 0..1).await;
+    let (server, mut conn) = server_with_groups("flushed", 0..1).await;
     let deadline = OwnershipDeadline::new();
     deadline.set(deadline.local_ms() + 60_000);
     let log = Log::default();
@@ -1575,7 +1457,7 @@ async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
     .await;
     running.assign([0]).await;
     produce(&mut conn, "flushed", 0, 0, 3).await;
-    wait_until("first entries handled", Duration::from_secs(10), || async {
+    wait_until_async("first entries handled", Duration::from_secs(10), || async {
         log.count() == 3
     })
     .await;
@@ -1604,7 +1486,7 @@ async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Heartbeats keep being accepted from now on, as they would be.
-    wait_until(
+    wait_until_async(
         "entries after the flush handled",
         Duration::from_secs(10),
         || async {

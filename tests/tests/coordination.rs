@@ -5,15 +5,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::coordinator::wire::HeartbeatStatus;
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
-use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
+use stream_listener::member::session::{MemberSession, Phase};
 use stream_listener::store::{GroupStore, StoreError};
+use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, xrange};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::member_session;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
@@ -25,33 +27,18 @@ const CONFIG: GroupConfig = GroupConfig {
     rebalance_timeout_ms: 2_000,
 };
 
+/// Short timeouts: a test that stops Redis must see errors, not hang.
 async fn connect(url: &str) -> ConnectionManager {
-    let client = redis::Client::open(url).expect("url");
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_millis(500)))
-        .set_connection_timeout(Some(Duration::from_millis(500)))
-        .set_number_of_retries(1);
-    ConnectionManager::new_with_config(client, config)
-        .await
-        .expect("connect")
+    connect_with_timeouts(url, Duration::from_millis(500), Some(1)).await
+}
+
+fn session(id: &str) -> MemberSession {
+    let incarnation = std::process::id() as u64 ^ id.len() as u64 ^ 0x5eed;
+    member_session(id, SESSION, 1, incarnation)
 }
 
 async fn store(url: &str, group: &str, shards: u32) -> GroupStore {
     GroupStore::new(connect(url).await, "orders", group, shards, CONFIG).expect("store")
-}
-
-fn session(id: &str) -> MemberSession {
-    let identity = MemberIdentity {
-        member_id: Arc::from(id),
-        member_name: None,
-        weight: 1,
-        runtime_max_concurrency: 1,
-    };
-    MemberSession::new(
-        identity,
-        SESSION,
-        std::process::id() as u64 ^ id.len() as u64 ^ 0x5eed,
-    )
 }
 
 /// Who reads which shard, across all members of a test, with every overlap recorded.
@@ -310,13 +297,8 @@ async fn paused_member_resumes_fenced_and_rejoins() {
     let resumed = spawn_member(&redis.url(), "gp", 6, "p", ledger.clone()).await;
     wait_for(&mut observer, Duration::from_secs(10), converged(2, 6)).await;
     let mut conn = connect(&redis.url()).await;
-    let audit: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&observer.keys().audit)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let audit: Vec<(String, Vec<(String, String)>)> =
+        xrange(&mut conn, &observer.keys().audit).await;
     let said = |kind: &str| {
         audit.iter().any(|(_, f)| {
             f.iter()
@@ -352,13 +334,7 @@ async fn stale_snapshot_commit_is_rejected_and_nothing_is_lost() {
     let members: Vec<&String> = coordinator.metadata().members.keys().collect();
     assert_eq!(members, ["a", "b"], "neither join was overwritten");
     let mut conn = connect(&redis.url()).await;
-    let audit: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&one.keys().audit)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let audit: Vec<(String, Vec<(String, String)>)> = xrange(&mut conn, &one.keys().audit).await;
     let joins = audit
         .iter()
         .filter(|(_, fields)| fields.iter().any(|(_, v)| v.contains("MEMBER_JOINED")))
@@ -442,13 +418,13 @@ async fn steady_state_heartbeat_is_one_script_call_and_rewrites_nothing() {
         let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
         let _ = a.on_response(&r);
     }
-    let before = commandstats(&mut conn).await;
+    let before = command_calls(&mut conn).await;
     for _ in 0..50 {
         let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
         assert_eq!(r.status, HeartbeatStatus::Ok);
         let _ = a.on_response(&r);
     }
-    let after = commandstats(&mut conn).await;
+    let after = command_calls(&mut conn).await;
     let delta =
         |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     assert_eq!(delta("set"), 0, "the snapshot was rewritten");
@@ -457,22 +433,6 @@ async fn steady_state_heartbeat_is_one_script_call_and_rewrites_nothing() {
         50,
         "one script call per heartbeat"
     );
-}
-
-async fn commandstats(conn: &mut ConnectionManager) -> BTreeMap<String, i64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("cmdstat_")?;
-            let (name, stats) = rest.split_once(':')?;
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_string(), calls.parse().ok()?))
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -712,13 +672,7 @@ async fn two_hundred_fifty_six_members_joining_at_once_converge() {
 
 /// The audit stream's events as (kind-bearing JSON, revision of the commit that wrote them).
 async fn audit_events(conn: &mut ConnectionManager, store: &GroupStore) -> Vec<(String, String)> {
-    let audit: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(&store.keys().audit)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let audit: Vec<(String, BTreeMap<String, String>)> = xrange(conn, &store.keys().audit).await;
     audit
         .into_iter()
         .map(|(_, fields)| (fields["event"].clone(), fields["revision"].clone()))

@@ -53,6 +53,7 @@ use redis::aio::ConnectionManager;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
+use stream_listener_test_support::aio::poll_until;
 use stream_listener_test_support::RedisServer;
 use tokio::process::{Child, Command};
 
@@ -438,7 +439,7 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
     // Before the first fault: every member joined and owns shards, nothing in motion, traffic handled.
     let members = s.procs * s.members as usize;
     let warm =
-        wait_until(Duration::from_secs(60), || {
+        poll_until(Duration::from_secs(60), POLL, || {
             let mut conn = conn.clone();
             let target = s.keys as u64 * 2;
             async move {
@@ -503,7 +504,7 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
         stamp()
     );
 
-    let drained = wait_until(s.drain_deadline, || {
+    let drained = poll_until(s.drain_deadline, POLL, || {
         let mut conn = conn.clone();
         async move { scard(&mut conn).await.unwrap_or(0) >= expected }
     })
@@ -615,23 +616,6 @@ fn dump(
         dir.display()
     );
     Ok(())
-}
-
-async fn wait_until<F, Fut>(deadline: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// Whether the group's projection shows `members` members, each owning shards, none pending or revoking.

@@ -6,18 +6,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::http::ProbeServer;
-use stream_listener::topology::Topology;
-use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener::{ConsumerBuilder, Message};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{producer, test_runtime};
 use tokio::time::Instant;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Job {
@@ -70,11 +63,7 @@ async fn probes_flip_with_health_and_metrics_are_served() {
     let prometheus = stream_listener::metrics::install_prometheus_recorder().unwrap();
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
-        .await
-        .unwrap();
-    Topology::ensure(&mut conn, "probed", 2).await.unwrap();
-    let producer = Producer::new(conn, "probed").await.unwrap();
+    let producer = producer(&url, "probed", 2).await;
     let consumer = ConsumerBuilder::new("probed", "g")
         .member_id("solo")
         .handler_timeout(Duration::from_millis(200))
@@ -85,9 +74,7 @@ async fn probes_flip_with_health_and_metrics_are_served() {
             }
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .shutdown_timeout(Duration::from_millis(500))
         .consumer(consumer)
         .start()

@@ -8,39 +8,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::AdminCommand;
 use stream_listener::member::session::Phase;
 use stream_listener::store::GroupStore;
-use stream_listener::topology::Topology;
-use stream_listener::{ConsumerBuilder, Message, Producer, Runtime, RuntimeError};
+use stream_listener::{ConsumerBuilder, Message, RuntimeError};
+use stream_listener_test_support::aio::{connect, wait_until};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{producer, test_runtime, Order, TIMING};
 use tokio::time::Instant;
 
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    key: String,
-    seq: u32,
-}
-
-async fn connect(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
 async fn produce(url: &str, stream: &str, shards: u32, from: u32, count: u32) {
-    let mut conn = connect(url).await;
-    Topology::ensure(&mut conn, stream, shards).await.unwrap();
-    let producer = Producer::new(conn, stream).await.unwrap();
+    let producer = producer(url, stream, shards).await;
     let batch: Vec<(String, Order)> = (from..from + count)
         .map(|seq| {
             let key = format!("k{}", seq % 16);
@@ -48,14 +26,6 @@ async fn produce(url: &str, stream: &str, shards: u32, from: u32, count: u32) {
         })
         .collect();
     producer.send_batch(&batch).await.unwrap();
-}
-
-async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// One hook call: (global sequence, member, event, shards).
@@ -140,9 +110,7 @@ fn member(stream: &str, id: &str, seen: Arc<Mutex<BTreeSet<u32>>>) -> ConsumerBu
 }
 
 async fn start(url: &str, builder: ConsumerBuilder) -> stream_listener::RunningRuntime {
-    Runtime::new(url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    test_runtime(url)
         .default_shard_count(4)
         .consumer(builder)
         .start()

@@ -7,17 +7,10 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde::{Deserialize, Serialize};
 use stream_listener::consumer::FailurePolicy;
-use stream_listener::coordinator::metadata::GroupConfig;
-use stream_listener::topology::Topology;
-use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener::{ConsumerBuilder, Message};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{producer, start_one, test_runtime};
 use tokio::time::Instant;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Job {
@@ -56,11 +49,7 @@ async fn a_known_workload_shows_up_in_the_recorder() {
 
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
-        .await
-        .unwrap();
-    Topology::ensure(&mut conn, "metered", 4).await.unwrap();
-    let producer = Producer::new(conn, "metered").await.unwrap();
+    let producer = producer(&url, "metered", 4).await;
     for i in 0..10 {
         let key = format!("k{i}");
         producer
@@ -99,13 +88,7 @@ async fn a_known_workload_shows_up_in_the_recorder() {
             })
     };
     let consumer = builder("solo", policy);
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(consumer)
-        .start()
-        .await
-        .unwrap();
+    let runtime = start_one(&url, consumer).await;
 
     let messages = |outcome: &str| {
         format!("stream_listener_messages_total{{group=g,outcome={outcome},stream=metered}}")
@@ -204,9 +187,7 @@ async fn a_known_workload_shows_up_in_the_recorder() {
     // are pending on its side and revoking (draining) on the first one's until the gate opens.
     let mut fast = FailurePolicy::default();
     fast.initial_backoff = Duration::from_millis(10);
-    let second = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let second = test_runtime(&url)
         .consumer(builder("second", fast))
         .start()
         .await

@@ -6,41 +6,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
 use stream_listener::consumer::{dead_letter_fields, FailurePolicy};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
-use stream_listener_test_support::RedisServer;
+use stream_listener_test_support::aio::{connect, wait_until, xpending_count, xrange};
+use stream_listener_test_support::{wait_for_blocking, RedisServer};
+use stream_listener_tests::{producer, start_one, test_runtime, Order};
 use tokio::time::Instant;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Job {
-    key: String,
-    seq: u32,
-}
-
-async fn connect(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn producer(url: &str, stream: &str, shards: u32) -> Producer {
-    Producer::connect_creating(url, stream, shards)
-        .await
-        .unwrap()
-}
 
 /// Sends `key` once, returning its shard.
 async fn send(producer: &Producer, key: &str, seq: u32) -> u32 {
-    let job = Job {
+    let job = Order {
         key: key.to_owned(),
         seq,
     };
@@ -63,43 +38,10 @@ async fn send_to_shard(producer: &Producer, prefix: &str, shard: u32, n: usize) 
     sent
 }
 
-async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn dead_letters(url: &str, stream: &str) -> Vec<HashMap<String, String>> {
-    let mut conn = connect(url).await;
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("{stream}:dlq"))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    reply
-        .ids
-        .into_iter()
-        .map(|entry| {
-            entry
-                .map
-                .into_iter()
-                .map(|(k, v)| (k, redis::from_redis_value::<String>(v).unwrap_or_default()))
-                .collect()
-        })
-        .collect()
+    let entries = xrange(&mut connect(url).await, &format!("{stream}:dlq")).await;
+    entries.into_iter().map(|(_, fields)| fields).collect()
 }
-
-/// `XPENDING key group`: count, smallest id, largest id, per-consumer counts.
-type XPendingSummary = (
-    i64,
-    Option<String>,
-    Option<String>,
-    Option<Vec<(String, String)>>,
-);
 
 fn failing_policy(max_deliveries: u32, initial_backoff: Duration) -> FailurePolicy {
     let mut policy = FailurePolicy::default();
@@ -122,7 +64,7 @@ async fn a_hung_handler_times_out_is_retried_then_dead_lettered_while_other_shar
         .runtime_max_concurrency(2)
         .handler_timeout(Duration::from_millis(800))
         .failure(failing_policy(3, Duration::from_millis(50)))
-        .handler(|msg: Message<Job>| async move {
+        .handler(|msg: Message<Order>| async move {
             if msg.payload.key == "hang" {
                 HANG_ATTEMPTS.fetch_add(1, Ordering::SeqCst);
                 std::future::pending::<()>().await;
@@ -130,13 +72,7 @@ async fn a_hung_handler_times_out_is_retried_then_dead_lettered_while_other_shar
             HANDLED.lock().unwrap().push(msg.payload.key.clone());
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(consumer)
-        .start()
-        .await
-        .unwrap();
+    let runtime = start_one(&url, consumer).await;
     wait_until("the first hung attempt", Duration::from_secs(20), || {
         HANG_ATTEMPTS.load(Ordering::SeqCst) >= 1
     })
@@ -199,7 +135,7 @@ async fn a_retry_backoff_holds_its_shard_but_not_the_only_worker() {
         .member_id("solo")
         .runtime_max_concurrency(1)
         .failure(failing_policy(2, Duration::from_secs(3)))
-        .handler(|msg: Message<Job>| async move {
+        .handler(|msg: Message<Order>| async move {
             if msg.payload.key == "bad" {
                 FAILURES.lock().unwrap().push(Instant::now());
                 return Err("always fails".to_owned());
@@ -210,13 +146,7 @@ async fn a_retry_backoff_holds_its_shard_but_not_the_only_worker() {
                 .push((msg.payload.key.clone(), Instant::now()));
             Ok(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(consumer)
-        .start()
-        .await
-        .unwrap();
+    let runtime = start_one(&url, consumer).await;
     wait_until("the first failure", Duration::from_secs(20), || {
         !FAILURES.lock().unwrap().is_empty()
     })
@@ -267,14 +197,14 @@ async fn a_retry_backoff_holds_its_shard_but_not_the_only_worker() {
 }
 
 #[stream_listener::stream_listener(stream = "dup", group = "g", id = "dup")]
-async fn on_dup(msg: Message<Job>) -> Result<(), String> {
+async fn on_dup(msg: Message<Order>) -> Result<(), String> {
     drop(msg);
     Ok(())
 }
 
 #[tokio::test]
 async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
-    let handler = |msg: Message<Job>| async move {
+    let handler = |msg: Message<Order>| async move {
         drop(msg);
         Ok::<(), String>(())
     };
@@ -348,16 +278,12 @@ async fn the_runtime_waits_for_a_redis_that_comes_up_after_it_and_then_consumes(
     redis.kill();
     assert!(!redis.ping(), "the server is down");
     let consumer = ConsumerBuilder::new("late", "g").member_id("solo").handler(
-        |msg: Message<Job>| async move {
+        |msg: Message<Order>| async move {
             HANDLED.lock().unwrap().push(msg.payload.key);
             Ok::<(), String>(())
         },
     );
-    let start = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(consumer)
-        .start();
+    let start = test_runtime(&url).consumer(consumer).start();
     let mut start = Box::pin(start);
     // It keeps trying well past the old 0.5 s (several attempts) instead of failing.
     tokio::select! {
@@ -387,7 +313,7 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
         .without_annotated_listeners()
         .startup_timeout(Duration::from_millis(500))
         .consumer(
-            ConsumerBuilder::new("orders", "g").handler(|msg: Message<Job>| async move {
+            ConsumerBuilder::new("orders", "g").handler(|msg: Message<Order>| async move {
                 drop(msg);
                 Ok::<(), String>(())
             }),
@@ -412,16 +338,14 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
     let producer = producer(&url, "stuck", 2).await;
     let consumer = ConsumerBuilder::new("stuck", "g")
         .member_id("solo")
-        .handler(|msg: Message<Job>| async move {
+        .handler(|msg: Message<Order>| async move {
             drop(msg);
             STARTED.fetch_add(1, Ordering::SeqCst);
             // Ignores shutdown: never returns.
             std::future::pending::<()>().await;
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .shutdown_timeout(Duration::from_secs(1))
         .consumer(consumer)
         .start()
@@ -451,13 +375,8 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
     );
     // The entry stays pending for the next owner.
     let mut conn = connect(&url).await;
-    let pending: XPendingSummary = redis::cmd("XPENDING")
-        .arg(format!("stuck:{shard}"))
-        .arg("g")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(pending.0, 1, "{text}");
+    let pending = xpending_count(&mut conn, &format!("stuck:{shard}"), "g").await;
+    assert_eq!(pending, 1, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -468,7 +387,7 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
     let consumer = ConsumerBuilder::new("healthy", "g")
         .member_id("solo")
         .handler_timeout(Duration::from_millis(200))
-        .handler(|msg: Message<Job>| async move {
+        .handler(|msg: Message<Order>| async move {
             if msg.payload.key == "block" && msg.delivery_count <= 1 {
                 // Blocks its thread: the timeout cannot cancel it. Only the first attempt blocks,
                 // so the retry after the timeout does not keep the member unready below.
@@ -476,9 +395,7 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
             }
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .shutdown_timeout(Duration::from_millis(500))
         .consumer(consumer)
         .start()
@@ -495,18 +412,11 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
     // handler returns. Probe from an OS thread, as a probe outside the stalled runtime would.
     let handle = runtime.health_handle();
     let watcher = std::thread::spawn(move || {
-        let start = std::time::Instant::now();
-        loop {
-            let health = handle.health();
-            if !health.live() {
-                return health;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "timed out waiting for not live while the handler overruns"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_blocking(
+            "not live while the handler overruns",
+            Duration::from_secs(10),
+            || Some(handle.health()).filter(|health| !health.live()),
+        )
     });
     let shard = send(&producer, "block", 0).await;
     let health = tokio::task::spawn_blocking(move || watcher.join())

@@ -11,43 +11,18 @@ use stream_listener::producer::{
 };
 use stream_listener::routing::{shard_for_key, PrefixError};
 use stream_listener::topology::{StartFrom, Topology, TopologyError};
+use stream_listener_test_support::aio::{connect_multiplexed, xlen, xrange};
 use stream_listener_test_support::RedisServer;
 
 /// One stream entry as Redis returns it: (id, [(field, value)]).
 type RawEntry = (String, Vec<(String, Vec<u8>)>);
-
-async fn connect(server: &RedisServer) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect")
-}
 
 /// All entries of a stream as (id, field map).
 async fn entries(
     conn: &mut MultiplexedConnection,
     stream: &str,
 ) -> Vec<(String, HashMap<String, Vec<u8>>)> {
-    let reply: Vec<RawEntry> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(conn)
-        .await
-        .expect("XRANGE");
-    reply
-        .into_iter()
-        .map(|(id, fields)| (id, fields.into_iter().collect()))
-        .collect()
-}
-
-async fn xlen(conn: &mut MultiplexedConnection, stream: &str) -> u64 {
-    redis::cmd("XLEN")
-        .arg(stream)
-        .query_async(conn)
-        .await
-        .expect("XLEN")
+    xrange(conn, stream).await
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,7 +35,7 @@ struct Order {
 #[tokio::test]
 async fn entries_land_in_the_shard_routing_md_names() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     for (prefix, shards, key, expected) in [
         ("orders10", 10, "order-123", 1),
         ("orders16", 16, "order-123", 13),
@@ -93,7 +68,7 @@ async fn entries_land_in_the_shard_routing_md_names() {
 #[tokio::test]
 async fn typed_payloads_are_json_and_raw_keys_route_as_bytes() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 12).await.unwrap();
     let producer = Producer::new(conn.clone(), "orders").await.unwrap();
     let order = Order {
@@ -119,7 +94,7 @@ async fn typed_payloads_are_json_and_raw_keys_route_as_bytes() {
 #[tokio::test]
 async fn ensure_is_idempotent_and_refuses_a_different_count() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     let first = Topology::ensure(&mut conn, "orders", 4).await.unwrap();
     assert_eq!((first.shard_count(), first.version()), (4, 1));
     let again = Topology::ensure(&mut conn, "orders", 4).await.unwrap();
@@ -185,7 +160,7 @@ async fn ensure_is_idempotent_and_refuses_a_different_count() {
 #[tokio::test]
 async fn ensure_group_is_idempotent_and_honours_start_from() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 3).await.unwrap();
     let producer = Producer::new(conn.clone(), "orders").await.unwrap();
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
@@ -232,7 +207,7 @@ async fn ensure_group_is_idempotent_and_honours_start_from() {
 #[tokio::test]
 async fn publishing_without_a_topology_is_a_clear_error() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     let err = Producer::new(conn.clone(), "nowhere").await.unwrap_err();
     match &err {
         ProducerError::Topology(TopologyError::Missing { prefix, key }) => {
@@ -281,7 +256,7 @@ async fn publishing_without_a_topology_is_a_clear_error() {
 #[tokio::test]
 async fn producer_follows_a_resize_by_version() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 4).await.unwrap();
     Topology::ensure_group(&mut conn, "orders", "billing", StartFrom::Earliest)
         .await
@@ -331,7 +306,7 @@ async fn producer_follows_a_resize_by_version() {
 #[tokio::test]
 async fn a_missing_shard_stream_triggers_a_refresh_and_resend() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 4).await.unwrap();
     // A long refresh interval: only the nil reply from XADD NOMKSTREAM can make it notice the change.
     let producer = Producer::with_config(
@@ -404,7 +379,7 @@ async fn a_missing_shard_stream_triggers_a_refresh_and_resend() {
 #[tokio::test]
 async fn send_batch_pipelines_and_keeps_per_key_order() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 6).await.unwrap();
     let producer = Producer::new(conn.clone(), "orders").await.unwrap();
 
@@ -456,7 +431,7 @@ async fn send_batch_pipelines_and_keeps_per_key_order() {
 #[tokio::test]
 async fn max_len_trims_approximately() {
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 1).await.unwrap();
     let producer = Producer::with_config(
         conn.clone(),

@@ -9,56 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::producer::ProducerConfig;
 use stream_listener::routing::shard_for_key;
-use stream_listener::topology::{ResizeKind, StartFrom, Topology, TopologyError};
-use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener::topology::{ResizeKind, Topology, TopologyError};
+use stream_listener::{ConsumerBuilder, Message, Producer};
+use stream_listener_test_support::aio::{wait_until, wait_until_async};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{orders, start_one, stream_with_group, test_runtime, Order};
 use tokio::time::Instant;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    key: String,
-    seq: u32,
-}
-
-async fn connect(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn orders(keys: u32, seqs: std::ops::Range<u32>) -> Vec<(String, Order)> {
-    (0..keys)
-        .flat_map(|k| {
-            seqs.clone().map(move |seq| {
-                (
-                    format!("k{k}"),
-                    Order {
-                        key: format!("k{k}"),
-                        seq,
-                    },
-                )
-            })
-        })
-        .collect()
-}
 
 /// Every handling in order, redeliveries included: `(key, seq)`.
 static HANDLED: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
@@ -80,11 +38,7 @@ const NEW: u32 = 30;
 async fn a_grow_keeps_per_key_order_for_keys_that_move() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "orders", 4).await.unwrap();
-    Topology::ensure_group(&mut conn, "orders", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "orders", 4, "g").await;
     // The backlog: every key's first OLD sequence numbers, in the 4 old shards.
     let old_producer = Producer::new(conn.clone(), "orders").await.unwrap();
     old_producer
@@ -105,13 +59,7 @@ async fn a_grow_keeps_per_key_order_for_keys_that_move() {
                 .push((msg.payload.key.clone(), msg.payload.seq));
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(member)
-        .start()
-        .await
-        .unwrap();
+    let runtime = start_one(&url, member).await;
     wait_until(
         "the backlog starts draining",
         Duration::from_secs(30),
@@ -184,11 +132,7 @@ async fn a_grow_keeps_per_key_order_for_keys_that_move() {
 async fn a_second_resize_waits_for_the_first_migration() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "s", 2).await.unwrap();
-    Topology::ensure_group(&mut conn, "s", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "s", 2, "g").await;
     let producer = Producer::new(conn.clone(), "s").await.unwrap();
     producer.send_batch(&orders(10, 0..2)).await.unwrap();
 
@@ -275,7 +219,7 @@ async fn a_second_resize_waits_for_the_first_migration() {
 // Resizes under traffic: producers keep writing while the stream shrinks, grows or rolls back.
 // ---------------------------------------------------------------------------------------------------------
 
-/// Follower period of a runtime with [`TIMING`]: five heartbeats, at least 200 ms each.
+/// Follower period of a runtime with `TIMING`: five heartbeats, at least 200 ms each.
 const FOLLOWER_PERIOD: Duration = Duration::from_millis(1_000);
 
 type Log = Arc<Mutex<Vec<(String, u32)>>>;
@@ -411,9 +355,7 @@ async fn consumers(
     slow_shards: std::ops::Range<u32>,
     slow: Duration,
 ) -> stream_listener::RunningRuntime {
-    let mut runtime = Runtime::new(url)
-        .without_annotated_listeners()
-        .group_config(TIMING);
+    let mut runtime = test_runtime(url);
     for member in ["a", "b"] {
         let (log, slow_shards) = (log.clone(), slow_shards.clone());
         runtime = runtime.consumer(
@@ -492,31 +434,31 @@ async fn verdict(log: &Log, sent: &BTreeMap<String, u32>, deadline: Duration) ->
 
 /// Waits until group `g` has read and acknowledged everything in `shards` of `stream`.
 async fn drained(conn: &mut ConnectionManager, stream: &str, shards: std::ops::Range<u32>) {
-    let start = Instant::now();
-    'outer: loop {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {stream} {shards:?} to drain"
-        );
-        for shard in shards.clone() {
-            let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-                .arg("GROUPS")
-                .arg(format!("{stream}:{shard}"))
-                .query_async(conn)
-                .await
-                .unwrap();
-            let busy = groups.iter().any(|g| {
-                ["lag", "pending"]
-                    .iter()
-                    .any(|f| !redis::from_redis_value::<i64>(g[*f].clone()).is_ok_and(|n| n == 0))
-            });
-            if busy {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue 'outer;
+    let what = format!("{stream} {shards:?} to drain");
+    wait_until_async(&what, Duration::from_secs(30), || {
+        let (mut conn, shards) = (conn.clone(), shards.clone());
+        async move {
+            for shard in shards {
+                let groups: Vec<std::collections::HashMap<String, redis::Value>> =
+                    redis::cmd("XINFO")
+                        .arg("GROUPS")
+                        .arg(format!("{stream}:{shard}"))
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                let busy = groups.iter().any(|g| {
+                    ["lag", "pending"].iter().any(|f| {
+                        !redis::from_redis_value::<i64>(g[*f].clone()).is_ok_and(|n| n == 0)
+                    })
+                });
+                if busy {
+                    return false;
+                }
             }
+            true
         }
-        return;
-    }
+    })
+    .await;
 }
 
 /// Group `g`'s shard count, as its metadata says.
@@ -532,14 +474,12 @@ async fn group_shard_count(conn: &mut ConnectionManager, stream: &str) -> u32 {
 }
 
 async fn wait_for_group_shard_count(conn: &mut ConnectionManager, stream: &str, n: u32) {
-    let start = Instant::now();
-    while group_shard_count(conn, stream).await != n {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "group never followed to {n} shards"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("the group to follow to {n} shards");
+    wait_until_async(&what, Duration::from_secs(20), || {
+        let mut conn = conn.clone();
+        async move { group_shard_count(&mut conn, stream).await == n }
+    })
+    .await;
 }
 
 /// Stale-layout writes group `g` detected (Redis-visible counter).
@@ -595,11 +535,7 @@ fn assert_clean(what: &str, v: &Verdict) {
 async fn a_shrink_just_before_a_follower_tick_loses_nothing() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "tick", 16).await.unwrap();
-    Topology::ensure_group(&mut conn, "tick", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "tick", 16, "g").await;
     let log: Log = Arc::default();
     let mut traffic = Traffic::new();
     for p in ["p", "q"] {
@@ -645,11 +581,7 @@ async fn a_shrink_just_before_a_follower_tick_loses_nothing() {
 async fn a_shrink_with_slow_removed_shards_keeps_per_key_order() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "slow", 16).await.unwrap();
-    Topology::ensure_group(&mut conn, "slow", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "slow", 16, "g").await;
     let log: Log = Arc::default();
     let mut traffic = Traffic::new();
     for p in ["p", "q"] {
@@ -682,11 +614,7 @@ async fn a_shrink_with_slow_removed_shards_keeps_per_key_order() {
 async fn a_rollback_of_a_grow_with_entries_in_the_new_shards_sticks_and_loses_nothing() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "back", 8).await.unwrap();
-    Topology::ensure_group(&mut conn, "back", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "back", 8, "g").await;
     let log: Log = Arc::default();
     let mut traffic = Traffic::new();
     for p in ["p", "q"] {
@@ -773,11 +701,7 @@ async fn a_rollback_of_a_grow_with_entries_in_the_new_shards_sticks_and_loses_no
 async fn a_stale_producer_during_a_shrink_loses_nothing() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "stale", 16).await.unwrap();
-    Topology::ensure_group(&mut conn, "stale", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "stale", 16, "g").await;
     let log: Log = Arc::default();
     let mut traffic = Traffic::new();
     let fresh = Producer::new(conn.clone(), "stale").await.unwrap();
@@ -826,11 +750,7 @@ async fn a_stale_producer_during_a_grow_is_detected() {
         .expect("the only recorder of this test binary");
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = connect(&url).await;
-    Topology::ensure(&mut conn, "late", 8).await.unwrap();
-    Topology::ensure_group(&mut conn, "late", "g", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let mut conn = stream_with_group(&url, "late", 8, "g").await;
     let log: Log = Arc::default();
     let config = ProducerConfig {
         refresh_interval: Duration::from_secs(60),
@@ -851,14 +771,11 @@ async fn a_stale_producer_during_a_grow_is_detected() {
         .unwrap();
     // It keeps writing the old layout until a second past the cut, then finally refreshes.
     let cut = grown.migration().unwrap().cut_ms();
-    let start = Instant::now();
-    while redis_ms(&mut conn).await < cut + 1_000 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "Redis time never passed the cut"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async("Redis time past the cut", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { redis_ms(&mut conn).await >= cut + 1_000 }
+    })
+    .await;
     stale.refresh_topology().await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = traffic.stop().await;

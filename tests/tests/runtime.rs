@@ -6,27 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::store::GroupStore;
 use stream_listener::topology::Topology;
 use stream_listener::{stream_listener, ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener_test_support::aio::{connect, wait_until, wait_until_async, xpending_count};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{orders, producer, start_one, test_runtime, Order, TIMING};
 use tokio::time::Instant;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
-
-#[derive(Debug, Serialize, Deserialize)]
-struct Order {
-    key: String,
-    seq: u32,
-}
 
 /// What the handlers of this test binary saw, per stream: `key:seq`.
 static HANDLED: Mutex<BTreeMap<&'static str, BTreeSet<String>>> = Mutex::new(BTreeMap::new());
@@ -61,38 +48,12 @@ async fn on_second(msg: Message<Order>) -> Result<(), String> {
     Ok(())
 }
 
-async fn connect(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
 async fn produce(url: &str, stream: &str, shards: u32, keys: u32, per_key: u32) {
-    let mut conn = connect(url).await;
-    Topology::ensure(&mut conn, stream, shards).await.unwrap();
-    let producer = Producer::new(conn, stream).await.unwrap();
-    let batch: Vec<(String, Order)> = (0..keys)
-        .flat_map(|k| {
-            (0..per_key).map(move |seq| {
-                (
-                    format!("k{k}"),
-                    Order {
-                        key: format!("k{k}"),
-                        seq,
-                    },
-                )
-            })
-        })
-        .collect();
-    producer.send_batch(&batch).await.unwrap();
-}
-
-async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let producer = producer(url, stream, shards).await;
+    producer
+        .send_batch(&orders(keys, 0..per_key))
+        .await
+        .unwrap();
 }
 
 async fn projection(
@@ -104,25 +65,11 @@ async fn projection(
     store.load().await.unwrap().1.projection(0)
 }
 
-/// `XPENDING key group`: count, smallest id, largest id, per-consumer counts.
-type XPendingSummary = (
-    i64,
-    Option<String>,
-    Option<String>,
-    Option<Vec<(String, String)>>,
-);
-
 async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {
     let mut conn = connect(url).await;
     let mut total = 0;
     for shard in 0..shards {
-        let summary: XPendingSummary = redis::cmd("XPENDING")
-            .arg(format!("{stream}:{shard}"))
-            .arg(group)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        total += summary.0;
+        total += xpending_count(&mut conn, &format!("{stream}:{shard}"), group).await;
     }
     total
 }
@@ -208,13 +155,7 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
                 Ok::<(), String>(())
             })
     };
-    let start = || {
-        Runtime::new(&url)
-            .without_annotated_listeners()
-            .group_config(TIMING)
-            .consumer(builder())
-            .start()
-    };
+    let start = || test_runtime(&url).consumer(builder()).start();
     let runtime = start().await.unwrap();
     assert_eq!(runtime.member_ids(), ["solo"]);
     wait_until("some orders handled", Duration::from_secs(30), || {
@@ -257,13 +198,7 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
                 .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .consumer(member)
-        .start()
-        .await
-        .unwrap();
+    let runtime = start_one(&url, member).await;
     wait_until("the first 100", Duration::from_secs(30), || {
         SEEN.lock().unwrap().len() == 100
     })
@@ -304,18 +239,15 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
         .migration()
         .unwrap()
         .cut_ms();
-    let start = std::time::Instant::now();
-    loop {
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
-        if secs * 1000 + micros / 1000 > cut {
-            break;
+    wait_until_async("Redis time past the cut", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            secs * 1000 + micros / 1000 > cut
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the cut never passed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let stranded: Vec<(String, Order)> = (0..50)
         .map(|i| {
             (
@@ -352,9 +284,7 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
     let mut redis = RedisServer::start();
     let url = redis.url();
     produce(&url, "phoenix", 4, 10, 5).await;
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .consumer(
             ConsumerBuilder::new("phoenix", "g")
                 .member_id("p1")
@@ -388,14 +318,7 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
         "recreated from the group's shard count"
     );
     let producer = Producer::new(conn, "phoenix").await.unwrap();
-    let batch: Vec<(String, Order)> = (0..10)
-        .flat_map(|k| {
-            (5..10).map(move |seq| {
-                let key = format!("k{k}");
-                (key.clone(), Order { key, seq })
-            })
-        })
-        .collect();
+    let batch = orders(10, 5..10);
     // Shard streams may not exist yet (recreated by the owner once confirmed): retry what was refused.
     let deadline = Instant::now() + Duration::from_secs(60);
     while producer.send_batch(&batch).await.is_err() {

@@ -7,41 +7,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use stream_listener::{
-    stream_listener, ConsumerBuilder, Fields, GroupConfig, Message, Producer, Runtime,
-    RuntimeError, StartFrom, State, Topology,
+    stream_listener, ConsumerBuilder, Fields, Message, Producer, Runtime, RuntimeError, StartFrom,
+    State, Topology,
 };
+use stream_listener_test_support::aio::{connect, wait_until, wait_until_async, xlen};
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{test_runtime, TIMING};
 use tokio::time::Instant;
 
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
-
-async fn connect(url: &str) -> ConnectionManager {
-    ConnectionManager::new(redis::Client::open(url).unwrap())
-        .await
-        .unwrap()
-}
-
-async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn stream_len(url: &str, key: &str) -> usize {
-    redis::cmd("XLEN")
-        .arg(key)
-        .query_async(&mut connect(url).await)
-        .await
-        .unwrap()
+async fn stream_len(url: &str, key: &str) -> u64 {
+    xlen(&mut connect(url).await, key).await
 }
 
 /// The handler state of the annotated listener below: counts what it handled.
@@ -69,9 +46,7 @@ async fn start_from_latest_skips_entries_written_before_the_group_existed() {
     for n in 0..10u64 {
         producer.send(format!("k{n}"), &n).await.unwrap();
     }
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .consumer(
             ConsumerBuilder::new("positions", "from-latest")
                 .start_from(StartFrom::Latest)
@@ -217,9 +192,7 @@ async fn a_json_handler_still_dead_letters_an_entry_without_a_payload() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .consumer(
             ConsumerBuilder::new("nopayload", "g")
                 .handler(|_msg: Message<u64>| async move { Ok::<(), String>(()) }),
@@ -227,14 +200,10 @@ async fn a_json_handler_still_dead_letters_an_entry_without_a_payload() {
         .start()
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while stream_len(&url, "nopayload:dlq").await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for the dead letter"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async("the dead letter", Duration::from_secs(30), || async {
+        stream_len(&url, "nopayload:dlq").await != 0
+    })
+    .await;
     runtime.stop().await.unwrap();
     let letters: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
         .arg("nopayload:dlq")
@@ -405,9 +374,7 @@ async fn a_batch_handler_gets_whole_reads_retries_a_failed_batch_then_dead_lette
     for n in 0..30u64 {
         producer.send(format!("k{n}"), &n).await.unwrap();
     }
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .consumer(
             ConsumerBuilder::new("batched", "g")
                 .batch_size(10)

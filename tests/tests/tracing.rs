@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stream_listener::coordinator::metadata::GroupConfig;
-use stream_listener::topology::Topology;
-use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
+use stream_listener::{ConsumerBuilder, Message};
+use stream_listener_test_support::aio::connect;
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{producer, test_runtime, TIMING};
 use tokio::time::Instant;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id};
@@ -18,12 +18,6 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
-
-const TIMING: GroupConfig = GroupConfig {
-    heartbeat_interval_ms: 100,
-    session_timeout_ms: 1_500,
-    rebalance_timeout_ms: 3_000,
-};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Job {
@@ -112,11 +106,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
         .expect("the only subscriber of this test binary");
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let mut conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
-        .await
-        .unwrap();
-    Topology::ensure(&mut conn, "traced", 2).await.unwrap();
-    let producer = Producer::new(conn, "traced").await.unwrap();
+    let producer = producer(&url, "traced", 2).await;
     let receipt = producer
         .send(
             "customer-42",
@@ -133,9 +123,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
             tracing::info!(key = %msg.payload.key, "handling");
             Ok::<(), String>(())
         });
-    let runtime = Runtime::new(&url)
-        .without_annotated_listeners()
-        .group_config(TIMING)
+    let runtime = test_runtime(&url)
         .shutdown_timeout(Duration::from_secs(2))
         .consumer(consumer)
         .start()
@@ -194,16 +182,9 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
 
     // A fence by the operator: the member logs it with the shards it drops, rejoins and is assigned
     // its shards again, each at INFO.
-    let mut store = stream_listener::store::GroupStore::new(
-        redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
-            .await
-            .unwrap(),
-        "traced",
-        "g",
-        2,
-        TIMING,
-    )
-    .unwrap();
+    let mut store =
+        stream_listener::store::GroupStore::new(connect(&url).await, "traced", "g", 2, TIMING)
+            .unwrap();
     store
         .command(stream_listener::coordinator::AdminCommand::FenceMember(
             "solo".into(),
