@@ -56,6 +56,7 @@ pub mod health;
 pub mod http;
 pub mod member;
 pub mod metrics;
+pub mod names;
 pub mod producer;
 pub mod redact;
 pub mod registry;

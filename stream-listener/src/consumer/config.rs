@@ -72,14 +72,14 @@ impl ConsumerConfig {
 
     /// The Redis stream key of `shard`, so every component names shards the same way.
     pub fn shard_key(&self, shard: u32) -> String {
-        format!("{}:{}", self.stream_prefix, shard)
+        crate::names::shard_stream(&self.stream_prefix, shard)
     }
 
     /// The dead-letter stream key in effect.
     pub fn dead_letter_key(&self) -> String {
         self.dead_letter_stream
             .clone()
-            .unwrap_or_else(|| format!("{}:dlq", self.stream_prefix))
+            .unwrap_or_else(|| crate::names::dead_letter_stream(&self.stream_prefix))
     }
 }
 

@@ -529,7 +529,7 @@ impl Scheduler {
                 lease: Lease::new(self.deadline.clone()),
                 mode: Mode::Owned,
                 phase: Some(Phase::Claim {
-                    cursor: "0-0".to_owned(),
+                    cursor: crate::names::START_ID.to_owned(),
                 }),
                 running: false,
                 stop: Arc::new(AtomicBool::new(false)),
@@ -936,7 +936,7 @@ impl Scheduler {
         }
         // A job that was aborted or crashed: re-deliver what it left pending before reading on.
         state.phase = Some(outcome.next_phase.unwrap_or(Phase::Claim {
-            cursor: "0-0".to_owned(),
+            cursor: crate::names::START_ID.to_owned(),
         }));
         self.shared
             .probe

@@ -40,35 +40,15 @@ struct LayoutCache {
     consumed: HashMap<u32, u64>,
 }
 
-/// Field of an entry holding the partition key (written by the producer).
-pub const KEY_FIELD: &str = "k";
-/// Field of an entry holding the payload (written by the producer).
-pub const PAYLOAD_FIELD: &str = "p";
-/// Field of an entry holding the topology version it was routed with (written by the producer; absent in
-/// entries of older producers).
-pub const VERSION_FIELD: &str = crate::topology::VERSION_ENTRY_FIELD;
+pub use crate::names::field::{
+    KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD, VERSION as VERSION_FIELD,
+};
 
 /// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
 const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Field names the consumer adds to a dead-letter entry, after the original fields, so operators and the
-/// CLI can tell why and where from.
-pub mod dead_letter_fields {
-    /// The handler's error text (or why the payload could not be decoded).
-    pub const ERROR: &str = "dlq_error";
-    /// Deliveries before the entry was given up.
-    pub const DELIVERY_COUNT: &str = "dlq_delivery_count";
-    /// The consumer group that gave up.
-    pub const GROUP: &str = "dlq_group";
-    /// The shard index the entry came from.
-    pub const SHARD: &str = "dlq_shard";
-    /// The stream key the entry came from.
-    pub const SOURCE_STREAM: &str = "dlq_source_stream";
-    /// The entry id in the source stream.
-    pub const SOURCE_ID: &str = "dlq_source_id";
-    /// The consumer (member) that gave up.
-    pub const CONSUMER: &str = "dlq_consumer";
-}
+/// Field names the consumer adds to a dead-letter entry ([`crate::names::dead_letter_field`]).
+pub use crate::names::dead_letter_field as dead_letter_fields;
 
 /// A Redis server version, read from `INFO server` to choose between `XACKDEL` and the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -115,70 +95,11 @@ impl ServerVersion {
 
 /// Acknowledge the ids, then delete them per `ARGV[2]` (KEEPREF, DELREF, ACKED): `XACKDEL` for servers
 /// older than 8.2. Atomic because it is one script.
-const ACK_DELETE_SCRIPT: &str = r#"
-local key, group, mode = KEYS[1], ARGV[1], ARGV[2]
-local ids = {}
-for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-local function chunked(cmd, a, b)
-  local n = 0
-  for i = 1, #ids, 500 do
-    local j = math.min(i + 499, #ids)
-    if b then
-      n = n + redis.call(cmd, a, b, unpack(ids, i, j))
-    else
-      n = n + redis.call(cmd, a, unpack(ids, i, j))
-    end
-  end
-  return n
-end
-local acked = chunked('XACK', key, group)
-local function field(list, name)
-  for i = 1, #list, 2 do if list[i] == name then return list[i + 1] end end
-end
-local function older_or_equal(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
-  return ams < bms or (ams == bms and aseq <= bseq)
-end
-if mode == 'KEEPREF' then
-  chunked('XDEL', key)
-elseif mode == 'DELREF' then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
-    chunked('XACK', key, field(g, 'name'))
-  end
-  chunked('XDEL', key)
-else
-  local groups = redis.call('XINFO', 'GROUPS', key)
-  for _, id in ipairs(ids) do
-    local deletable = true
-    for _, g in ipairs(groups) do
-      local name = field(g, 'name')
-      if not older_or_equal(id, field(g, 'last-delivered-id')) then deletable = false break end
-      if #redis.call('XPENDING', key, name, id, id, 1) > 0 then deletable = false break end
-    end
-    if deletable then redis.call('XDEL', key, id) end
-  end
-end
-return acked
-"#;
+const ACK_DELETE_SCRIPT: &str = include_str!("ack_delete.lua");
 
 /// Delete the group's consumers other than `ARGV[2]` that have nothing pending. One script, so a consumer
 /// cannot gain pending entries between the check and `XGROUP DELCONSUMER` (which would drop them).
-const CLEANUP_SCRIPT: &str = r#"
-local deleted = {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local name, pending
-  for i = 1, #c, 2 do
-    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
-  end
-  if name ~= ARGV[2] and pending == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
-    deleted[#deleted + 1] = name
-  end
-end
-return deleted
-"#;
+const CLEANUP_SCRIPT: &str = include_str!("cleanup.lua");
 
 /// State shared by the scheduler, its jobs and manual ackers of one consumer.
 pub(crate) struct Shared {
@@ -512,7 +433,7 @@ impl Shared {
             .arg("CREATE")
             .arg(key)
             .arg(&self.config.group)
-            .arg("0")
+            .arg(crate::names::FIRST_ENTRY)
             .arg("MKSTREAM")
             .query_async(&mut self.conn.clone())
             .await;
@@ -571,14 +492,14 @@ impl Shared {
             .query_async(&mut conn)
             .await?;
         let Value::Array(mut parts) = reply else {
-            return Ok(("0-0".to_owned(), Vec::new()));
+            return Ok((crate::names::START_ID.to_owned(), Vec::new()));
         };
         parts.truncate(2);
         let entries = parts.pop().map(parse_entries).unwrap_or_default();
         let next = parts
             .pop()
             .and_then(value_string)
-            .unwrap_or_else(|| "0-0".to_owned());
+            .unwrap_or_else(|| crate::names::START_ID.to_owned());
         // Redis 6.2 returns deleted entries as nil; ack them so they leave the pending list.
         let (mut live, dead): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !e.deleted);
         if !dead.is_empty() {

@@ -100,25 +100,28 @@ pub struct GroupKeys {
 }
 
 impl GroupKeys {
-    /// The keys of `group` reading `stream`.
+    /// The keys of `group` reading `stream` (see [`crate::names::group_key`]).
     pub fn new(stream: &str, group: &str) -> Self {
-        let base = format!("sl:{{{stream}/{group}}}");
+        use crate::names::{group as suffix, group_key};
+        let key = |suffix: &str| group_key(stream, group, suffix);
         Self {
-            meta: format!("{base}:meta"),
-            rev: format!("{base}:rev"),
-            leases: format!("{base}:leases"),
-            audit: format!("{base}:audit"),
-            projection: format!("{base}:projection"),
-            writer: format!("{base}:writer"),
-            turn: format!("{base}:turn"),
-            inbox: format!("{base}:inbox"),
+            meta: key(suffix::META),
+            rev: key(suffix::REVISION),
+            leases: key(suffix::LEASES),
+            audit: key(suffix::AUDIT),
+            projection: key(suffix::PROJECTION),
+            writer: key(suffix::WRITER),
+            turn: key(suffix::TURN),
+            inbox: key(suffix::INBOX),
         }
     }
 
-    /// Where the answer to the queued heartbeat `id` is pushed.
+    /// Where the answer to the queued heartbeat `id` is pushed ([`crate::names::group_reply`]).
     pub fn reply(&self, id: &str) -> String {
-        let base = self.meta.strip_suffix(":meta").unwrap_or(&self.meta);
-        format!("{base}:reply:{id}")
+        // Every key of the group is `<base>:<suffix>`; `meta`'s base is the group's.
+        let meta_suffix = format!(":{}", crate::names::group::META);
+        let base = self.meta.strip_suffix(&meta_suffix).unwrap_or(&self.meta);
+        format!("{base}:{}:{id}", crate::names::group::REPLY)
     }
 }
 
