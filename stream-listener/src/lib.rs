@@ -66,6 +66,7 @@ pub mod runtime;
 mod startup;
 pub mod store;
 pub mod topology;
+pub mod util;
 
 pub use connection::{Connection, RedisTarget};
 pub use consumer::{

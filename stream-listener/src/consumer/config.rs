@@ -160,10 +160,7 @@ impl Default for FailurePolicy {
 impl FailurePolicy {
     /// The wait before local retry number `retry` (0-based).
     pub fn backoff(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry.min(20)).unwrap_or(u32::MAX);
-        self.initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+        crate::util::exponential_backoff(self.initial_backoff, retry, self.max_backoff)
     }
 }
 

@@ -1008,7 +1008,7 @@ impl Scheduler {
         if self.outbox.len() >= OUTBOX_PROGRESS_LIMIT {
             return;
         }
-        let now = ops::rfc3339_now();
+        let now = crate::util::rfc3339_now();
         let mut dirty: Vec<u32> = self
             .shards
             .iter()

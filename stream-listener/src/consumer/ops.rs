@@ -801,39 +801,6 @@ fn parse_pending(value: Value) -> Vec<(String, String, u32)> {
         .collect()
 }
 
-/// The wall clock as RFC 3339 (UTC, milliseconds) for progress reports, without a date-time dependency.
-pub(crate) fn rfc3339_now() -> String {
-    rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
-
-/// `since_epoch` as RFC 3339 (UTC, milliseconds).
-fn rfc3339(now: Duration) -> String {
-    let secs = now.as_secs();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (H. Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        now.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -875,18 +842,6 @@ mod tests {
         assert_eq!(entries[0].key(), "user-1");
         assert_eq!(entries[0].payload(), Some(&b"{}"[..]));
         assert!(parse_read_reply(Value::Nil).is_empty());
-    }
-
-    #[test]
-    fn formats_rfc3339() {
-        let at = |ms: u64| rfc3339(Duration::from_millis(ms));
-        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z"); // a leap day of a leap century
-        assert_eq!(at(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
-        assert_eq!(at(1_764_547_200_123), "2025-12-01T00:00:00.123Z");
-        assert_eq!(at(4_102_444_800_000), "2100-01-01T00:00:00.000Z"); // 2100 is not a leap year
-        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
-        assert_eq!(rfc3339_now().len(), 24);
     }
 }
 

@@ -350,6 +350,5 @@ impl Counts {
 
 /// Exponential backoff from 50 ms, capped at the heartbeat interval.
 fn backoff(failures: u32, interval: Duration) -> Duration {
-    let ms = 50u64.saturating_mul(1 << failures.min(10));
-    Duration::from_millis(ms).min(interval)
+    crate::util::exponential_backoff(Duration::from_millis(50), failures, interval)
 }

@@ -733,7 +733,7 @@ const MIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A nonce that differs between processes and restarts using the same memberId.
 fn incarnation() -> u64 {
-    crate::store::random_u64() ^ u64::from(std::process::id())
+    crate::util::random_u64() ^ u64::from(std::process::id())
 }
 
 async fn wait_for_signal() {

@@ -378,8 +378,8 @@ impl GroupStore {
         prepared: Option<Prepared>,
     ) -> Result<HeartbeatResponse, StoreError> {
         self.defer_reload = false;
-        let id = format!("{:x}", random_u64());
-        let token = format!("{:x}", random_u64());
+        let id = format!("{:x}", crate::util::random_u64());
+        let token = format!("{:x}", crate::util::random_u64());
         let ttl = self.queue_ttl_ms();
         let reply_key = self.keys.reply(&id);
         let (taken, now): (i64, i64) = self
@@ -695,7 +695,7 @@ impl GroupStore {
             for attempt in 0..MAX_ATTEMPTS {
                 if attempt > 0 {
                     // Someone wrote without the lock (it expired while we worked): spread out and retry.
-                    let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
+                    let jitter = crate::util::random_below(2 + u64::from(attempt) * 3) + 1;
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
                 if let Some(response) = self.attempt(&mut input).await? {
@@ -756,7 +756,7 @@ impl GroupStore {
 
     /// Takes the writer lock, waiting in Redis for the holder to release it. Returns the token.
     async fn lock(&mut self) -> Result<String, StoreError> {
-        let token = format!("{:x}", random_u64());
+        let token = format!("{:x}", crate::util::random_u64());
         loop {
             if self.try_lock(&token).await? {
                 return Ok(token);
@@ -1020,19 +1020,6 @@ impl Drop for LockGuard {
                 .await;
         });
     }
-}
-
-/// A little randomness without a dependency (jitter, nonces): the std hasher is randomly keyed.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    hasher.finish()
 }
 
 #[cfg(test)]
