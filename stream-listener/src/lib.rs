@@ -43,7 +43,7 @@
 //! * [`store`]: the coordinator persisted in Redis under a store-revision compare-and-set.
 //! * [`member`]: the member's side of the protocol and its heartbeat loop.
 //! * [`consumer`], [`producer`], [`topology`], [`routing`]: reading, handling, acknowledging, writing.
-//! * [`runtime`], [`registry`], [`stream_listener`]: the bootstrap, the builder and the attribute.
+//! * [`runtime`], [`stream_listener`]: the bootstrap, the builder and the attribute.
 //!
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
@@ -59,7 +59,7 @@ pub mod metrics;
 pub mod names;
 pub mod producer;
 pub mod redact;
-pub mod registry;
+mod registry;
 pub mod replay;
 pub mod routing;
 pub mod runtime;
@@ -79,7 +79,7 @@ pub use producer::{Producer, ProducerConfig, ProducerError};
 /// The `redis` crate this library is built with, so users need not match its version and features.
 pub use redis;
 pub use runtime::{ConsumerBuilder, ListenerSpec, RunningRuntime, Runtime, RuntimeError, State};
-/// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
+/// Registers an `async fn` as a consumer-group listener; [`Runtime`] starts every one the binary registers.
 pub use stream_listener_macros::stream_listener;
 pub use topology::{StartFrom, Topology};
 
@@ -89,7 +89,7 @@ pub mod __private {
     pub use crate::consumer::{
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
-    pub use crate::registry::{ListenerRegistration, PayloadKind};
+    pub use crate::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
     pub use crate::topology::StartFrom;
     pub use core::result::Result;

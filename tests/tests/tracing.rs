@@ -194,7 +194,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
 
     // A fence by the operator: the member logs it with the shards it drops, rejoins and is assigned
     // its shards again, each at INFO.
-    let mut store = stream_listener::store::GroupStore::new(
+    let mut store = stream_listener::store::GroupStore::create(
         redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
             .await
             .unwrap(),

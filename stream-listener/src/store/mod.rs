@@ -142,6 +142,13 @@ pub enum StoreError {
     /// Other processes kept changing the group; the input was not applied.
     #[error("gave up after {MAX_ATTEMPTS} conflicting attempts")]
     Contention,
+    /// The group has no metadata, and this handle was opened on an existing group
+    /// ([`GroupStore::open`]), so it does not create one.
+    #[error("group metadata at {key} does not exist")]
+    Missing {
+        /// The key that would hold it.
+        key: String,
+    },
     /// A stream or group name that cannot be used in a key.
     #[error("invalid name {0:?}: must be non-empty and contain no '{{', '}}' or '/'")]
     InvalidName(String),
@@ -244,8 +251,9 @@ pub struct GroupStore {
     conn: Connection,
     keys: GroupKeys,
     group: String,
-    shard_count: u32,
-    config: GroupConfig,
+    /// The shard count and settings of a group this handle creates when it has no metadata (or lost
+    /// it); `None` for a handle on an existing group ([`GroupStore::open`]).
+    create: Option<(u32, GroupConfig)>,
     cache: Option<Snapshot>,
     /// The group state of the cached revision (see [`GroupStore::group_state`]).
     state: Option<(i64, GroupState)>,
@@ -270,9 +278,33 @@ struct Scripts {
 }
 
 impl GroupStore {
-    /// A handle on `group` of `stream`. `shard_count` and `config` are used only if the group does not
-    /// exist yet; an existing group keeps its own.
-    /// `conn` is a [`Connection`] (a `ConnectionManager` converts into one).
+    /// A member's handle on `group` of `stream`: a group without metadata is created with `shard_count`
+    /// and `config` on the first write (and recreated with them if its metadata was lost); an existing
+    /// group keeps its own. `conn` is a [`Connection`] (a `ConnectionManager` converts into one).
+    pub fn create(
+        conn: impl Into<Connection>,
+        stream: &str,
+        group: &str,
+        shard_count: u32,
+        config: GroupConfig,
+    ) -> Result<Self, StoreError> {
+        Self::with(conn.into(), stream, group, Some((shard_count, config)))
+    }
+
+    /// A handle on the existing `group` of `stream`, for operators and followers: it never creates the
+    /// group; reads and writes fail with [`StoreError::Missing`] while the group has no metadata.
+    pub fn open(
+        conn: impl Into<Connection>,
+        stream: &str,
+        group: &str,
+    ) -> Result<Self, StoreError> {
+        Self::with(conn.into(), stream, group, None)
+    }
+
+    /// Same as [`GroupStore::create`].
+    #[deprecated(
+        note = "use `GroupStore::create` (members), or `GroupStore::open` for an existing group"
+    )]
     pub fn new(
         conn: impl Into<Connection>,
         stream: &str,
@@ -280,17 +312,26 @@ impl GroupStore {
         shard_count: u32,
         config: GroupConfig,
     ) -> Result<Self, StoreError> {
+        Self::create(conn, stream, group, shard_count, config)
+    }
+
+    fn with(
+        conn: Connection,
+        stream: &str,
+        group: &str,
+        create: Option<(u32, GroupConfig)>,
+    ) -> Result<Self, StoreError> {
         for name in [stream, group] {
             if name.is_empty() || name.contains(['{', '}', '/']) {
                 return Err(StoreError::InvalidName(name.to_string()));
             }
         }
+        let config = create.map_or_else(GroupConfig::default, |(_, config)| config);
         Ok(Self {
-            conn: conn.into(),
+            conn,
             keys: GroupKeys::new(stream, group),
             group: group.to_string(),
-            shard_count,
-            config,
+            create,
             cache: None,
             state: None,
             clock: None,
@@ -814,6 +855,11 @@ impl GroupStore {
         let keys = &self.keys;
         let mut coordinator = match meta {
             None => {
+                let Some((shard_count, config)) = self.create else {
+                    return Err(StoreError::Missing {
+                        key: keys.meta.clone(),
+                    });
+                };
                 // Never trust a missing snapshot to mean a new group (see the module docs).
                 let creation = if revision > 0 || !leases.is_empty() {
                     tracing::warn!(key = %keys.meta, revision, leases = leases.len(), "group metadata is missing but its revision or leases exist: it was lost; recreating it, with grants paused until every member of the lost state has self-fenced");
@@ -821,13 +867,7 @@ impl GroupStore {
                 } else {
                     Creation::Fresh
                 };
-                Coordinator::create(
-                    self.group.clone(),
-                    self.shard_count,
-                    self.config,
-                    now,
-                    creation,
-                )
+                Coordinator::create(self.group.clone(), shard_count, config, now, creation)
             }
             Some(bytes) => GroupMetadata::from_json(&bytes)
                 .and_then(Coordinator::from_metadata)
