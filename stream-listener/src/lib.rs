@@ -94,6 +94,15 @@ pub mod __private {
     pub use crate::topology::StartFrom;
     pub use core::result::Result;
     pub use inventory;
+
+    /// Spellings of the attribute kept for compatibility; the expansion names one to make rustc warn.
+    pub mod deprecated {
+        /// `ack = "ack_delete"`.
+        #[deprecated(
+            note = "`ack = \"ack_delete\"` deletes entries that other consumer groups of the stream may not have read yet: write `ack = \"ack_delete_acked\"` to delete an entry only once every group acknowledged it, or `ack = \"ack_delete_keepref\"` to keep this behaviour"
+        )]
+        pub const ACK_DELETE: () = ();
+    }
 }
 
 /// The README's examples, compiled as doctests so they stay true.

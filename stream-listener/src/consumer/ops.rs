@@ -101,6 +101,74 @@ const ACK_DELETE_SCRIPT: &str = include_str!("ack_delete.lua");
 /// cannot gain pending entries between the check and `XGROUP DELCONSUMER` (which would drop them).
 const CLEANUP_SCRIPT: &str = include_str!("cleanup.lua");
 
+/// The consumer groups of the stream other than `config.group` (the library's own left out), sorted: the
+/// groups of shard 0 (`XINFO GROUPS`), which every group of the stream reads. None when the shard does
+/// not exist yet.
+pub async fn other_groups<C>(conn: &mut C, config: &ConsumerConfig) -> RedisResult<Vec<String>>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let key = config.shard_key(0);
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(conn).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let groups: Vec<Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&key)
+        .query_async(conn)
+        .await?;
+    // Each group is `name <name> consumers <n> ...` (a flat array in RESP2, a map in RESP3).
+    let name_of = |group: Value| -> Option<String> {
+        let pairs: Vec<(Value, Value)> = match group {
+            Value::Map(pairs) => pairs,
+            Value::Array(items) => {
+                let mut items = items.into_iter();
+                std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
+            }
+            _ => return None,
+        };
+        pairs.into_iter().find_map(|(k, v)| {
+            (value_string(k).as_deref() == Some("name"))
+                .then(|| value_string(v))
+                .flatten()
+        })
+    };
+    let mut names: Vec<String> = groups
+        .into_iter()
+        .filter_map(name_of)
+        .filter(|name| *name != config.group && !crate::names::is_internal_group(name))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Says at start when the ack policy deletes entries on a stream other groups read too (see
+/// [`AckPolicy::AckDelete`]): a WARN when they may lose entries they have not read, an INFO when entries
+/// are deleted only once every group acknowledged them. Best effort: a failed look is logged at DEBUG.
+async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig) {
+    if !matches!(config.ack_policy, AckPolicy::AckDelete(_)) {
+        return;
+    }
+    let others = match other_groups(conn, config).await {
+        Ok(others) => others,
+        Err(error) => {
+            tracing::debug!(stream = %config.stream_prefix, %error, "cannot list the stream's consumer groups");
+            return;
+        }
+    };
+    if others.is_empty() {
+        return;
+    }
+    let other_groups = others.join(", ");
+    let (stream, group, policy) = (&config.stream_prefix, &config.group, config.ack_policy);
+    if policy.deletes_for_other_groups() {
+        tracing::warn!(%stream, %group, %other_groups, ?policy, "this ack policy deletes entries the stream's other consumer groups may not have read yet: they lose them; use AckDelete(Acked) (ack = \"ack_delete_acked\") to delete only what every group acknowledged, or plain Ack");
+    } else {
+        tracing::info!(%stream, %group, %other_groups, ?policy, "other consumer groups read this stream: an entry is deleted only once every group acknowledged it, and only by a group that acknowledges with AckDelete(Acked) last (plain acks leave it for MAXLEN trimming)");
+    }
+}
+
 /// State shared by the scheduler, its jobs and manual ackers of one consumer.
 pub(crate) struct Shared {
     pub(crate) config: ConsumerConfig,
@@ -134,6 +202,7 @@ impl Shared {
             retries: None,
         };
         let mut conn = client.connect(options).await?;
+        warn_about_other_groups(&mut conn, &config).await;
         let info = conn.server_info().await?;
         let version = ServerVersion::from_info(&info).unwrap_or(ServerVersion {
             major: 0,
