@@ -6,7 +6,6 @@ use std::time::Duration;
 use redis::{ClientTlsConfig, TlsCertificates, Value};
 use std::path::PathBuf;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
-use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
 
@@ -106,7 +105,7 @@ impl Ctx {
         group: &str,
     ) -> Result<GroupStore, CliError> {
         // Validates the names before they become keys.
-        let store = GroupStore::new(self.conn.clone(), stream, group, 1, GroupConfig::default())?;
+        let store = GroupStore::open(self.conn.clone(), stream, group)?;
         let key = GroupKeys::new(stream, group).meta;
         let exists: bool = redis::cmd("EXISTS")
             .arg(&key)

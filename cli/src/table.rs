@@ -78,34 +78,8 @@ pub fn seconds(ms: i64) -> String {
     format!("{:.1}s", ms as f64 / 1000.0)
 }
 
-/// A Unix time in milliseconds as UTC, `2024-05-01T12:00:00.123Z`.
-pub fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
+/// A Unix time in milliseconds as UTC, `2024-05-01T12:00:00.123Z` (the library's RFC 3339 format).
+pub use stream_listener::util::rfc3339_ms as utc;
 
 /// Shard indexes as a compact list (`0-3,7`), `-` when empty.
 pub fn shard_list(shards: &[u32]) -> String {
@@ -154,13 +128,6 @@ mod tests {
         let mut t = Table::new(&["A", "LONGER"]);
         t.row(vec!["wide cell".into(), "x".into()]);
         assert_eq!(t.render(), "A          LONGER\nwide cell  x\n");
-    }
-
-    #[test]
-    fn utc_formats_known_instants() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(utc(1_735_689_599_999), "2024-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Fixture {
                 .await
                 .unwrap();
         }
-        let store = GroupStore::new(conn.clone(), STREAM, GROUP, SHARDS, CONFIG).unwrap();
+        let store = GroupStore::create(conn.clone(), STREAM, GROUP, SHARDS, CONFIG).unwrap();
         let mut fixture = Fixture {
             redis,
             conn,

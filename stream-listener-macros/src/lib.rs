@@ -13,8 +13,10 @@ mod listener;
 /// ```
 ///
 /// Arguments: `stream` and `group` (required strings), `concurrency` (logical members in this process,
-/// default 1), `id` (base member id override), `batch_size`, `block_ms`, `ack` (`"ack"`, `"ack_delete"`,
-/// `"ack_delete_keepref"`, `"ack_delete_delref"`, `"ack_delete_acked"`, `"manual"`), `failure`
+/// default 1), `id` (base member id override), `batch_size`, `block_ms`, `ack` (`"ack"`; `"ack_delete_acked"`:
+/// delete once every group acknowledged; `"ack_delete_keepref"`, `"ack_delete_delref"`: delete at once,
+/// even what other groups have not read; `"manual"`; the old `"ack_delete"` is a deprecated
+/// `"ack_delete_keepref"`), `failure`
 /// (`"retry_then_dead_letter"`, `"leave_pending"`), `max_deliveries`, `dead_letter` (stream key) and
 /// `weight`. The handler takes exactly one `Message<T>` (JSON payload) or `RawMessage` (bytes) and
 /// returns `Result<(), E>` with `E: Display`; its future must be `Send`. The function stays callable as

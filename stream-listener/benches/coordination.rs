@@ -70,7 +70,7 @@ async fn connect(url: &str) -> ConnectionManager {
 }
 
 async fn store(url: &str, group: &str, config: GroupConfig) -> GroupStore {
-    GroupStore::new(connect(url).await, STREAM, group, SHARDS, config).expect("store")
+    GroupStore::create(connect(url).await, STREAM, group, SHARDS, config).expect("store")
 }
 
 fn session(id: &str, session_ms: i64, salt: u64) -> MemberSession {
@@ -508,16 +508,15 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
                 }
             }
         });
-        let member = MemberLoop {
-            session: session(&format!("j{i}"), config.session_timeout_ms, i as u64),
-            store: member_store,
-            commands: commands_tx,
-            reports: reports_rx,
-            shutdown: stop_rx,
-            status: status_tx,
-            shutdown_timeout: Duration::from_secs(5),
-            deadline: stream_listener::member::lifecycle::OwnershipDeadline::new(),
-        };
+        let member = MemberLoop::new(
+            session(&format!("j{i}"), config.session_timeout_ms, i as u64),
+            member_store,
+            stream_listener::member::lifecycle::OwnershipDeadline::new(),
+            commands_tx,
+            reports_rx,
+            stop_rx,
+        )
+        .with_status(status_tx);
         stops.push(stop);
         tasks.push(tokio::spawn(member.run()));
     }

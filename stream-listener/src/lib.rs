@@ -43,7 +43,7 @@
 //! * [`store`]: the coordinator persisted in Redis under a store-revision compare-and-set.
 //! * [`member`]: the member's side of the protocol and its heartbeat loop.
 //! * [`consumer`], [`producer`], [`topology`], [`routing`]: reading, handling, acknowledging, writing.
-//! * [`runtime`], [`registry`], [`stream_listener`]: the bootstrap, the builder and the attribute.
+//! * [`runtime`], [`stream_listener`]: the bootstrap, the builder and the attribute.
 //!
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
@@ -56,15 +56,17 @@ pub mod health;
 pub mod http;
 pub mod member;
 pub mod metrics;
+pub mod names;
 pub mod producer;
 pub mod redact;
-pub mod registry;
+mod registry;
 pub mod replay;
 pub mod routing;
 pub mod runtime;
 mod startup;
 pub mod store;
 pub mod topology;
+pub mod util;
 
 pub use connection::{Connection, RedisTarget};
 pub use consumer::{
@@ -77,7 +79,7 @@ pub use producer::{Producer, ProducerConfig, ProducerError};
 /// The `redis` crate this library is built with, so users need not match its version and features.
 pub use redis;
 pub use runtime::{ConsumerBuilder, ListenerSpec, RunningRuntime, Runtime, RuntimeError, State};
-/// Registers an `async fn` as a consumer-group listener; the runtime finds it in [`registry::registrations`].
+/// Registers an `async fn` as a consumer-group listener; [`Runtime`] starts every one the binary registers.
 pub use stream_listener_macros::stream_listener;
 pub use topology::{StartFrom, Topology};
 
@@ -87,11 +89,20 @@ pub mod __private {
     pub use crate::consumer::{
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
-    pub use crate::registry::{ListenerRegistration, PayloadKind};
+    pub use crate::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
     pub use crate::topology::StartFrom;
     pub use core::result::Result;
     pub use inventory;
+
+    /// Spellings of the attribute kept for compatibility; the expansion names one to make rustc warn.
+    pub mod deprecated {
+        /// `ack = "ack_delete"`.
+        #[deprecated(
+            note = "`ack = \"ack_delete\"` deletes entries that other consumer groups of the stream may not have read yet: write `ack = \"ack_delete_acked\"` to delete an entry only once every group acknowledged it, or `ack = \"ack_delete_keepref\"` to keep this behaviour"
+        )]
+        pub const ACK_DELETE: () = ();
+    }
 }
 
 /// The README's examples, compiled as doctests so they stay true.

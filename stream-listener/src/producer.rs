@@ -41,12 +41,12 @@ use serde::Serialize;
 
 use crate::topology::{Topology, TopologyError};
 
-/// Entry field holding the partition key.
-pub const KEY_FIELD: &str = "k";
-/// Entry field holding the payload bytes.
-pub const PAYLOAD_FIELD: &str = "p";
-/// Entry field holding the topology version the entry was routed with.
-pub const VERSION_FIELD: &str = crate::topology::VERSION_ENTRY_FIELD;
+/// Entry field holding the partition key ([`crate::names::field::KEY`]).
+pub const KEY_FIELD: &str = crate::names::field::KEY;
+/// Entry field holding the payload bytes ([`crate::names::field::PAYLOAD`]).
+pub const PAYLOAD_FIELD: &str = crate::names::field::PAYLOAD;
+/// Entry field holding the topology version the entry was routed with ([`crate::names::field::VERSION`]).
+pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 
 /// Errors from publishing.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@
 //! older than the field) handle the entry like any other.
 
 /// Field of a replayed entry naming the only consumer group that should handle it.
-pub const ONLY_GROUP_FIELD: &str = "sl_only_group";
+pub const ONLY_GROUP_FIELD: &str = crate::names::field::ONLY_GROUP;
 
 /// Whether an entry with these fields is a replay addressed to a group other than `group`.
 pub fn addressed_to_other_group<'a>(

@@ -81,7 +81,7 @@ pub fn shard_for_key(key: &[u8], shard_count: u32) -> u32 {
 ///
 /// Does not validate `prefix`; see [`validate_prefix`].
 pub fn shard_stream_key(prefix: &str, index: u32) -> String {
-    format!("{prefix}:{index}")
+    crate::names::shard_stream(prefix, index)
 }
 
 /// Why a stream prefix was rejected by [`validate_prefix`].

@@ -19,11 +19,11 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The wait before attempt `attempt + 1` (0-based): `100 ms * 2^attempt`, at most 5 s, then a random
 /// 50 % to 100 % of it, so a fleet restarted at once does not reconnect in lockstep.
 pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
-    let base = INITIAL_BACKOFF
-        .saturating_mul(1u32.checked_shl(attempt.min(16)).unwrap_or(u32::MAX))
-        .min(MAX_BACKOFF);
-    let half = base / 2;
-    half + Duration::from_nanos(random % (half.as_nanos() as u64 + 1))
+    use crate::util::{equal_jitter, exponential_backoff};
+    equal_jitter(
+        exponential_backoff(INITIAL_BACKOFF, attempt, MAX_BACKOFF),
+        random,
+    )
 }
 
 /// Connects and `PING`s until Redis answers, or `limit` (if any) has passed.
@@ -51,7 +51,7 @@ pub(crate) async fn wait_for_redis(
             )),
         };
         attempt += 1;
-        let wait = backoff(attempt - 1, crate::store::random_u64());
+        let wait = backoff(attempt - 1, crate::util::random_u64());
         let waited = start.elapsed();
         if let Some(limit) = limit {
             if waited + wait > limit {

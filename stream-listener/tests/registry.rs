@@ -3,8 +3,8 @@
 use std::fmt;
 
 use serde::Deserialize;
+use stream_listener::__private::{registrations, ListenerRegistration, PayloadKind};
 use stream_listener::consumer::{AckPolicy, DeleteRef, Message, OnExhausted, RawMessage};
-use stream_listener::registry::{registrations, ListenerRegistration, PayloadKind};
 use stream_listener::stream_listener;
 use stream_listener::{ListenerSpec, StartFrom};
 

@@ -38,7 +38,7 @@ fn session(id: &str) -> MemberSession {
 }
 
 async fn store(url: &str, group: &str, shards: u32) -> GroupStore {
-    GroupStore::new(connect(url).await, "orders", group, shards, CONFIG).expect("store")
+    GroupStore::create(connect(url).await, "orders", group, shards, CONFIG).expect("store")
 }
 
 /// Who reads which shard, across all members of a test, with every overlap recorded.
@@ -116,17 +116,15 @@ async fn spawn_member_with(
         }
     });
     let task = tokio::spawn(
-        MemberLoop {
-            session: session(id),
-            store: GroupStore::new(connect(url).await, "orders", group, shards, config)
-                .expect("store"),
-            commands: commands_tx,
-            reports: reports_rx,
-            shutdown: shutdown_rx,
-            status: status_tx,
-            shutdown_timeout: Duration::from_secs(5),
-            deadline: stream_listener::member::lifecycle::OwnershipDeadline::new(),
-        }
+        MemberLoop::new(
+            session(id),
+            GroupStore::create(connect(url).await, "orders", group, shards, config).expect("store"),
+            stream_listener::member::lifecycle::OwnershipDeadline::new(),
+            commands_tx,
+            reports_rx,
+            shutdown_rx,
+        )
+        .with_status(status_tx)
         .run(),
     );
     RunningMember {
@@ -652,8 +650,9 @@ async fn two_hundred_fifty_six_members_joining_at_once_converge() {
             .await,
         );
     }
-    let mut observer = GroupStore::new(connect(&redis.url()).await, "orders", "scale", 256, config)
-        .expect("store");
+    let mut observer =
+        GroupStore::create(connect(&redis.url()).await, "orders", "scale", 256, config)
+            .expect("store");
     let took = wait_for(
         &mut observer,
         Duration::from_secs(240),
@@ -709,7 +708,8 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
                 session_timeout_ms: 30_000,
                 rebalance_timeout_ms: 30_000,
             };
-            let mut s = GroupStore::new(connect(&url).await, "orders", "batch", 8, config).unwrap();
+            let mut s =
+                GroupStore::create(connect(&url).await, "orders", "batch", 8, config).unwrap();
             let mut member = session(id);
             s.heartbeat(&member.heartbeat(0, 1)).await
         }));

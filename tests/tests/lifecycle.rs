@@ -235,7 +235,7 @@ async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does
         || seen.lock().unwrap().len() == 50,
     )
     .await;
-    let mut store = GroupStore::new(connect(&url).await, "fenced", "g", 4, TIMING).unwrap();
+    let mut store = GroupStore::create(connect(&url).await, "fenced", "g", 4, TIMING).unwrap();
     store
         .command(AdminCommand::FenceMember("solo".into()))
         .await

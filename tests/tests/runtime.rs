@@ -61,7 +61,7 @@ async fn projection(
     stream: &str,
     group: &str,
 ) -> stream_listener::coordinator::projection::GroupProjection {
-    let mut store = GroupStore::new(connect(url).await, stream, group, 1, TIMING).unwrap();
+    let mut store = GroupStore::create(connect(url).await, stream, group, 1, TIMING).unwrap();
     store.load().await.unwrap().1.projection(0)
 }
 

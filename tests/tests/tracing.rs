@@ -183,7 +183,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
     // A fence by the operator: the member logs it with the shards it drops, rejoins and is assigned
     // its shards again, each at INFO.
     let mut store =
-        stream_listener::store::GroupStore::new(connect(&url).await, "traced", "g", 2, TIMING)
+        stream_listener::store::GroupStore::create(connect(&url).await, "traced", "g", 2, TIMING)
             .unwrap();
     store
         .command(stream_listener::coordinator::AdminCommand::FenceMember(

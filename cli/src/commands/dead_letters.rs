@@ -26,8 +26,11 @@
 use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use redis::Value;
-use stream_listener::consumer::{dead_letter_fields as dlq, KEY_FIELD, PAYLOAD_FIELD};
-use stream_listener::replay::ONLY_GROUP_FIELD;
+use stream_listener::names::dead_letter_field as dlq;
+use stream_listener::names::field::{
+    KEY as KEY_FIELD, ONLY_GROUP as ONLY_GROUP_FIELD, PAYLOAD as PAYLOAD_FIELD,
+    REPLAY_OF as REPLAY_OF_FIELD,
+};
 use stream_listener::topology::Topology;
 use stream_listener::Producer;
 
@@ -41,8 +44,6 @@ const ERROR_WIDTH: usize = 72;
 const PAYLOAD_WIDTH: usize = 60;
 /// Entries read per `XRANGE` page when filtering or bulk-processing.
 const PAGE: usize = 500;
-/// Field of a replayed entry naming the dead letter it came from.
-pub const REPLAY_OF_FIELD: &str = "sl_replay_of";
 
 /// One stream entry: id and raw field/value pairs.
 type Entry = (String, Vec<(String, Value)>);
@@ -59,10 +60,7 @@ pub enum Selection {
     },
 }
 
-/// The default dead-letter stream of `stream`: `<stream>:dlq`.
-fn dlq_key(stream: &str) -> String {
-    format!("{stream}:dlq")
-}
+use stream_listener::names::dead_letter_stream as dlq_key;
 
 /// Lists the oldest `count` entries of `<stream>:dlq` (of `group` only, if given): group, shard, source
 /// id, deliveries, key, error, and with `payloads` the payload.

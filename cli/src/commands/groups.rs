@@ -58,7 +58,7 @@ pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String,
         if shards.is_some() {
             let key = stream_listener::routing::shard_stream_key(stream, 0);
             for info in ctx.consumer_groups(&key).await? {
-                if !info.name.starts_with("__sl_") {
+                if !stream_listener::names::is_internal_group(&info.name) {
                     names.insert(info.name);
                 }
             }
@@ -223,7 +223,7 @@ async fn scan_node(
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")
-            .arg("sl:*")
+            .arg(stream_listener::names::NAMESPACE_PATTERN)
             .arg("COUNT")
             .arg(SCAN_COUNT);
         let (next, keys): (u64, Vec<String>) = ctx.conn.query_one_node(&cmd, node).await?;
@@ -246,18 +246,14 @@ async fn scan_node(
     Ok(())
 }
 
-/// `sl:topology:{S}` -> `(S, None)`; `sl:{S/G}:meta` -> `(S, Some(G))`; anything else `None`.
+/// `sl:topology:{S}` -> `(S, None)`; `sl:{S/G}:meta` -> `(S, Some(G))`; anything else `None`
+/// ([`stream_listener::names::parse`]).
 fn parse_key(key: &str) -> Option<(String, Option<String>)> {
-    if let Some(rest) = key.strip_prefix("sl:topology:{") {
-        let stream = rest.strip_suffix('}')?;
-        return (!stream.is_empty()).then(|| (stream.to_string(), None));
+    match stream_listener::names::parse(key)? {
+        stream_listener::names::Parsed::Topology { stream } => Some((stream, None)),
+        stream_listener::names::Parsed::GroupMeta { stream, group } => Some((stream, Some(group))),
     }
-    let inner = key.strip_prefix("sl:{")?.strip_suffix("}:meta")?;
-    let (stream, group) = inner.split_once('/')?;
-    (!stream.is_empty() && !group.is_empty() && !group.contains('/'))
-        .then(|| (stream.to_string(), Some(group.to_string())))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

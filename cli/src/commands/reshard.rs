@@ -60,7 +60,7 @@ async fn groups(ctx: &mut Ctx, after: &Topology) -> Result<Vec<String>, CliError
         .await?
         .into_iter()
         .map(|g| g.name)
-        .filter(|name| !name.starts_with("__sl_"))
+        .filter(|name| !stream_listener::names::is_internal_group(name))
         .collect())
 }
 

@@ -322,7 +322,7 @@ struct AssignmentWatcher {
 
 impl AssignmentWatcher {
     fn new(conn: ConnectionManager) -> Res<Self> {
-        let store = GroupStore::new(conn, STREAM, GROUP, SHARDS, GroupConfig::default())?;
+        let store = GroupStore::create(conn, STREAM, GROUP, SHARDS, GroupConfig::default())?;
         Ok(Self {
             store,
             last: String::new(),

@@ -39,15 +39,19 @@ pub(crate) enum Start {
     Latest,
 }
 
-/// The `ack` values, with the `AckPolicy` each stands for.
+/// The `ack` values, with the `AckPolicy` each stands for. The deleting ones say whose reads they respect:
+/// `acked` waits for every group, `keepref` and `delref` delete what other groups may not have read.
 const ACK_VALUES: &[(&str, Ack)] = &[
     ("ack", Ack::Ack),
-    ("ack_delete", Ack::AckDelete(DeleteRef::KeepRef)),
+    ("ack_delete_acked", Ack::AckDelete(DeleteRef::Acked)),
     ("ack_delete_keepref", Ack::AckDelete(DeleteRef::KeepRef)),
     ("ack_delete_delref", Ack::AckDelete(DeleteRef::DelRef)),
-    ("ack_delete_acked", Ack::AckDelete(DeleteRef::Acked)),
     ("manual", Ack::Manual),
 ];
+
+/// The old spelling of `ack_delete_keepref`: still accepted, with a deprecation warning (its short name
+/// made the policy that loses entries for other groups look like the default way to delete).
+const DEPRECATED_ACK_DELETE: &str = "ack_delete";
 
 /// The `failure` values, with the `OnExhausted` each stands for.
 const FAILURE_VALUES: &[(&str, Failure)] = &[
@@ -89,6 +93,8 @@ pub(crate) struct Args {
     pub(crate) batch_size: Option<usize>,
     pub(crate) block_ms: Option<u64>,
     pub(crate) ack: Option<Ack>,
+    /// Where the deprecated `ack = "ack_delete"` was written, if it was.
+    pub(crate) deprecated_ack: Option<Span>,
     pub(crate) failure: Option<Failure>,
     pub(crate) max_deliveries: Option<u32>,
     pub(crate) dead_letter: Option<String>,
@@ -109,6 +115,7 @@ struct Raw {
     batch_size: Option<usize>,
     block_ms: Option<u64>,
     ack: Option<Ack>,
+    deprecated_ack: Option<Span>,
     failure: Option<(Failure, Span)>,
     max_deliveries: Option<u32>,
     dead_letter: Option<(String, Span)>,
@@ -148,6 +155,7 @@ impl Args {
             batch_size: raw.batch_size,
             block_ms: raw.block_ms,
             ack: raw.ack,
+            deprecated_ack: raw.deprecated_ack,
             failure: raw.failure.map(|(f, _)| f),
             max_deliveries: raw.max_deliveries,
             dead_letter: raw.dead_letter.map(|(d, _)| d),
@@ -257,7 +265,16 @@ impl Raw {
             "block_ms" => integer(value, &key)
                 .and_then(|lit| lit.base10_parse())
                 .map(|n| self.block_ms = Some(n)),
-            "ack" => choice(value, &key, ACK_VALUES).map(|(a, _)| self.ack = Some(a)),
+            "ack" => match value {
+                Expr::Lit(syn::ExprLit {
+                    lit: Lit::Str(s), ..
+                }) if s.value() == DEPRECATED_ACK_DELETE => {
+                    self.ack = Some(Ack::AckDelete(DeleteRef::KeepRef));
+                    self.deprecated_ack = Some(s.span());
+                    Ok(())
+                }
+                _ => choice(value, &key, ACK_VALUES).map(|(a, _)| self.ack = Some(a)),
+            },
             "failure" => choice(value, &key, FAILURE_VALUES).map(|f| self.failure = Some(f)),
             _ => unreachable!("every key of KEYS is handled"),
         };

@@ -109,12 +109,17 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
     }));
     let shard_count = option(args.shard_count.map(|n| quote!(#n)));
     let line = quote_spanned!(span=> ::core::line!());
+    // Naming a deprecated item, spanned on the user's `"ack_delete"`, makes rustc warn right there.
+    let deprecated_ack = args
+        .deprecated_ack
+        .map(|span| quote_spanned!(span=> const _: () = #private::deprecated::ACK_DELETE;));
 
     quote! {
         #function
 
         #[doc(hidden)]
         const _: () = {
+            #deprecated_ack
             #make_handler
 
             #private::inventory::submit! {

@@ -72,14 +72,14 @@ impl ConsumerConfig {
 
     /// The Redis stream key of `shard`, so every component names shards the same way.
     pub fn shard_key(&self, shard: u32) -> String {
-        format!("{}:{}", self.stream_prefix, shard)
+        crate::names::shard_stream(&self.stream_prefix, shard)
     }
 
     /// The dead-letter stream key in effect.
     pub fn dead_letter_key(&self) -> String {
         self.dead_letter_stream
             .clone()
-            .unwrap_or_else(|| format!("{}:dlq", self.stream_prefix))
+            .unwrap_or_else(|| crate::names::dead_letter_stream(&self.stream_prefix))
     }
 }
 
@@ -91,6 +91,14 @@ pub enum AckPolicy {
     #[default]
     Ack,
     /// Acknowledge and delete the entry from the stream, so a stream read by one group does not grow.
+    ///
+    /// With several consumer groups on the stream, the [`DeleteRef`] decides whose reads count:
+    /// [`DeleteRef::Acked`] deletes an entry only once every group acknowledged it (and so only when the
+    /// last group to acknowledge it also uses `AckDelete(Acked)`: a group with plain [`AckPolicy::Ack`]
+    /// leaves it in the stream, for the producer's `MAXLEN` to trim); [`DeleteRef::KeepRef`] and
+    /// [`DeleteRef::DelRef`] delete it at once, so other groups lose entries they have not read yet. With
+    /// one group all three are the same. A consumer whose policy deletes for others logs a WARN at start
+    /// naming the stream's other groups (see [`other_groups`](super::other_groups)).
     ///
     /// On Redis >= 8.2 this is `XACKDEL` with the given [`DeleteRef`]. On older servers it is a Lua script
     /// that runs `XACK` then `XDEL` atomically and emulates the reference modes: `KeepRef` is plain
@@ -104,16 +112,30 @@ pub enum AckPolicy {
     Manual,
 }
 
-/// How `XACKDEL` treats references to a deleted entry in other groups' pending lists (Redis 8.2 names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which entries [`AckPolicy::AckDelete`] deletes, and what happens to other groups' references to them
+/// (Redis 8.2's `XACKDEL` names). There is no default: [`DeleteRef::Acked`] is the one that never takes an
+/// entry from a group that has not read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteRef {
-    /// Delete the entry; other groups keep their pending references (they see it as deleted when claiming).
-    #[default]
-    KeepRef,
-    /// Delete the entry and drop every group's pending reference to it.
-    DelRef,
-    /// Delete the entry only once every group has read and acknowledged it.
+    /// Delete the entry only once every group has read and acknowledged it. Safe with several groups.
     Acked,
+    /// Delete the entry now, read by other groups or not; they keep their pending references (and see
+    /// the entry as deleted when claiming). Loses unread entries for other groups.
+    KeepRef,
+    /// Delete the entry now and drop every group's pending reference to it. Loses unread and pending
+    /// entries for other groups.
+    DelRef,
+}
+
+impl AckPolicy {
+    /// Whether acknowledging deletes entries that other consumer groups of the stream may not have read
+    /// yet: `AckDelete(KeepRef)` and `AckDelete(DelRef)`.
+    pub fn deletes_for_other_groups(self) -> bool {
+        matches!(
+            self,
+            Self::AckDelete(DeleteRef::KeepRef | DeleteRef::DelRef)
+        )
+    }
 }
 
 impl DeleteRef {
@@ -160,10 +182,7 @@ impl Default for FailurePolicy {
 impl FailurePolicy {
     /// The wait before local retry number `retry` (0-based).
     pub fn backoff(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry.min(20)).unwrap_or(u32::MAX);
-        self.initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+        crate::util::exponential_backoff(self.initial_backoff, retry, self.max_backoff)
     }
 }
 
@@ -177,4 +196,18 @@ pub enum OnExhausted {
     /// Leave it pending: the shard moves on, and the entry is offered again at the next takeover (where it
     /// is left pending again without running the handler, until an operator deals with it).
     LeavePending,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keepref_and_delref_delete_for_other_groups() {
+        assert!(!AckPolicy::Ack.deletes_for_other_groups());
+        assert!(!AckPolicy::Manual.deletes_for_other_groups());
+        assert!(!AckPolicy::AckDelete(DeleteRef::Acked).deletes_for_other_groups());
+        assert!(AckPolicy::AckDelete(DeleteRef::KeepRef).deletes_for_other_groups());
+        assert!(AckPolicy::AckDelete(DeleteRef::DelRef).deletes_for_other_groups());
+    }
 }

@@ -142,7 +142,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             // If the lease comes back (the heartbeat got through late), start over from our own pending
             // entries: some may have been read and then stopped at the deadline.
             outcome.next_phase = Some(Phase::Claim {
-                cursor: "0-0".to_owned(),
+                cursor: crate::names::START_ID.to_owned(),
             });
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
@@ -164,7 +164,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                 shared.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
                 outcome.next_phase = Some(Phase::Claim {
-                    cursor: "0-0".to_owned(),
+                    cursor: crate::names::START_ID.to_owned(),
                 });
                 return outcome;
             }
@@ -175,7 +175,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                     spec.phase.clone()
                 } else {
                     Phase::Claim {
-                        cursor: "0-0".to_owned(),
+                        cursor: crate::names::START_ID.to_owned(),
                     }
                 });
                 return outcome;
@@ -274,7 +274,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
             outcome.next_phase = Some(Phase::Claim {
-                cursor: "0-0".to_owned(),
+                cursor: crate::names::START_ID.to_owned(),
             });
             return outcome;
         }
@@ -354,7 +354,7 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
     match &spec.phase {
         Phase::Claim { cursor } => {
             let (next, entries) = shared.claim(&spec.key, cursor).await?;
-            if next == "0-0" {
+            if next == crate::names::START_ID {
                 match shared.cleanup_consumers(&spec.key).await {
                     Ok(deleted) if !deleted.is_empty() => {
                         tracing::debug!(

@@ -64,7 +64,7 @@ pub use hooks::LifecycleHooks;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };
-pub use ops::{dead_letter_fields, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
+pub use ops::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -323,7 +323,7 @@ const OUTBOX_PROGRESS_LIMIT: usize = 4096;
 
 fn claim_from_start() -> Phase {
     Phase::Claim {
-        cursor: "0-0".to_owned(),
+        cursor: crate::names::START_ID.to_owned(),
     }
 }
 
@@ -992,7 +992,7 @@ impl Scheduler {
         if self.outbox.len() >= OUTBOX_PROGRESS_LIMIT {
             return;
         }
-        let now = ops::rfc3339_now();
+        let now = crate::util::rfc3339_now();
         let mut dirty: Vec<u32> = self
             .shards
             .iter()

@@ -40,35 +40,15 @@ struct LayoutCache {
     consumed: HashMap<u32, u64>,
 }
 
-/// Field of an entry holding the partition key (written by the producer).
-pub const KEY_FIELD: &str = "k";
-/// Field of an entry holding the payload (written by the producer).
-pub const PAYLOAD_FIELD: &str = "p";
-/// Field of an entry holding the topology version it was routed with (written by the producer; absent in
-/// entries of older producers).
-pub const VERSION_FIELD: &str = crate::topology::VERSION_ENTRY_FIELD;
+pub use crate::names::field::{
+    KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD, VERSION as VERSION_FIELD,
+};
 
 /// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
 const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Field names the consumer adds to a dead-letter entry, after the original fields, so operators and the
-/// CLI can tell why and where from.
-pub mod dead_letter_fields {
-    /// The handler's error text (or why the payload could not be decoded).
-    pub const ERROR: &str = "dlq_error";
-    /// Deliveries before the entry was given up.
-    pub const DELIVERY_COUNT: &str = "dlq_delivery_count";
-    /// The consumer group that gave up.
-    pub const GROUP: &str = "dlq_group";
-    /// The shard index the entry came from.
-    pub const SHARD: &str = "dlq_shard";
-    /// The stream key the entry came from.
-    pub const SOURCE_STREAM: &str = "dlq_source_stream";
-    /// The entry id in the source stream.
-    pub const SOURCE_ID: &str = "dlq_source_id";
-    /// The consumer (member) that gave up.
-    pub const CONSUMER: &str = "dlq_consumer";
-}
+/// Field names the consumer adds to a dead-letter entry ([`crate::names::dead_letter_field`]).
+pub use crate::names::dead_letter_field as dead_letter_fields;
 
 /// A Redis server version, read from `INFO server` to choose between `XACKDEL` and the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -115,70 +95,79 @@ impl ServerVersion {
 
 /// Acknowledge the ids, then delete them per `ARGV[2]` (KEEPREF, DELREF, ACKED): `XACKDEL` for servers
 /// older than 8.2. Atomic because it is one script.
-const ACK_DELETE_SCRIPT: &str = r#"
-local key, group, mode = KEYS[1], ARGV[1], ARGV[2]
-local ids = {}
-for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-local function chunked(cmd, a, b)
-  local n = 0
-  for i = 1, #ids, 500 do
-    local j = math.min(i + 499, #ids)
-    if b then
-      n = n + redis.call(cmd, a, b, unpack(ids, i, j))
-    else
-      n = n + redis.call(cmd, a, unpack(ids, i, j))
-    end
-  end
-  return n
-end
-local acked = chunked('XACK', key, group)
-local function field(list, name)
-  for i = 1, #list, 2 do if list[i] == name then return list[i + 1] end end
-end
-local function older_or_equal(a, b)
-  local ams, aseq = string.match(a, '^(%d+)-(%d+)$')
-  local bms, bseq = string.match(b, '^(%d+)-(%d+)$')
-  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
-  return ams < bms or (ams == bms and aseq <= bseq)
-end
-if mode == 'KEEPREF' then
-  chunked('XDEL', key)
-elseif mode == 'DELREF' then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
-    chunked('XACK', key, field(g, 'name'))
-  end
-  chunked('XDEL', key)
-else
-  local groups = redis.call('XINFO', 'GROUPS', key)
-  for _, id in ipairs(ids) do
-    local deletable = true
-    for _, g in ipairs(groups) do
-      local name = field(g, 'name')
-      if not older_or_equal(id, field(g, 'last-delivered-id')) then deletable = false break end
-      if #redis.call('XPENDING', key, name, id, id, 1) > 0 then deletable = false break end
-    end
-    if deletable then redis.call('XDEL', key, id) end
-  end
-end
-return acked
-"#;
+const ACK_DELETE_SCRIPT: &str = include_str!("ack_delete.lua");
 
 /// Delete the group's consumers other than `ARGV[2]` that have nothing pending. One script, so a consumer
 /// cannot gain pending entries between the check and `XGROUP DELCONSUMER` (which would drop them).
-const CLEANUP_SCRIPT: &str = r#"
-local deleted = {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local name, pending
-  for i = 1, #c, 2 do
-    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
-  end
-  if name ~= ARGV[2] and pending == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name)
-    deleted[#deleted + 1] = name
-  end
-end
-return deleted
-"#;
+const CLEANUP_SCRIPT: &str = include_str!("cleanup.lua");
+
+/// The consumer groups of the stream other than `config.group` (the library's own left out), sorted: the
+/// groups of shard 0 (`XINFO GROUPS`), which every group of the stream reads. None when the shard does
+/// not exist yet.
+pub async fn other_groups<C>(conn: &mut C, config: &ConsumerConfig) -> RedisResult<Vec<String>>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let key = config.shard_key(0);
+    let exists: bool = redis::cmd("EXISTS").arg(&key).query_async(conn).await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let groups: Vec<Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&key)
+        .query_async(conn)
+        .await?;
+    // Each group is `name <name> consumers <n> ...` (a flat array in RESP2, a map in RESP3).
+    let name_of = |group: Value| -> Option<String> {
+        let pairs: Vec<(Value, Value)> = match group {
+            Value::Map(pairs) => pairs,
+            Value::Array(items) => {
+                let mut items = items.into_iter();
+                std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
+            }
+            _ => return None,
+        };
+        pairs.into_iter().find_map(|(k, v)| {
+            (value_string(k).as_deref() == Some("name"))
+                .then(|| value_string(v))
+                .flatten()
+        })
+    };
+    let mut names: Vec<String> = groups
+        .into_iter()
+        .filter_map(name_of)
+        .filter(|name| *name != config.group && !crate::names::is_internal_group(name))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Says at start when the ack policy deletes entries on a stream other groups read too (see
+/// [`AckPolicy::AckDelete`]): a WARN when they may lose entries they have not read, an INFO when entries
+/// are deleted only once every group acknowledged them. Best effort: a failed look is logged at DEBUG.
+async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig) {
+    if !matches!(config.ack_policy, AckPolicy::AckDelete(_)) {
+        return;
+    }
+    let others = match other_groups(conn, config).await {
+        Ok(others) => others,
+        Err(error) => {
+            tracing::debug!(stream = %config.stream_prefix, %error, "cannot list the stream's consumer groups");
+            return;
+        }
+    };
+    if others.is_empty() {
+        return;
+    }
+    let other_groups = others.join(", ");
+    let (stream, group, policy) = (&config.stream_prefix, &config.group, config.ack_policy);
+    if policy.deletes_for_other_groups() {
+        tracing::warn!(%stream, %group, %other_groups, ?policy, "this ack policy deletes entries the stream's other consumer groups may not have read yet: they lose them; use AckDelete(Acked) (ack = \"ack_delete_acked\") to delete only what every group acknowledged, or plain Ack");
+    } else {
+        tracing::info!(%stream, %group, %other_groups, ?policy, "other consumer groups read this stream: an entry is deleted only once every group acknowledged it, and only by a group that acknowledges with AckDelete(Acked) last (plain acks leave it for MAXLEN trimming)");
+    }
+}
 
 /// State shared by the scheduler, its jobs and manual ackers of one consumer.
 pub(crate) struct Shared {
@@ -213,6 +202,7 @@ impl Shared {
             retries: None,
         };
         let mut conn = client.connect(options).await?;
+        warn_about_other_groups(&mut conn, &config).await;
         let info = conn.server_info().await?;
         let version = ServerVersion::from_info(&info).unwrap_or(ServerVersion {
             major: 0,
@@ -512,7 +502,7 @@ impl Shared {
             .arg("CREATE")
             .arg(key)
             .arg(&self.config.group)
-            .arg("0")
+            .arg(crate::names::FIRST_ENTRY)
             .arg("MKSTREAM")
             .query_async(&mut self.conn.clone())
             .await;
@@ -571,14 +561,14 @@ impl Shared {
             .query_async(&mut conn)
             .await?;
         let Value::Array(mut parts) = reply else {
-            return Ok(("0-0".to_owned(), Vec::new()));
+            return Ok((crate::names::START_ID.to_owned(), Vec::new()));
         };
         parts.truncate(2);
         let entries = parts.pop().map(parse_entries).unwrap_or_default();
         let next = parts
             .pop()
             .and_then(value_string)
-            .unwrap_or_else(|| "0-0".to_owned());
+            .unwrap_or_else(|| crate::names::START_ID.to_owned());
         // Redis 6.2 returns deleted entries as nil; ack them so they leave the pending list.
         let (mut live, dead): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !e.deleted);
         if !dead.is_empty() {
@@ -880,39 +870,6 @@ fn parse_pending(value: Value) -> Vec<(String, String, u32)> {
         .collect()
 }
 
-/// The wall clock as RFC 3339 (UTC, milliseconds) for progress reports, without a date-time dependency.
-pub(crate) fn rfc3339_now() -> String {
-    rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default(),
-    )
-}
-
-/// `since_epoch` as RFC 3339 (UTC, milliseconds).
-fn rfc3339(now: Duration) -> String {
-    let secs = now.as_secs();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (H. Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        now.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -954,18 +911,6 @@ mod tests {
         assert_eq!(entries[0].key(), "user-1");
         assert_eq!(entries[0].payload(), Some(&b"{}"[..]));
         assert!(parse_read_reply(Value::Nil).is_empty());
-    }
-
-    #[test]
-    fn formats_rfc3339() {
-        let at = |ms: u64| rfc3339(Duration::from_millis(ms));
-        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z"); // a leap day of a leap century
-        assert_eq!(at(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
-        assert_eq!(at(1_764_547_200_123), "2025-12-01T00:00:00.123Z");
-        assert_eq!(at(4_102_444_800_000), "2100-01-01T00:00:00.000Z"); // 2100 is not a leap year
-        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
-        assert_eq!(rfc3339_now().len(), 24);
     }
 }
 

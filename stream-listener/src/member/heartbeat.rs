@@ -71,29 +71,70 @@ pub fn heartbeat_outcome(status: HeartbeatStatus) -> &'static str {
     }
 }
 
-/// The channels and limits of one member's heartbeat loop.
+/// One member's heartbeat loop: its session, its store, and the channels to the consumption layer. Build
+/// it with [`MemberLoop::new`], then [`run`](MemberLoop::run) it on a task.
 #[derive(Debug)]
 pub struct MemberLoop {
     /// The protocol state.
-    pub session: MemberSession,
+    session: MemberSession,
     /// The group's metadata.
-    pub store: GroupStore,
+    store: GroupStore,
     /// Down to the consumption layer.
-    pub commands: mpsc::UnboundedSender<ShardCommand>,
+    commands: mpsc::UnboundedSender<ShardCommand>,
     /// Up from the consumption layer.
-    pub reports: mpsc::UnboundedReceiver<ShardReport>,
+    reports: mpsc::UnboundedReceiver<ShardReport>,
     /// Becomes `true` to leave gracefully.
-    pub shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     /// Published after every change.
-    pub status: watch::Sender<MemberStatus>,
+    status: watch::Sender<MemberStatus>,
     /// How long a graceful leave may wait for drains.
-    pub shutdown_timeout: Duration,
+    shutdown_timeout: Duration,
     /// The self-fencing deadline the consumption layer checks before every command; this loop moves it.
     /// Its origin is the loop's local clock.
-    pub deadline: Arc<OwnershipDeadline>,
+    deadline: Arc<OwnershipDeadline>,
 }
 
+/// How long a graceful leave waits for drains unless [`MemberLoop::with_shutdown_timeout`] says otherwise.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl MemberLoop {
+    /// A loop for `session` on `store` that sends [`ShardCommand`]s on `commands`, folds the
+    /// [`ShardReport`]s of `reports` into its heartbeats, moves `deadline` (which the consumption layer
+    /// checks before every command) and leaves once `shutdown` becomes `true` (or its sender is dropped).
+    /// Its status is published only with [`MemberLoop::with_status`]; a leave waits
+    /// [`DEFAULT_SHUTDOWN_TIMEOUT`] for drains unless [`MemberLoop::with_shutdown_timeout`] says otherwise.
+    pub fn new(
+        session: MemberSession,
+        store: GroupStore,
+        deadline: Arc<OwnershipDeadline>,
+        commands: mpsc::UnboundedSender<ShardCommand>,
+        reports: mpsc::UnboundedReceiver<ShardReport>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            session,
+            store,
+            commands,
+            reports,
+            shutdown,
+            status: watch::channel(MemberStatus::default()).0,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            deadline,
+        }
+    }
+
+    /// Publishes the member's [`MemberStatus`] on `status` after every change.
+    pub fn with_status(mut self, status: watch::Sender<MemberStatus>) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// How long a graceful leave may wait for the drains of its shards.
+    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
     /// Runs until the member has left (after shutdown) or the shutdown deadline passed.
     pub async fn run(mut self) {
         let start = Instant::from_std(self.deadline.origin());
@@ -350,6 +391,5 @@ impl Counts {
 
 /// Exponential backoff from 50 ms, capped at the heartbeat interval.
 fn backoff(failures: u32, interval: Duration) -> Duration {
-    let ms = 50u64.saturating_mul(1 << failures.min(10));
-    Duration::from_millis(ms).min(interval)
+    crate::util::exponential_backoff(Duration::from_millis(50), failures, interval)
 }

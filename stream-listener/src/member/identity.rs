@@ -116,7 +116,7 @@ pub fn resolve_base_member_id(
         };
     }
     BaseMemberId {
-        id: format!("member-p{pid}-{:08x}", random_u32()),
+        id: format!("member-p{pid}-{:08x}", crate::util::random_u64() as u32),
         source: IdentitySource::Fallback,
     }
 }
@@ -174,14 +174,6 @@ fn is_usable_ip(ip: IpAddr) -> bool {
 fn usable(raw: &str) -> Option<String> {
     let id = sanitize(raw);
     id.chars().any(|c| c.is_ascii_alphanumeric()).then_some(id)
-}
-
-/// A random number without a dependency: std's `RandomState` is seeded randomly per process.
-fn random_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(u64::from(std::process::id()));
-    hasher.finish() as u32
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use crate::connection::Connection;
 use tokio::sync::watch;
 
 use crate::coordinator::AdminCommand;
-use crate::store::GroupStore;
+use crate::store::{GroupStore, StoreError};
 use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
 
 /// Keeps a group's shard count equal to the number of shards its stream's groups read: the shard count
@@ -50,7 +50,8 @@ pub(super) async fn follow_topology(
                             tracing::warn!(%stream, %error, "cannot recreate the stream's topology");
                         }
                     }
-                    Ok(_) => {}
+                    // No member committed the group yet: nothing to recreate the topology from.
+                    Ok(_) | Err(StoreError::Missing { .. }) => {}
                     Err(error) => {
                         tracing::warn!(%stream, %group, %error, "cannot read the group's metadata")
                     }
@@ -80,6 +81,8 @@ pub(super) async fn follow_topology(
         let target = topology.read_shard_count();
         let current = match store.load().await {
             Ok((_, coordinator)) => coordinator.metadata().shard_count,
+            // Its members have not committed it yet (or lost it): they create it with the right count.
+            Err(StoreError::Missing { .. }) => continue,
             Err(error) => {
                 tracing::warn!(%stream, %group, %error, "cannot read the group's metadata");
                 continue;

@@ -314,7 +314,7 @@ impl Runtime {
         let mut followers = Vec::new();
         for (stream, group) in groups {
             let conn = client.connect(ConnectOptions::default()).await?;
-            let store = GroupStore::new(conn.clone(), &stream, &group, 1, self.group_config)?;
+            let store = GroupStore::open(conn.clone(), &stream, &group)?;
             let period =
                 Duration::from_millis(self.group_config.heartbeat_interval_ms.max(200) as u64 * 5);
             followers.push(tokio::spawn(follower::follow_topology(
@@ -415,7 +415,7 @@ impl Runtime {
         };
         Topology::ensure_group(&mut conn, &stream, &group, plan.start_from).await?;
         let sampler_conn = conn.clone();
-        let store = GroupStore::new(
+        let store = GroupStore::create(
             conn,
             &stream,
             &group,
@@ -489,18 +489,11 @@ impl Runtime {
         );
         span.in_scope(|| tracing::info!(listener = %plan.label, "member starting"));
         let heartbeat_task = tokio::spawn(
-            MemberLoop {
-                session,
-                store,
-                commands: commands_tx,
-                reports: reports_rx,
-                shutdown,
-                status: status_tx,
-                shutdown_timeout: self.shutdown_timeout,
-                deadline,
-            }
-            .run()
-            .instrument(span.clone()),
+            MemberLoop::new(session, store, deadline, commands_tx, reports_rx, shutdown)
+                .with_status(status_tx)
+                .with_shutdown_timeout(self.shutdown_timeout)
+                .run()
+                .instrument(span.clone()),
         );
         Ok(RunningMember {
             member_id: plan.member_id,
@@ -733,7 +726,7 @@ const MIN_CONNECTION_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A nonce that differs between processes and restarts using the same memberId.
 fn incarnation() -> u64 {
-    crate::store::random_u64() ^ u64::from(std::process::id())
+    crate::util::random_u64() ^ u64::from(std::process::id())
 }
 
 async fn wait_for_signal() {

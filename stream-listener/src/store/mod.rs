@@ -100,25 +100,28 @@ pub struct GroupKeys {
 }
 
 impl GroupKeys {
-    /// The keys of `group` reading `stream`.
+    /// The keys of `group` reading `stream` (see [`crate::names::group_key`]).
     pub fn new(stream: &str, group: &str) -> Self {
-        let base = format!("sl:{{{stream}/{group}}}");
+        use crate::names::{group as suffix, group_key};
+        let key = |suffix: &str| group_key(stream, group, suffix);
         Self {
-            meta: format!("{base}:meta"),
-            rev: format!("{base}:rev"),
-            leases: format!("{base}:leases"),
-            audit: format!("{base}:audit"),
-            projection: format!("{base}:projection"),
-            writer: format!("{base}:writer"),
-            turn: format!("{base}:turn"),
-            inbox: format!("{base}:inbox"),
+            meta: key(suffix::META),
+            rev: key(suffix::REVISION),
+            leases: key(suffix::LEASES),
+            audit: key(suffix::AUDIT),
+            projection: key(suffix::PROJECTION),
+            writer: key(suffix::WRITER),
+            turn: key(suffix::TURN),
+            inbox: key(suffix::INBOX),
         }
     }
 
-    /// Where the answer to the queued heartbeat `id` is pushed.
+    /// Where the answer to the queued heartbeat `id` is pushed ([`crate::names::group_reply`]).
     pub fn reply(&self, id: &str) -> String {
-        let base = self.meta.strip_suffix(":meta").unwrap_or(&self.meta);
-        format!("{base}:reply:{id}")
+        // Every key of the group is `<base>:<suffix>`; `meta`'s base is the group's.
+        let meta_suffix = format!(":{}", crate::names::group::META);
+        let base = self.meta.strip_suffix(&meta_suffix).unwrap_or(&self.meta);
+        format!("{base}:{}:{id}", crate::names::group::REPLY)
     }
 }
 
@@ -139,6 +142,13 @@ pub enum StoreError {
     /// Other processes kept changing the group; the input was not applied.
     #[error("gave up after {MAX_ATTEMPTS} conflicting attempts")]
     Contention,
+    /// The group has no metadata, and this handle was opened on an existing group
+    /// ([`GroupStore::open`]), so it does not create one.
+    #[error("group metadata at {key} does not exist")]
+    Missing {
+        /// The key that would hold it.
+        key: String,
+    },
     /// A stream or group name that cannot be used in a key.
     #[error("invalid name {0:?}: must be non-empty and contain no '{{', '}}' or '/'")]
     InvalidName(String),
@@ -241,8 +251,9 @@ pub struct GroupStore {
     conn: Connection,
     keys: GroupKeys,
     group: String,
-    shard_count: u32,
-    config: GroupConfig,
+    /// The shard count and settings of a group this handle creates when it has no metadata (or lost
+    /// it); `None` for a handle on an existing group ([`GroupStore::open`]).
+    create: Option<(u32, GroupConfig)>,
     cache: Option<Snapshot>,
     /// The group state of the cached revision (see [`GroupStore::group_state`]).
     state: Option<(i64, GroupState)>,
@@ -267,9 +278,33 @@ struct Scripts {
 }
 
 impl GroupStore {
-    /// A handle on `group` of `stream`. `shard_count` and `config` are used only if the group does not
-    /// exist yet; an existing group keeps its own.
-    /// `conn` is a [`Connection`] (a `ConnectionManager` converts into one).
+    /// A member's handle on `group` of `stream`: a group without metadata is created with `shard_count`
+    /// and `config` on the first write (and recreated with them if its metadata was lost); an existing
+    /// group keeps its own. `conn` is a [`Connection`] (a `ConnectionManager` converts into one).
+    pub fn create(
+        conn: impl Into<Connection>,
+        stream: &str,
+        group: &str,
+        shard_count: u32,
+        config: GroupConfig,
+    ) -> Result<Self, StoreError> {
+        Self::with(conn.into(), stream, group, Some((shard_count, config)))
+    }
+
+    /// A handle on the existing `group` of `stream`, for operators and followers: it never creates the
+    /// group; reads and writes fail with [`StoreError::Missing`] while the group has no metadata.
+    pub fn open(
+        conn: impl Into<Connection>,
+        stream: &str,
+        group: &str,
+    ) -> Result<Self, StoreError> {
+        Self::with(conn.into(), stream, group, None)
+    }
+
+    /// Same as [`GroupStore::create`].
+    #[deprecated(
+        note = "use `GroupStore::create` (members), or `GroupStore::open` for an existing group"
+    )]
     pub fn new(
         conn: impl Into<Connection>,
         stream: &str,
@@ -277,17 +312,26 @@ impl GroupStore {
         shard_count: u32,
         config: GroupConfig,
     ) -> Result<Self, StoreError> {
+        Self::create(conn, stream, group, shard_count, config)
+    }
+
+    fn with(
+        conn: Connection,
+        stream: &str,
+        group: &str,
+        create: Option<(u32, GroupConfig)>,
+    ) -> Result<Self, StoreError> {
         for name in [stream, group] {
             if name.is_empty() || name.contains(['{', '}', '/']) {
                 return Err(StoreError::InvalidName(name.to_string()));
             }
         }
+        let config = create.map_or_else(GroupConfig::default, |(_, config)| config);
         Ok(Self {
-            conn: conn.into(),
+            conn,
             keys: GroupKeys::new(stream, group),
             group: group.to_string(),
-            shard_count,
-            config,
+            create,
             cache: None,
             state: None,
             clock: None,
@@ -375,8 +419,8 @@ impl GroupStore {
         prepared: Option<Prepared>,
     ) -> Result<HeartbeatResponse, StoreError> {
         self.defer_reload = false;
-        let id = format!("{:x}", random_u64());
-        let token = format!("{:x}", random_u64());
+        let id = format!("{:x}", crate::util::random_u64());
+        let token = format!("{:x}", crate::util::random_u64());
         let ttl = self.queue_ttl_ms();
         let reply_key = self.keys.reply(&id);
         let (taken, now): (i64, i64) = self
@@ -692,7 +736,7 @@ impl GroupStore {
             for attempt in 0..MAX_ATTEMPTS {
                 if attempt > 0 {
                     // Someone wrote without the lock (it expired while we worked): spread out and retry.
-                    let jitter = (random_u64() % (2 + u64::from(attempt) * 3)) + 1;
+                    let jitter = crate::util::random_below(2 + u64::from(attempt) * 3) + 1;
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
                 }
                 if let Some(response) = self.attempt(&mut input).await? {
@@ -753,7 +797,7 @@ impl GroupStore {
 
     /// Takes the writer lock, waiting in Redis for the holder to release it. Returns the token.
     async fn lock(&mut self) -> Result<String, StoreError> {
-        let token = format!("{:x}", random_u64());
+        let token = format!("{:x}", crate::util::random_u64());
         loop {
             if self.try_lock(&token).await? {
                 return Ok(token);
@@ -811,6 +855,11 @@ impl GroupStore {
         let keys = &self.keys;
         let mut coordinator = match meta {
             None => {
+                let Some((shard_count, config)) = self.create else {
+                    return Err(StoreError::Missing {
+                        key: keys.meta.clone(),
+                    });
+                };
                 // Never trust a missing snapshot to mean a new group (see the module docs).
                 let creation = if revision > 0 || !leases.is_empty() {
                     tracing::warn!(key = %keys.meta, revision, leases = leases.len(), "group metadata is missing but its revision or leases exist: it was lost; recreating it, with grants paused until every member of the lost state has self-fenced");
@@ -818,13 +867,7 @@ impl GroupStore {
                 } else {
                     Creation::Fresh
                 };
-                Coordinator::create(
-                    self.group.clone(),
-                    self.shard_count,
-                    self.config,
-                    now,
-                    creation,
-                )
+                Coordinator::create(self.group.clone(), shard_count, config, now, creation)
             }
             Some(bytes) => GroupMetadata::from_json(&bytes)
                 .and_then(Coordinator::from_metadata)
@@ -1017,19 +1060,6 @@ impl Drop for LockGuard {
                 .await;
         });
     }
-}
-
-/// A little randomness without a dependency (jitter, nonces): the std hasher is randomly keyed.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    hasher.finish()
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ pub const DRAINING_FIELD: &str = "drainingShardCount";
 /// Field of the topology hash saying whether the last resize was a `resize` or a `rollback`.
 pub const LAST_RESIZE_FIELD: &str = "lastResize";
 /// Entry field holding the topology version the producer routed the entry with.
-pub const VERSION_ENTRY_FIELD: &str = "v";
+pub const VERSION_ENTRY_FIELD: &str = crate::names::field::VERSION;
 
 static STALE_WRITES_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -186,8 +186,8 @@ pub enum StartFrom {
 impl StartFrom {
     pub(crate) fn id(self) -> &'static str {
         match self {
-            StartFrom::Earliest => "0",
-            StartFrom::Latest => "$",
+            StartFrom::Earliest => crate::names::FIRST_ENTRY,
+            StartFrom::Latest => crate::names::NEW_ENTRIES,
         }
     }
 }
@@ -275,17 +275,17 @@ const FIELDS: [&str; 7] = [
 impl Topology {
     /// The Redis key of the topology record of `prefix`: `sl:topology:{<prefix>}`.
     pub fn record_key(prefix: &str) -> String {
-        format!("sl:topology:{{{prefix}}}")
+        crate::names::topology(prefix)
     }
 
     /// The Redis key of the stream's resize audit: `sl:topology:{<prefix>}:audit`.
     pub fn audit_key(prefix: &str) -> String {
-        format!("sl:topology:{{{prefix}}}:audit")
+        crate::names::topology_audit(prefix)
     }
 
     /// The Redis key of the stale-layout write counters: `sl:topology:{<prefix>}:stale`.
     pub fn stale_key(prefix: &str) -> String {
-        format!("sl:topology:{{{prefix}}}:stale")
+        crate::names::topology_stale(prefix)
     }
 
     /// The stream prefix (e.g. `orders`).

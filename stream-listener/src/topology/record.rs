@@ -9,8 +9,7 @@ use redis::{RedisError, Script, Value};
 use super::{ResizeKind, StartFrom, Topology, TopologyError, DEFAULT_RESIZE_GRACE, FIELDS};
 use crate::routing;
 
-/// Temporary consumer group used to create an empty stream (`XGROUP CREATE … MKSTREAM`, then destroyed).
-const BOOTSTRAP_GROUP: &str = "__sl_bootstrap";
+use crate::names::BOOTSTRAP_GROUP;
 
 const ENSURE_SCRIPT: &str = include_str!("ensure.lua");
 const RESIZE_SCRIPT: &str = include_str!("resize.lua");
@@ -537,7 +536,14 @@ impl Topology {
             }
             // XGROUP CREATE MKSTREAM is the only way to create an empty stream; the group is removed at once
             // and the (empty) stream stays.
-            create_group(conn, &stream, BOOTSTRAP_GROUP, "$", true).await?;
+            create_group(
+                conn,
+                &stream,
+                BOOTSTRAP_GROUP,
+                crate::names::NEW_ENTRIES,
+                true,
+            )
+            .await?;
             let _: i64 = redis::cmd("XGROUP")
                 .arg("DESTROY")
                 .arg(&stream)

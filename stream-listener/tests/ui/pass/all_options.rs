@@ -29,7 +29,7 @@ async fn manual(msg: Message<u64>) -> Result<(), stream_listener::consumer::AckE
     msg.ack().await
 }
 
-#[stream_listener(stream = "orders", group = "deleting", ack = "ack_delete")]
+#[stream_listener(stream = "orders", group = "deleting", ack = "ack_delete_keepref")]
 async fn deleting(_: Message<u64>) -> Result<(), String> {
     Ok(())
 }
