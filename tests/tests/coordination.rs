@@ -442,47 +442,41 @@ async fn graceful_shutdown_leaves_the_group() {
     let mut observer = store(&redis.url(), "gl", 4).await;
     wait_for(&mut observer, Duration::from_secs(10), converged(2, 4)).await;
     a.shutdown.send(true).unwrap();
+    assert_left_and_taken_over(a, &mut observer).await;
+    assert!(ledger.lock().unwrap().overlaps.is_empty());
+    drop(b);
+}
+
+/// `a`'s loop ends having left (not expired), and the one other member owns all 4 shards.
+async fn assert_left_and_taken_over(a: RunningMember, observer: &mut GroupStore) {
     tokio::time::timeout(Duration::from_secs(5), a.task)
         .await
         .expect("left in time")
         .unwrap();
     assert_eq!(a.status.borrow().phase, Phase::Left);
-    wait_for(&mut observer, Duration::from_secs(10), converged(1, 4)).await;
+    wait_for(observer, Duration::from_secs(10), converged(1, 4)).await;
     let (_, coordinator) = observer.load().await.unwrap();
     assert!(!coordinator.metadata().members.contains_key("a"));
     assert!(
         coordinator.metadata().tombstones.is_empty(),
         "a left, it did not expire"
     );
-    assert!(ledger.lock().unwrap().overlaps.is_empty());
-    drop(b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_consumer_died_leaves_the_group_at_once() {
     let redis = RedisServer::start();
     let ledger = SharedLedger::default();
-    let a = spawn_member(&redis.url(), "dead", 4, "a", ledger.clone()).await;
+    let mut a = spawn_member(&redis.url(), "dead", 4, "a", ledger.clone()).await;
     let b = spawn_member(&redis.url(), "dead", 4, "b", ledger.clone()).await;
     let mut observer = store(&redis.url(), "dead", 4).await;
     wait_for(&mut observer, Duration::from_secs(10), converged(2, 4)).await;
     // The consumer task dies (as a panic would end it): it reads nothing any more.
     a.consumer.abort();
-    let _ = a.consumer.await;
+    let _ = (&mut a.consumer).await;
     ledger.lock().unwrap().readers.retain(|_, m| m != "a");
     // Its heartbeat loop leaves instead of holding the shards until the process restarts.
-    tokio::time::timeout(Duration::from_secs(5), a.task)
-        .await
-        .expect("left in time")
-        .unwrap();
-    assert_eq!(a.status.borrow().phase, Phase::Left);
-    wait_for(&mut observer, Duration::from_secs(10), converged(1, 4)).await;
-    let (_, coordinator) = observer.load().await.unwrap();
-    assert!(!coordinator.metadata().members.contains_key("a"));
-    assert!(
-        coordinator.metadata().tombstones.is_empty(),
-        "a left, it did not expire"
-    );
+    assert_left_and_taken_over(a, &mut observer).await;
     let ledger = ledger.lock().unwrap();
     assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
     assert!(ledger.backwards.is_empty(), "{:?}", ledger.backwards);
