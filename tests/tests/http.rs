@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use stream_listener::http::ProbeServer;
 use stream_listener::{ConsumerBuilder, Message};
-use stream_listener_test_support::RedisServer;
+use stream_listener_test_support::{wait_for_blocking, RedisServer};
 use stream_listener_tests::{producer, test_runtime};
 use tokio::time::Instant;
 
@@ -17,45 +17,61 @@ struct Job {
     key: String,
 }
 
-/// `(status code, body)` of `GET path`.
-async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
-    tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n").unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (code, body)
-    })
-    .await
-    .unwrap()
+/// `(status code, body)` of `GET path`. Blocking: probes run on OS threads, as a kubelet's would,
+/// so a handler that stalls the runtime (see below) cannot stall the probing.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
 }
 
-/// Polls `path` until it answers `code` (bounded by 20 s); returns the body.
+/// Starts polling `path` on an OS thread until it answers `code` (bounded by 20 s); join for the body.
+fn watch(addr: SocketAddr, path: &'static str, code: u16) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut last = (0, String::new());
+        wait_for_blocking(
+            &format!("{path} to answer {code}"),
+            Duration::from_secs(20),
+            || {
+                last = get(addr, path);
+                (last.0 == code).then(|| last.1.clone())
+            },
+        )
+    })
+}
+
+/// Polls `path` until it answers `code`; returns the body.
 async fn wait_for(addr: SocketAddr, path: &'static str, code: u16) -> String {
-    let start = Instant::now();
-    loop {
-        let (got, body) = get(addr, path).await;
-        if got == code {
-            return body;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{path} never answered {code}: last {got} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    join(watch(addr, path, code)).await
+}
+
+/// Joins a watcher without blocking the runtime; re-raises its panic.
+async fn join(watcher: std::thread::JoinHandle<String>) -> String {
+    tokio::task::spawn_blocking(move || watcher.join())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// `GET path` without blocking the runtime.
+async fn get_async(addr: SocketAddr, path: &'static str) -> (u16, String) {
+    tokio::task::spawn_blocking(move || get(addr, path))
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -68,8 +84,10 @@ async fn probes_flip_with_health_and_metrics_are_served() {
         .member_id("solo")
         .handler_timeout(Duration::from_millis(200))
         .handler(|msg: Message<Job>| async move {
-            if msg.payload.key == "block" {
+            if msg.payload.key == "block" && msg.delivery_count <= 1 {
                 // Blocks its thread: the timeout cannot cancel it, so the member is not live meanwhile.
+                // Only the first attempt blocks, so the retry after the timeout does not keep the
+                // member unready below.
                 std::thread::sleep(Duration::from_millis(2_000));
             }
             Ok::<(), String>(())
@@ -91,11 +109,11 @@ async fn probes_flip_with_health_and_metrics_are_served() {
 
     let body = wait_for(addr, "/readyz", 200).await;
     assert!(body.starts_with("solo live=true ready=true"), "{body}");
-    assert_eq!(get(addr, "/livez").await.0, 200);
+    assert_eq!(get_async(addr, "/livez").await.0, 200);
     let owned = "stream_listener_owned_shards{stream=\"probed\",group=\"g\",member=\"solo\"} 2";
     let start = Instant::now();
     loop {
-        let (code, page) = get(addr, "/metrics").await;
+        let (code, page) = get_async(addr, "/metrics").await;
         assert_eq!(code, 200);
         if page.contains(owned) {
             break;
@@ -103,9 +121,12 @@ async fn probes_flip_with_health_and_metrics_are_served() {
         assert!(start.elapsed() < Duration::from_secs(10), "{page}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(get(addr, "/nope").await.0, 404);
+    assert_eq!(get_async(addr, "/nope").await.0, 404);
 
     // A handler blocking past its timeout: neither live nor ready, then both again once it returns.
+    // The blocked worker can stall this runtime's timer driver (tokio drives timers from one parked
+    // worker), so the watcher polls from an OS thread, started before the message is sent.
+    let overdue = watch(addr, "/livez", 503);
     producer
         .send(
             "block",
@@ -115,9 +136,12 @@ async fn probes_flip_with_health_and_metrics_are_served() {
         )
         .await
         .unwrap();
-    let body = wait_for(addr, "/livez", 503).await;
+    let body = join(overdue).await;
     assert!(body.contains("overdue_handlers=1"), "{body}");
-    assert_eq!(get(addr, "/readyz").await.0, 503);
+    assert!(
+        body.contains("ready=false"),
+        "not ready while not live: {body}"
+    );
     wait_for(addr, "/livez", 200).await;
     wait_for(addr, "/readyz", 200).await;
 
@@ -125,7 +149,7 @@ async fn probes_flip_with_health_and_metrics_are_served() {
     redis.kill();
     let body = wait_for(addr, "/readyz", 503).await;
     assert!(body.contains("joined=false"), "{body}");
-    assert_eq!(get(addr, "/livez").await.0, 200);
+    assert_eq!(get_async(addr, "/livez").await.0, 200);
 
     // Redis back (empty): the member rejoins and is ready again.
     redis.restart();
