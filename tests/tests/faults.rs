@@ -2185,3 +2185,29 @@ fn schedule_is_seeded_and_covers_every_kind() {
     let ci = schedule(&short_scenario(CI_SEED, FaultKind::ALL.to_vec()));
     assert!(ci.iter().any(|f| f.kind == FaultKind::Empty), "{ci:?}");
 }
+
+#[test]
+fn an_unhandled_entry_is_wiped_by_the_first_empty_restart_after_it() {
+    let fault = |kind, at: u64| FaultLog {
+        kind,
+        victim: None,
+        at,
+        pause: None,
+        outage: (kind == FaultKind::Empty).then_some((at, at + 50)),
+        ports: Vec::new(),
+        members: Vec::new(),
+        note: String::new(),
+    };
+    let faults = [
+        fault(FaultKind::Empty, 1_000),
+        fault(FaultKind::Redis, 2_000),
+        fault(FaultKind::Empty, 3_000),
+    ];
+    let wipes = wipes(&faults);
+    assert_eq!(wipes.len(), 2);
+    assert_eq!(wiped_by(&wipes, 999), Some(0));
+    assert_eq!(wiped_by(&wipes, 1_100), Some(2));
+    assert_eq!(wiped_by(&wipes, 2_999), Some(2));
+    // Written by the server restarted after the last wipe: must be handled.
+    assert_eq!(wiped_by(&wipes, 3_100), None);
+}
