@@ -1,8 +1,9 @@
 //! The worker process of the fault-injection suite (`tests/tests/faults.rs`).
 //!
 //! Runs `CHAOS_MEMBERS` logical members `{CHAOS_PROC}-m0 ..` of one group through
-//! [`stream_listener::Runtime`], each built with a [`ConsumerBuilder`]. Every handle is recorded in Redis by
-//! one script call, atomically:
+//! [`stream_listener::Runtime`], each built with a [`ConsumerBuilder`]. Every handle is recorded in the
+//! record server (`CHAOS_RECORD_URL`: a second Redis that the driver never faults, so the records survive
+//! a Redis restarted empty) by one script call, atomically:
 //!
 //! - `XADD chaos:log * k <key> s <seq> sh <shard> id <entry id> m <member> e <member epoch> t0 <start>
 //!   t1 <end> dc <delivery count> pid <pid>`; `t0` is this process's wall clock at handler start and `t1`
@@ -15,11 +16,13 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `REDIS_URL` | the Redis | required |
+//! | `REDIS_URL` | the Redis the members use | required |
+//! | `CHAOS_RECORD_URL` | the Redis the records go to | `REDIS_URL` |
 //! | `CHAOS_PROC` | process name, base of the member ids | `w` |
 //! | `CHAOS_MEMBERS` | logical members in this process | 2 |
 //! | `CHAOS_WORKERS` | `runtime_max_concurrency` of each member | 2 |
 //! | `CHAOS_STREAM`, `CHAOS_GROUP` | stream and group | `orders`, `chaos` |
+//! | `CHAOS_SHARDS` | the stream's shard count, should a member have to create it (Redis restarted empty) | 16 |
 //! | `CHAOS_HEARTBEAT_MS`, `CHAOS_SESSION_MS`, `CHAOS_REBALANCE_MS` | group timing | 1000, 10000, 30000 |
 //! | `CHAOS_HANDLE_MS` | handler sleep | 2 |
 //! | `CHAOS_BATCH` | entries per read | 20 |
@@ -36,7 +39,7 @@ use stream_listener::{ConsumerBuilder, Message, Runtime};
 /// The handle log (a stream) and the set of handled `key/seq`.
 const LOG_KEY: &str = "chaos:log";
 const DONE_KEY: &str = "chaos:done";
-/// How long a handler keeps retrying its record while Redis is away (a Redis restart takes ~1 s).
+/// How long a handler keeps retrying its record while the record server does not answer (a loaded machine).
 const RECORD_RETRY_FOR: Duration = Duration::from_secs(20);
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -63,11 +66,13 @@ struct Item {
 #[derive(Debug)]
 struct Settings {
     url: String,
+    record_url: String,
     proc_name: String,
     members: u32,
     workers: usize,
     stream: String,
     group: String,
+    shards: u32,
     config: GroupConfig,
     handle: Duration,
     batch: usize,
@@ -84,12 +89,14 @@ impl Settings {
     fn from_env() -> Result<Settings, String> {
         let url = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set".to_string())?;
         Ok(Settings {
+            record_url: env_or("CHAOS_RECORD_URL", url.clone()),
             url,
             proc_name: env_or("CHAOS_PROC", "w".to_string()),
             members: env_or("CHAOS_MEMBERS", 2u32).max(1),
             workers: env_or("CHAOS_WORKERS", 2usize).max(1),
             stream: env_or("CHAOS_STREAM", "orders".to_string()),
             group: env_or("CHAOS_GROUP", "chaos".to_string()),
+            shards: env_or("CHAOS_SHARDS", 16u32).max(1),
             config: GroupConfig {
                 heartbeat_interval_ms: env_or("CHAOS_HEARTBEAT_MS", 1_000),
                 session_timeout_ms: env_or("CHAOS_SESSION_MS", 10_000),
@@ -164,7 +171,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
-    let client = redis::Client::open(settings.url.as_str())?;
+    let client = redis::Client::open(settings.record_url.as_str())?;
     // A generous response timeout: a record that timed out but landed would be written twice on retry.
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(10)))
@@ -184,6 +191,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         runtime = runtime.consumer(
             ConsumerBuilder::new(&settings.stream, &settings.group)
                 .member_id(format!("{}-m{m}", settings.proc_name))
+                .shard_count(settings.shards)
                 .runtime_max_concurrency(settings.workers)
                 .batch_size(settings.batch)
                 .handler(move |msg: Message<Item>| {
