@@ -282,10 +282,12 @@ fn main() {
         let commits = after.commits - stats_before.commits;
         println!(
             "  store work during the roll: {commits} commits ({:.1} per process), {} refused, {:.1} KB committed \
-             per process",
+             per process; {:.0} snapshot loads ({:.1} MB) per process",
             commits as f64 / processes as f64,
             after.conflicts - stats_before.conflicts,
-            (after.commit_bytes - stats_before.commit_bytes) as f64 / processes as f64 / 1024.0
+            (after.commit_bytes - stats_before.commit_bytes) as f64 / processes as f64 / 1024.0,
+            (after.loads - stats_before.loads) as f64 / processes as f64,
+            (after.load_bytes - stats_before.load_bytes) as f64 / processes as f64 / 1024.0 / 1024.0
         );
         for &i in &alive {
             let _ = members[i].stop.send(true);
