@@ -107,8 +107,8 @@ struct Ownership {
     unowned_since: BTreeMap<u32, Instant>,
     /// Grants observed: a shard newly read by a member that did not read it at the last sample.
     moves: u64,
-    /// Every unowned stretch that ended, with its shard.
-    gaps: Vec<(Duration, u32)>,
+    /// Every unowned stretch that ended, with its shard and the member that then read it.
+    gaps: Vec<(Duration, u32, usize)>,
     /// Samples where a shard was read by two members at once.
     overlaps: u64,
 }
@@ -138,7 +138,7 @@ impl Ownership {
                         self.moves += 1;
                     }
                     if let Some(since) = self.unowned_since.remove(&shard) {
-                        self.gaps.push((now - since, shard));
+                        self.gaps.push((now - since, shard, owner));
                     }
                 }
             }
@@ -247,9 +247,10 @@ fn main() {
         let moves = ownership.moves - moves_before;
         let mut gaps = ownership.gaps.clone();
         gaps.sort();
-        let (longest, shard) = gaps.last().copied().unwrap_or_default();
+        let (longest, shard, _) = gaps.last().copied().unwrap_or_default();
         let at = |q: f64| gaps.get(((gaps.len() as f64 * q) as usize).min(gaps.len().saturating_sub(1)));
-        let ms = |g: Option<&(Duration, u32)>| g.map_or(0, |g| g.0.as_millis());
+        let ms = |g: Option<&(Duration, u32, usize)>| g.map_or(0, |g| g.0.as_millis());
+        let to_new: Vec<_> = gaps.iter().filter(|g| g.2 >= all).collect();
         println!(
             "  rolled {processes} processes in {:.1} s ({:.2} s per process)",
             rolled.as_secs_f64(),
@@ -274,6 +275,17 @@ fn main() {
             ms(at(0.9)),
             ms(at(0.99)),
             gaps.iter().filter(|g| g.0 > interval).count()
+        );
+        println!(
+            "  of which {} went to a member of the new generation (p50 {} ms), {} to an old member that left later \
+             (p50 {} ms)",
+            to_new.len(),
+            to_new.get(to_new.len() / 2).map_or(0, |g| g.0.as_millis()),
+            gaps.len() - to_new.len(),
+            {
+                let old: Vec<_> = gaps.iter().filter(|g| g.2 < all).collect();
+                old.get(old.len() / 2).map_or(0, |g| g.0.as_millis())
+            }
         );
         println!(
             "  samples with a shard read by two members at once: {}",
