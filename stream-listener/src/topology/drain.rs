@@ -79,11 +79,7 @@ impl Topology {
             .arg(draining)
             .invoke_async(conn)
             .await?;
-        let topology =
-            Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Missing {
-                prefix: prefix.to_string(),
-                key,
-            })?;
+        let topology = Self::from_written(prefix, key, reply)?;
         let state = match topology.draining_shard_count {
             None => DrainState::Retired,
             Some(_) => DrainState::Draining("the record changed meanwhile".to_owned()),

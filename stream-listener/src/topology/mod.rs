@@ -404,6 +404,27 @@ impl Topology {
         (0..self.shard_count).map(|i| self.stream_key(i)).collect()
     }
 
+    /// Refuses a prefix that cannot name a sharded stream and a count of zero shards.
+    pub(crate) fn validate_request(prefix: &str, shard_count: u32) -> Result<(), TopologyError> {
+        routing::validate_prefix(prefix)?;
+        if shard_count == 0 {
+            return Err(TopologyError::ZeroShards);
+        }
+        Ok(())
+    }
+
+    /// The record a script wrote and returned; [`TopologyError::Missing`] if it found none.
+    pub(crate) fn from_written(
+        prefix: &str,
+        key: String,
+        reply: Value,
+    ) -> Result<Topology, TopologyError> {
+        Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Missing {
+            prefix: prefix.to_string(),
+            key,
+        })
+    }
+
     pub(crate) fn from_reply(
         prefix: &str,
         key: &str,

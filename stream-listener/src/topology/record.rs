@@ -26,10 +26,7 @@ impl Topology {
     where
         C: ConnectionLike + Send,
     {
-        routing::validate_prefix(prefix)?;
-        if shard_count == 0 {
-            return Err(TopologyError::ZeroShards);
-        }
+        Self::validate_request(prefix, shard_count)?;
         let key = Self::record_key(prefix);
         let reply: Value = Script::new(ENSURE_SCRIPT)
             .key(&key)

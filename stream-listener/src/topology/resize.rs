@@ -107,10 +107,7 @@ impl Topology {
     where
         C: ConnectionLike + Send,
     {
-        routing::validate_prefix(prefix)?;
-        if shard_count == 0 {
-            return Err(TopologyError::ZeroShards);
-        }
+        Self::validate_request(prefix, shard_count)?;
         let mut current = Self::load(conn, prefix).await?;
         if current.shard_count == shard_count {
             return Ok(current);
@@ -213,9 +210,6 @@ impl Topology {
                 }
             }
         }
-        Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Missing {
-            prefix: prefix.to_string(),
-            key,
-        })
+        Self::from_written(prefix, key, reply)
     }
 }
