@@ -158,8 +158,8 @@ async fn consume_lib(
     let consumer = Consumer::connect(target.clone(), config, handler)
         .await
         .expect("consumer");
-    let (commands, command_rx) = mpsc::channel(16);
-    let (report_tx, mut report_rx) = mpsc::channel(1024);
+    let (commands, command_rx) = mpsc::unbounded_channel();
+    let (report_tx, mut report_rx) = mpsc::unbounded_channel();
     tokio::spawn(async move { while report_rx.recv().await.is_some() {} });
     let started = Instant::now();
     let task = tokio::spawn(consumer.run(command_rx, report_tx));
@@ -173,7 +173,6 @@ async fn consume_lib(
                 shard,
                 token: token.clone(),
             })
-            .await
             .expect("assign");
     }
     tokio::time::timeout(Duration::from_secs(600), all_handled.notified())

@@ -226,8 +226,8 @@ async fn run_consumer(
     let started = Instant::now();
     let mut running = Vec::new();
     for (member, (member_id, consumer)) in (0..).zip(members) {
-        let (commands, command_rx) = mpsc::channel(64);
-        let (report_tx, mut report_rx) = mpsc::channel(1024);
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let (report_tx, mut report_rx) = mpsc::unbounded_channel();
         tokio::spawn(async move { while report_rx.recv().await.is_some() {} });
         let task = tokio::spawn(consumer.run(command_rx, report_tx));
         let token = FencingToken {
@@ -240,7 +240,6 @@ async fn run_consumer(
                     shard,
                     token: token.clone(),
                 })
-                .await
                 .expect("assign");
         }
         running.push((commands, task));

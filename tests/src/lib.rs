@@ -1,5 +1,6 @@
 //! Integration tests live in `tests/`; this library is what they share at the level of stream-listener's
-//! own types (timings, a test payload, producer and runtime set-up, member sessions).
+//! own types (timings, a test payload, producer and runtime set-up, member sessions) and the log capture
+//! of tests that assert on what the library logs ([`logs`]).
 //!
 //! Helpers that need only tokio and redis-rs (connections, waits with a deadline, stream and `INFO`
 //! replies) are in `stream_listener_test_support::aio`, which the benchmarks use as well; they are not
@@ -15,6 +16,8 @@ use stream_listener::member::session::{MemberIdentity, MemberSession};
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::{ConsumerBuilder, Producer, RunningRuntime, Runtime};
 use stream_listener_test_support::aio::connect;
+
+pub mod logs;
 
 /// The group timing of the runtime tests: heartbeats every 100 ms, a member expires after 1.5 s, a
 /// rebalance times out after 3 s.

@@ -1,58 +1,23 @@
 //! A consumer whose ack policy deletes entries other consumer groups of the stream may not have read yet
 //! says so at start: a WARN naming those groups. A safe policy, or a stream read by one group only, says
-//! nothing. A capturing subscriber (a `tracing-subscriber` layer) records the events.
-
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+//! nothing. The shared log capture (`stream_listener_tests::logs`) records the events.
 
 use stream_listener::consumer::{other_groups, BoxedHandler, Consumer, ConsumerConfig};
 use stream_listener::topology::Topology;
 use stream_listener::{AckPolicy, DeleteRef, RawMessage, StartFrom};
 use stream_listener_test_support::RedisServer;
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
-
-#[derive(Debug, Default, Clone)]
-struct Fields(BTreeMap<String, String>);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-static EVENTS: Mutex<Vec<(Level, Fields)>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl<S: Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        EVENTS
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), fields));
-    }
-}
+use stream_listener_tests::logs::{self, Captured};
+use tracing::Level;
 
 /// The WARN and INFO events about `stream`'s other groups.
-fn shared_stream_events(stream: &str) -> Vec<(Level, Fields)> {
-    EVENTS
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(level, f)| {
-            *level <= Level::INFO
-                && f.0.get("stream").is_some_and(|s| s == stream)
-                && f.0.contains_key("other_groups")
+fn shared_stream_events(stream: &str) -> Vec<Captured> {
+    logs::events()
+        .into_iter()
+        .filter(|e| {
+            e.level <= Level::INFO
+                && e.fields.0.get("stream").is_some_and(|s| s == stream)
+                && e.fields.0.contains_key("other_groups")
         })
-        .cloned()
         .collect()
 }
 
@@ -67,7 +32,7 @@ async fn start_with(
     stream: &str,
     group: &str,
     policy: AckPolicy,
-) -> Vec<(Level, Fields)> {
+) -> Vec<Captured> {
     let mut config = ConsumerConfig::new(stream, group, format!("{group}-m0"));
     config.ack_policy = policy;
     let client = redis::Client::open(server.url().as_str()).unwrap();
@@ -80,8 +45,7 @@ async fn start_with(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleting_policy_on_a_stream_other_groups_read_is_a_warning_naming_them() {
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
-        .expect("the only subscriber of this test binary");
+    logs::capture();
     let server = RedisServer::start();
     let client = redis::Client::open(server.url().as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -129,7 +93,7 @@ async fn a_deleting_policy_on_a_stream_other_groups_read_is_a_warning_naming_the
     {
         let events = start_with(&server, "shared", "billing", AckPolicy::AckDelete(mode)).await;
         assert_eq!(events.len(), n + 1, "{events:?}");
-        let (level, fields) = events.last().unwrap();
+        let Captured { level, fields, .. } = events.last().unwrap();
         assert_eq!(*level, Level::WARN, "{fields:?}");
         assert_eq!(fields.0["other_groups"], "audit, search");
         assert_eq!(fields.0["group"], "billing");
@@ -145,7 +109,7 @@ async fn a_deleting_policy_on_a_stream_other_groups_read_is_a_warning_naming_the
     )
     .await;
     assert_eq!(events.len(), 3, "{events:?}");
-    let (level, fields) = events.last().unwrap();
+    let Captured { level, fields, .. } = events.last().unwrap();
     assert_eq!(*level, Level::INFO, "{fields:?}");
     assert_eq!(fields.0["other_groups"], "audit, search");
 }

@@ -142,7 +142,7 @@ fn token(member: &str) -> FencingToken {
 /// A consumer running in its own task, with its reports collected.
 struct Running {
     member: String,
-    commands: mpsc::Sender<ShardCommand>,
+    commands: mpsc::UnboundedSender<ShardCommand>,
     reports: Arc<Mutex<Vec<ShardReport>>>,
     task: JoinHandle<()>,
 }
@@ -164,8 +164,8 @@ impl Running {
             .await
             .unwrap()
             .with_deadline(deadline);
-        let (commands, command_rx) = mpsc::channel(64);
-        let (report_tx, mut report_rx) = mpsc::channel(64);
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let (report_tx, mut report_rx) = mpsc::unbounded_channel();
         let reports = Arc::new(Mutex::new(Vec::new()));
         let sink = reports.clone();
         tokio::spawn(async move {
@@ -189,16 +189,12 @@ impl Running {
                     shard,
                     token: token(&self.member),
                 })
-                .await
                 .unwrap();
         }
     }
 
     async fn revoke(&self, shard: u32) {
-        self.commands
-            .send(ShardCommand::Revoke { shard })
-            .await
-            .unwrap();
+        self.commands.send(ShardCommand::Revoke { shard }).unwrap();
     }
 
     fn reports(&self) -> Vec<ShardReport> {
@@ -1169,7 +1165,7 @@ async fn fence_aborts_handlers_and_reports_nothing() {
         started.load(Ordering::SeqCst)
     })
     .await;
-    running.commands.send(ShardCommand::Fence).await.unwrap();
+    running.commands.send(ShardCommand::Fence).unwrap();
     wait_until_async("handler aborted", Duration::from_secs(5), || async {
         dropped.load(Ordering::SeqCst)
     })
@@ -1185,7 +1181,6 @@ async fn fence_aborts_handlers_and_reports_nothing() {
             shard: 1,
             token: rejoin.clone(),
         })
-        .await
         .unwrap();
     produce(&mut conn, "fence", 1, 0, 1).await;
     wait_until_async(

@@ -1,109 +1,26 @@
 //! The handler runs inside a span per message that says where the entry came from, and a healthy idle
-//! member logs nothing at INFO or above. A capturing subscriber (a `tracing-subscriber` layer) records
+//! member logs nothing at INFO or above. The shared log capture (`stream_listener_tests::logs`) records
 //! every event with its span's fields.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stream_listener::{ConsumerBuilder, Message};
 use stream_listener_test_support::aio::connect;
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::logs::{self, events, Captured};
 use stream_listener_tests::{producer, test_runtime, TIMING};
 use tokio::time::Instant;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
+use tracing::Level;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Job {
     key: String,
 }
 
-#[derive(Debug, Default, Clone)]
-struct Fields(BTreeMap<String, String>);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Captured {
-    level: Level,
-    target: String,
-    fields: Fields,
-    span: Option<(String, Fields)>,
-    /// Every field of every span the event is in, innermost first wins.
-    scope: BTreeMap<String, String>,
-}
-
-static EVENTS: Mutex<Vec<Captured>> = Mutex::new(Vec::new());
-/// Every span created: name and level.
-static SPANS: Mutex<Vec<(String, Level)>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        attrs.record(&mut fields);
-        SPANS.lock().unwrap().push((
-            attrs.metadata().name().to_owned(),
-            *attrs.metadata().level(),
-        ));
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(fields);
-        }
-    }
-
-    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        let span = ctx.event_span(event).map(|span| {
-            let fields = span
-                .extensions()
-                .get::<Fields>()
-                .cloned()
-                .unwrap_or_default();
-            (span.name().to_owned(), fields)
-        });
-        let mut scope = BTreeMap::new();
-        if let Some(spans) = ctx.event_scope(event) {
-            for span in spans {
-                if let Some(fields) = span.extensions().get::<Fields>() {
-                    for (k, v) in &fields.0 {
-                        scope.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
-                }
-            }
-        }
-        EVENTS.lock().unwrap().push(Captured {
-            level: *event.metadata().level(),
-            target: event.metadata().target().to_owned(),
-            fields,
-            span,
-            scope,
-        });
-    }
-}
-
-fn events() -> Vec<Captured> {
-    EVENTS.lock().unwrap().clone()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_quiet() {
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
-        .expect("the only subscriber of this test binary");
+    logs::capture();
     let mut redis = RedisServer::start();
     let url = redis.url();
     let producer = producer(&url, "traced", 2).await;
@@ -278,7 +195,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
             "{line:#?}"
         );
     }
-    let spans = SPANS.lock().unwrap().clone();
+    let spans = logs::spans();
     assert!(
         spans.contains(&("heartbeat".to_owned(), Level::DEBUG)),
         "{spans:?}"

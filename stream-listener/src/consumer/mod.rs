@@ -230,11 +230,11 @@ impl Consumer {
     /// (entries in flight stay pending; the next owner claims them).
     pub async fn run(
         self,
-        commands: mpsc::Receiver<ShardCommand>,
-        reports: mpsc::Sender<ShardReport>,
+        commands: mpsc::UnboundedReceiver<ShardCommand>,
+        reports: mpsc::UnboundedSender<ShardReport>,
     ) {
-        Scheduler::new(self.shared, self.deadline, self.hooks, self.pause)
-            .run(commands, reports)
+        Scheduler::new(self.shared, self.deadline, self.hooks, self.pause, reports)
+            .run(commands)
             .await;
     }
 }
@@ -289,7 +289,8 @@ struct Scheduler {
     wait: Option<(JobId, tokio::task::Id)>,
     /// The Redis client id of the idle wait's connection (0: not known yet).
     wait_client: Arc<std::sync::atomic::AtomicI64>,
-    outbox: VecDeque<ShardReport>,
+    /// Up to the heartbeat loop.
+    reports: mpsc::UnboundedSender<ShardReport>,
     next_generation: u64,
     /// Shards waiting for a worker (the machine's count). Jobs hand their shard back early when it is not
     /// zero.
@@ -319,8 +320,6 @@ struct Scheduler {
     paused: Arc<AtomicBool>,
 }
 
-const OUTBOX_PROGRESS_LIMIT: usize = 4096;
-
 fn claim_from_start() -> Phase {
     Phase::Claim {
         cursor: crate::names::START_ID.to_owned(),
@@ -333,6 +332,7 @@ impl Scheduler {
         deadline: Arc<OwnershipDeadline>,
         hooks: LifecycleHooks,
         pause: PauseHandle,
+        reports: mpsc::UnboundedSender<ShardReport>,
     ) -> Self {
         let workers = shared.config.runtime_max_concurrency;
         let reclaim_every =
@@ -351,7 +351,7 @@ impl Scheduler {
             wait_conn: None,
             wait: None,
             wait_client: Arc::new(std::sync::atomic::AtomicI64::new(0)),
-            outbox: VecDeque::new(),
+            reports,
             next_generation: 0,
             waiting: Arc::new(AtomicUsize::new(0)),
             fed_until: i64::MIN,
@@ -457,7 +457,7 @@ impl Scheduler {
                 self.hooks_pending += 1;
             } else {
                 for shard in shards {
-                    self.outbox.push_back(ShardReport::Revoked { shard });
+                    self.report(ShardReport::Revoked { shard });
                 }
             }
         }
@@ -483,11 +483,7 @@ impl Scheduler {
         self.execute(out, jobs);
     }
 
-    async fn run(
-        mut self,
-        mut commands: mpsc::Receiver<ShardCommand>,
-        reports: mpsc::Sender<ShardReport>,
-    ) {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ShardCommand>) {
         // Aborts every job when `run` is dropped.
         let mut jobs: JoinSet<JobOutcome> = JoinSet::new();
         let mut progress = tokio::time::interval(self.shared.config.progress_interval);
@@ -548,33 +544,24 @@ impl Scheduler {
                     self.hooks_pending -= 1;
                     if generation == self.fence_generation {
                         for shard in shards {
-                            self.outbox.push_back(ShardReport::Revoked { shard });
+                            self.report(ShardReport::Revoked { shard });
                         }
                     }
                 }
                 Ok(()) = self.pause_rx.changed() => self.on_pause_change(&mut jobs),
-                permit = reports.reserve(), if !self.outbox.is_empty() => match permit {
-                    Ok(permit) => {
-                        if let Some(report) = self.outbox.pop_front() {
-                            permit.send(report);
-                        }
-                    }
-                    Err(_) => self.outbox.clear(),
-                },
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
                     self.sync_lease(&mut jobs);
                     let out = self.machine.tick(self.now());
                     self.execute(out, &mut jobs);
                 }
-                _ = progress.tick() => self.queue_progress(),
+                _ = progress.tick() => self.report_progress(),
             }
         }
-        // Best effort: hand over what is queued if the receiver is still there.
-        while let Some(report) = self.outbox.pop_front() {
-            if reports.try_send(report).is_err() {
-                break;
-            }
-        }
+    }
+
+    /// Hands `report` up at once. A heartbeat loop that is gone has no use for it.
+    fn report(&self, report: ShardReport) {
+        let _ = self.reports.send(report);
     }
 
     fn on_command(&mut self, command: ShardCommand, jobs: &mut JoinSet<JobOutcome>) {
@@ -645,8 +632,7 @@ impl Scheduler {
             None => Some(0),
         };
         if let Some(in_flight) = in_flight {
-            self.outbox
-                .push_back(ShardReport::Draining { shard, in_flight });
+            self.report(ShardReport::Draining { shard, in_flight });
             tracing::debug!(shard, in_flight, "shard revoking");
         }
         let out = self.machine.revoke(self.now(), shard);
@@ -657,7 +643,7 @@ impl Scheduler {
     fn finish_revoke(&mut self, shard: u32) {
         if !self.shards.get(&shard).is_some_and(|s| s.revoking) {
             // Not ours (or owned again already): nothing to hand over but the report.
-            self.outbox.push_back(ShardReport::Revoked { shard });
+            self.report(ShardReport::Revoked { shard });
             return;
         }
         let Some(state) = self.shards.remove(&shard) else {
@@ -665,12 +651,10 @@ impl Scheduler {
         };
         state.lease.end();
         self.shared.probe.forget_shard(shard);
-        self.outbox
-            .retain(|r| !matches!(r, ShardReport::Progress(p) if p.shard.shard_index == shard));
         if self.revoke_waits_for_hook {
             self.newly_revoked.push(shard);
         } else {
-            self.outbox.push_back(ShardReport::Revoked { shard });
+            self.report(ShardReport::Revoked { shard });
         }
         tracing::debug!(shard, "shard revoked");
         if let Some(token) = state.reassign {
@@ -695,7 +679,6 @@ impl Scheduler {
             state.stop.store(true, Ordering::Release);
         }
         self.shards.clear();
-        self.outbox.clear();
         let out = self.machine.fence(self.now());
         self.execute(out, jobs);
     }
@@ -988,10 +971,7 @@ impl Scheduler {
         }
     }
 
-    fn queue_progress(&mut self) {
-        if self.outbox.len() >= OUTBOX_PROGRESS_LIMIT {
-            return;
-        }
+    fn report_progress(&mut self) {
         let now = crate::util::rfc3339_now();
         let mut dirty: Vec<u32> = self
             .shards
@@ -1010,7 +990,8 @@ impl Scheduler {
             } else {
                 0
             };
-            self.outbox.push_back(ShardReport::Progress(ShardProgress {
+            // Not `self.report`: `state` still borrows `self.shards`.
+            let _ = self.reports.send(ShardReport::Progress(ShardProgress {
                 shard: ShardId::new(index),
                 stream_key: state.key.to_string(),
                 last_delivered_id: state.last_delivered.clone(),

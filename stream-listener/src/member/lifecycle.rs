@@ -3,6 +3,12 @@
 //! The heartbeat loop decides, from coordinator responses and its own lease clock, which shards the member
 //! may read; the consumption layer does the reading. They talk over two channels: [`ShardCommand`]s go down,
 //! [`ShardReport`]s come back up, and the heartbeat loop forwards the reports to the coordinator.
+//!
+//! Both channels are unbounded: a send never waits and never drops. The heartbeat loop must never block
+//! on the consumer (its lease would run out), and a lost REVOKED report would stall the shard's hand-off.
+//! Neither queue grows in practice: commands follow heartbeat responses, progress is reported once per
+//! changed shard and progress interval, and each side drains its receiver at every turn of its loop (a
+//! heartbeat waits at most one interval). A closed channel means the other side is gone.
 
 use std::sync::Arc;
 

@@ -440,31 +440,14 @@ impl Runtime {
             weight: plan.weight,
             runtime_max_concurrency,
         };
-        let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
+        let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let (reports_tx, reports_rx) = mpsc::unbounded_channel();
-        let (consumer_commands_tx, consumer_commands_rx) = mpsc::channel(1024);
-        let (consumer_reports_tx, mut consumer_reports_rx) = mpsc::channel(1024);
-        // Bridges between the heartbeat loop's unbounded channels and the consumer's bounded ones.
-        tokio::spawn(async move {
-            while let Some(command) = commands_rx.recv().await {
-                if consumer_commands_tx.send(command).await.is_err() {
-                    break;
-                }
-            }
-        });
-        tokio::spawn(async move {
-            while let Some(report) = consumer_reports_rx.recv().await {
-                if reports_tx.send(report).is_err() {
-                    break;
-                }
-            }
-        });
         // Every log line of the member (heartbeats, store, consumer jobs, handlers) carries who it is. At
         // ERROR level, so it is enabled whenever any of its events is.
         let span = tracing::error_span!("member", member = %plan.member_id, stream = %stream, group = %group);
         let consumer_task = tokio::spawn(
             consumer
-                .run(consumer_commands_rx, consumer_reports_tx)
+                .run(commands_rx, reports_tx)
                 .instrument(span.clone()),
         );
         let (status_tx, status) = watch::channel(MemberStatus::default());

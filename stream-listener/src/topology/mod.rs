@@ -15,8 +15,10 @@
 //!
 //! [`Topology::ensure`] creates the record and the (empty) shard streams, [`Topology::ensure_group`] creates
 //! a consumer group on every shard, [`Topology::load`] reads the record, [`Topology::resize`] changes the
-//! count and [`Topology::rollback`] changes it back. The pure model is this module; the Redis side
-//! (scripts and commands) is `record.rs`.
+//! count and [`Topology::rollback`] changes it back. The pure model is this module; the Redis side is one
+//! file per concept: the record (`record.rs`), resizes (`resize.rs`), the consumed-before check
+//! (`consumed.rs`), draining and retiring (`drain.rs`), the resize audit (`audit.rs`) and stale-layout
+//! writes (`stale.rs`), each with its scripts.
 //!
 //! # Migrations (per-key order across a resize)
 //!
@@ -54,9 +56,18 @@ use redis::{RedisError, Value};
 
 use crate::routing::{self, PrefixError};
 
+mod audit;
+mod consumed;
+mod drain;
 mod record;
+mod resize;
+mod stale;
 
-pub use record::{consumed_before, ConsumedBefore, DrainState, ResizeEvent};
+pub use audit::ResizeEvent;
+pub use consumed::{consumed_before, ConsumedBefore};
+pub use drain::DrainState;
+pub(crate) use stale::count_stale_write_seen;
+pub use stale::stale_writes_seen;
 
 /// Field of the topology hash holding the shard count.
 pub const SHARD_COUNT_FIELD: &str = "shardCount";
@@ -75,18 +86,6 @@ pub const DRAINING_FIELD: &str = "drainingShardCount";
 pub const LAST_RESIZE_FIELD: &str = "lastResize";
 /// Entry field holding the topology version the producer routed the entry with.
 pub const VERSION_ENTRY_FIELD: &str = crate::names::field::VERSION;
-
-static STALE_WRITES_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Late stale-layout writes this process's consumers detected, all streams and groups together (see
-/// [`Topology::is_stale_write`]; per group and across processes: [`Topology::stale_writes`]).
-pub fn stale_writes_seen() -> u64 {
-    STALE_WRITES_SEEN.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn count_stale_write_seen() {
-    STALE_WRITES_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
 
 /// Default grace period of [`Topology::resize`]: the default producer refresh interval
 /// ([`ProducerConfig::refresh_interval`](crate::producer::ProducerConfig::refresh_interval), 1 s) plus a
@@ -403,6 +402,27 @@ impl Topology {
     /// The Redis keys of the shard streams producers write, in shard order.
     pub fn stream_keys(&self) -> Vec<String> {
         (0..self.shard_count).map(|i| self.stream_key(i)).collect()
+    }
+
+    /// Refuses a prefix that cannot name a sharded stream and a count of zero shards.
+    pub(crate) fn validate_request(prefix: &str, shard_count: u32) -> Result<(), TopologyError> {
+        routing::validate_prefix(prefix)?;
+        if shard_count == 0 {
+            return Err(TopologyError::ZeroShards);
+        }
+        Ok(())
+    }
+
+    /// The record a script wrote and returned; [`TopologyError::Missing`] if it found none.
+    pub(crate) fn from_written(
+        prefix: &str,
+        key: String,
+        reply: Value,
+    ) -> Result<Topology, TopologyError> {
+        Self::from_reply(prefix, &key, reply)?.ok_or_else(|| TopologyError::Missing {
+            prefix: prefix.to_string(),
+            key,
+        })
     }
 
     pub(crate) fn from_reply(
