@@ -4,18 +4,18 @@
 //! [`stream_listener::Runtime`], each built with a [`ConsumerBuilder`]. Every handle is recorded in Redis by
 //! one script call, atomically:
 //!
-//! - `XADD chaos:log * k <key> s <seq> sh <shard> id <entry id> m <member> e <member epoch> t0 <start>
+//! - `XADD {chaos}:log * k <key> s <seq> sh <shard> id <entry id> m <member> e <member epoch> t0 <start>
 //!   t1 <end> dc <delivery count> pid <pid>`; `t0` is this process's wall clock at handler start and `t1`
 //!   the Redis `TIME` at which the record lands (both microseconds since the epoch, one machine's clock), so
 //!   a handler frozen before it wrote its record still shows the whole time it was in flight;
-//! - `SADD chaos:done <key>/<seq>`: progress for the driver.
+//! - `SADD {chaos}:done <key>/<seq>`: progress for the driver.
 //!
 //! The handler sleeps `CHAOS_HANDLE_MS` first, so that a SIGSTOP catches handlers mid-flight. SIGTERM (or
 //! ctrl-c) shuts the runtime down gracefully ([`stream_listener::RunningRuntime::shutdown`]).
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `REDIS_URL` | the Redis | required |
+//! | `REDIS_URL` | the Redis (a node, or a cluster: `redis+cluster://`) | required |
 //! | `CHAOS_PROC` | process name, base of the member ids | `w` |
 //! | `CHAOS_MEMBERS` | logical members in this process | 2 |
 //! | `CHAOS_WORKERS` | `runtime_max_concurrency` of each member | 2 |
@@ -28,14 +28,15 @@ use std::process::ExitCode;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::ConnectionManager;
 use serde::Deserialize;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::{ConsumerBuilder, Message, Runtime};
 
 /// The handle log (a stream) and the set of handled `key/seq`.
-const LOG_KEY: &str = "chaos:log";
-const DONE_KEY: &str = "chaos:done";
+// One hash tag: the script writes both, also on a Redis Cluster.
+const LOG_KEY: &str = "{chaos}:log";
+const DONE_KEY: &str = "{chaos}:done";
 /// How long a handler keeps retrying its record while Redis is away (a Redis restart takes ~1 s).
 const RECORD_RETRY_FOR: Duration = Duration::from_secs(20);
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -110,7 +111,7 @@ fn now_us() -> u128 {
 }
 
 struct Recorder {
-    conn: ConnectionManager,
+    conn: Connection,
     handle: Duration,
     pid: u32,
 }
@@ -164,12 +165,13 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
-    let client = redis::Client::open(settings.url.as_str())?;
     // A generous response timeout: a record that timed out but landed would be written twice on retry.
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(Duration::from_secs(10)))
-        .set_connection_timeout(Some(Duration::from_secs(2)));
-    let conn = client.get_connection_manager_with_config(config).await?;
+    let options = ConnectOptions {
+        response_timeout: Some(Duration::from_secs(10)),
+        connection_timeout: Some(Duration::from_secs(2)),
+        retries: None,
+    };
+    let conn = RedisTarget::open(&settings.url)?.connect(options).await?;
     let recorder = Arc::new(Recorder {
         conn,
         handle: settings.handle,
