@@ -250,6 +250,33 @@ impl RedisServer {
         }
     }
 
+    /// SIGKILL, then deletes the data files (append-only file, RDB) and starts the server again on the same
+    /// port, empty: a Redis that lost everything (no persistence, a lost disk) while clients keep
+    /// connecting to it.
+    ///
+    /// # Panics
+    /// If a data file cannot be deleted, or the server does not come back within [`STARTUP_TIMEOUT`].
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let entries = fs::read_dir(&self.dir.path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", self.dir.path.display()));
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path == self.log_path() {
+                continue;
+            }
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            removed.unwrap_or_else(|e| panic!("deleting {}: {e}", path.display()));
+        }
+        if let Err(e) = self.spawn_and_wait() {
+            panic!("could not restart redis-server on port {}: {e}", self.port);
+        }
+    }
+
     /// The server's working directory (where the append-only file lives).
     pub fn dir(&self) -> &Path {
         &self.dir.path
@@ -643,6 +670,27 @@ mod tests {
             Reply::Bulk("v".into())
         );
         assert!(server.dir().exists());
+    }
+
+    #[test]
+    fn restart_empty_loses_the_data_set_and_keeps_the_port() {
+        let mut server = RedisServer::start_with_aof();
+        let port = server.port();
+        assert!(
+            matches!(raw_command(port, None, &["SET", "k", "v"]), Ok(Reply::Simple(s)) if s == "OK")
+        );
+        // The key is in the append-only file before the kill, so only the deletion can lose it.
+        server.restart_graceful();
+        assert_eq!(
+            raw_command(port, None, &["GET", "k"]).unwrap(),
+            Reply::Bulk("v".into())
+        );
+        server.restart_empty();
+        assert_eq!(server.port(), port);
+        assert_eq!(
+            raw_command(port, None, &["EXISTS", "k"]).unwrap(),
+            Reply::Other(":0".into())
+        );
     }
 
     #[test]

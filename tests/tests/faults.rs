@@ -13,15 +13,23 @@
 //! topology, runs `procs` worker processes (`chaos_worker`, `members` logical members each), produces keyed
 //! traffic with per-key sequence numbers, and injects faults from a seeded schedule: `kill` (SIGKILL, then a
 //! replacement with the same member ids), `stop` (SIGSTOP for 1.3-1.8 session timeouts, then SIGCONT), `term`
-//! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data) and `delmeta`
-//! (`DEL sl:{<stream>/<group>}:meta`). `FAULT_KINDS=kill,stop,term,redis,delmeta` picks the kinds.
+//! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data), `delmeta`
+//! (`DEL sl:{<stream>/<group>}:meta`) and `empty` (SIGKILL Redis, delete its data files, start it again on
+//! the same port, empty, while the workers run). `FAULT_KINDS=kill,stop,term,redis,delmeta,empty` picks the
+//! kinds.
+//!
+//! What the checks read lives in a second `redis-server`, the record server, which is never faulted: the
+//! workers' handle log (`chaos:log`, `chaos:done`) and a copy of the group's audit stream (`chaos:audit`,
+//! copied as it grows; an `empty` fault pauses writes and waits for the copy before the kill).
 //!
 //! A `MONITOR` connection records every `XREADGROUP`, `XACK`, `XACKDEL`, `XCLAIM` and `XAUTOCLAIM` with its
 //! Redis time and client address; the paused process's client ports are read from `/proc/<pid>/fd` and
 //! `/proc/net/tcp` while it is stopped.
 //!
 //! Checks (each must hold; see [`Verdict`]):
-//! - lost: every produced (key, seq) handled at least once;
+//! - lost: every produced (key, seq) handled at least once, except entries produced before an `empty` fault
+//!   and never handled: those were lost with Redis (counted as "wiped", not lost); everything produced
+//!   after the restart must be handled;
 //! - per-key order: the first handles of a key's seqs start in increasing seq order;
 //! - overlaps: no two different owners (member id, pid) handle entries of one shard at the same time, except
 //!   a handle in flight across a fault window (a SIGSTOP pause or a Redis outage) that carries a smaller
@@ -36,8 +44,8 @@
 //! - `XPENDING` of every shard empty after every worker stopped gracefully.
 //!
 //! It runs on a single node and on a Redis Cluster (the test process's shared one): there `MONITOR` watches
-//! every master, client ports are read per master, and the `redis` fault is left out (the shared cluster's
-//! nodes are not restarted; `tests/cluster.rs` fails masters over).
+//! every master, a paused process's client ports are read per master, and the `redis` and `empty` faults
+//! are left out (the shared cluster's nodes are never restarted; `tests/cluster.rs` fails masters over).
 //!
 //! The recovery time of each fault (until every shard had a handle started after the fault, by a process
 //! other than a paused victim) is printed, never asserted.
@@ -49,10 +57,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use redis::aio::ConnectionManager;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::topology::{StartFrom, Topology};
@@ -64,8 +73,10 @@ use tokio::process::{Child, Command};
 
 const STREAM: &str = "orders";
 const GROUP: &str = "chaos";
-const LOG_KEY: &str = "{chaos}:log";
-const DONE_KEY: &str = "{chaos}:done";
+const LOG_KEY: &str = "chaos:log";
+const DONE_KEY: &str = "chaos:done";
+/// The copy of the group's audit stream on the record server (each entry's fields, plus `src`: its id).
+const AUDIT_COPY_KEY: &str = "chaos:audit";
 const WORKER: &str = env!("CARGO_BIN_EXE_chaos_worker");
 /// Commands that read, claim or acknowledge: none may come from a paused process before it rejoined.
 const WATCHED: [&str; 5] = ["XREADGROUP", "XACK", "XACKDEL", "XCLAIM", "XAUTOCLAIM"];
@@ -105,15 +116,17 @@ enum FaultKind {
     Term,
     Redis,
     DelMeta,
+    Empty,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 5] = [
+    const ALL: [FaultKind; 6] = [
         FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::Term,
         FaultKind::Redis,
         FaultKind::DelMeta,
+        FaultKind::Empty,
     ];
 
     fn name(self) -> &'static str {
@@ -123,6 +136,7 @@ impl FaultKind {
             FaultKind::Term => "term",
             FaultKind::Redis => "redis",
             FaultKind::DelMeta => "delmeta",
+            FaultKind::Empty => "empty",
         }
     }
 
@@ -236,11 +250,14 @@ fn schedule(s: &Scenario) -> Vec<PlannedFault> {
     plan
 }
 
+/// The seed of the CI run.
+const CI_SEED: u64 = 2026;
+
 /// `FAULT_SEED`, else a fixed seed in CI (a failure there must replay), else a new one each run.
 fn env_seed() -> u64 {
     match std::env::var("FAULT_SEED") {
         Ok(s) if !s.trim().is_empty() => s.trim().parse().expect("FAULT_SEED must be a u64"),
-        _ if std::env::var_os("CI").is_some() => 2026,
+        _ if std::env::var_os("CI").is_some() => CI_SEED,
         _ => now_us() % 1_000_000,
     }
 }
@@ -319,7 +336,7 @@ async fn fault_injection(target: Target) {
     let seed = env_seed();
     let mut kinds = env_kinds();
     if target == Target::Cluster {
-        kinds.retain(|&k| k != FaultKind::Redis);
+        kinds.retain(|&k| !matches!(k, FaultKind::Redis | FaultKind::Empty));
     }
     let long = std::env::var("FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
     let scenarios = if long {
@@ -363,8 +380,8 @@ async fn fault_injection(target: Target) {
 
 on_every_target!(fault_injection);
 
-/// The Redis of a run: a node of its own with the append-only file on (the `redis` fault restarts it),
-/// or the shared cluster.
+/// The Redis under test: a node of its own with the append-only file on (the `redis` and `empty` faults
+/// restart it), or the shared cluster.
 #[derive(Debug)]
 enum Backend {
     Single(RedisServer),
@@ -392,6 +409,14 @@ impl Backend {
         match self {
             Backend::Single(server) => vec![server.port()],
             Backend::Cluster(cluster) => cluster.nodes()[..3].iter().map(|n| n.port()).collect(),
+        }
+    }
+
+    /// The single node, for the faults that restart it.
+    fn single(&mut self) -> Res<&mut RedisServer> {
+        match self {
+            Backend::Single(server) => Ok(server),
+            Backend::Cluster(_) => Err("the shared cluster's nodes are not restarted".into()),
         }
     }
 }
@@ -432,6 +457,9 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     );
     let mut server = Backend::start(target);
     let url = server.url();
+    // Never faulted: the records must outlive a Redis restarted empty.
+    let record_server = RedisServer::start();
+    let record_url = record_server.url();
     let log_dir = std::env::temp_dir().join(format!(
         "sl-faults-{}-{target:?}-{}-{}",
         s.name,
@@ -440,31 +468,41 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     ));
     fs::create_dir_all(&log_dir)?;
     println!(
-        "{} redis {url}, worker logs in {}",
+        "{} redis {url}, records in {record_url}, worker logs in {}",
         stamp(),
         log_dir.display()
     );
 
     // Generous response timeout: the verification reads big pages from a loaded machine.
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
     let options = ConnectOptions {
         response_timeout: Some(Duration::from_secs(30)),
         connection_timeout: Some(Duration::from_secs(5)),
         retries: None,
     };
     let mut conn = RedisTarget::open(&url)?.connect(options).await?;
+    let mut rec = redis::Client::open(record_url.as_str())?
+        .get_connection_manager_with_config(config)
+        .await?;
     Topology::ensure(&mut conn, STREAM, s.shards).await?;
     Topology::ensure_group(&mut conn, STREAM, GROUP, StartFrom::Earliest).await?;
 
     let monitor = Monitor::start(&server.command_ports());
+    let audit_copy = AuditCopy::start(&url, rec.clone()).await?;
 
+    let urls = Urls {
+        redis: url.clone(),
+        record: record_url.clone(),
+    };
     let mut procs: Vec<WorkerProc> = Vec::new();
     for slot in 0..s.procs {
-        procs.push(WorkerProc::spawn(s, &url, slot, 0, &log_dir)?);
+        procs.push(WorkerProc::spawn(s, &urls, slot, 0, &log_dir)?);
     }
 
     // Traffic: rounds of one message per key, seq = round, paced to `rate`, until told to stop.
     let producer = Producer::new(conn.clone(), STREAM).await?;
-    let rounds = Arc::new(AtomicU64::new(0));
     let stop_traffic = Arc::new(AtomicBool::new(false));
     let max_rounds = (s.rate as u64 * (s.fault_for.as_secs() + 60)) / s.keys as u64;
     let traffic = tokio::spawn(produce(
@@ -472,7 +510,6 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
         s.keys,
         s.rate,
         max_rounds,
-        rounds.clone(),
         stop_traffic.clone(),
     ));
 
@@ -481,10 +518,10 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     let members = s.procs * s.members as usize;
     let warm =
         poll_until(Duration::from_secs(60), POLL, || {
-            let mut conn = conn.clone();
+            let (mut conn, mut rec) = (conn.clone(), rec.clone());
             let target = s.keys as u64 * 2;
             async move {
-                settled(&mut conn, members).await && scard(&mut conn).await.unwrap_or(0) >= target
+                settled(&mut conn, members).await && scard(&mut rec).await.unwrap_or(0) >= target
             }
         })
         .await;
@@ -508,7 +545,7 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
                     p.name,
                     p.pid
                 );
-                *p = WorkerProc::spawn(s, &url, slot, generation, &log_dir)?;
+                *p = WorkerProc::spawn(s, &urls, slot, generation, &log_dir)?;
             }
         }
         let log = inject(
@@ -517,7 +554,8 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
             &mut procs,
             &mut server,
             &mut conn,
-            &url,
+            &audit_copy,
+            &urls,
             &log_dir,
         )
         .await?;
@@ -537,23 +575,41 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     // Let traffic run a little past the last fault, then stop it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop_traffic.store(true, Ordering::Relaxed);
-    traffic.await??;
-    let produced_rounds = rounds.load(Ordering::Relaxed);
-    let expected = produced_rounds * s.keys as u64;
+    let Traffic {
+        produced,
+        retries,
+        longest_wait,
+    } = traffic.await??;
+    let wipes = wipes(&faults);
+    // Entries produced before a wipe may have gone with it; every other one must be handled.
+    let required: Vec<String> = produced
+        .iter()
+        .enumerate()
+        .flat_map(|(seq, ids)| ids.iter().enumerate().map(move |(k, &at)| (seq, k, at)))
+        .filter(|&(_, _, at)| wiped_by(&wipes, at).is_none())
+        .map(|(seq, k, _)| format!("{}/{seq}", key_name(k as u32)))
+        .collect();
+    let expected: u64 = produced.iter().map(|ids| ids.len() as u64).sum();
     println!(
-        "{} traffic stopped: {produced_rounds} rounds, {expected} messages",
-        stamp()
+        "{} traffic stopped: {} rounds, {expected} messages ({} produced after the last empty restart); \
+         {retries} failed sends, the longest round waited {:.2} s",
+        stamp(),
+        produced.len(),
+        required.len(),
+        longest_wait.as_secs_f64()
     );
 
+    let waiting = Arc::new(Mutex::new(required));
     let drained = poll_until(s.drain_deadline, POLL, || {
-        let mut conn = conn.clone();
-        async move { scard(&mut conn).await.unwrap_or(0) >= expected }
+        let (mut rec, waiting) = (rec.clone(), waiting.clone());
+        async move { still_unhandled(&mut rec, &waiting).await == Some(0) }
     })
     .await;
-    let handled_now = scard(&mut conn).await.unwrap_or(0);
+    let unhandled = waiting.lock().expect("waiting").len();
     println!(
-        "{} drained: {drained} ({handled_now} of {expected} handled)",
-        stamp()
+        "{} drained: {drained} ({unhandled} entries produced after the last empty restart unhandled, {} handles recorded)",
+        stamp(),
+        scard(&mut rec).await.unwrap_or(0)
     );
 
     // SIGTERM to all at once (not one after another: that would only move shards around), then wait.
@@ -569,9 +625,16 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     }
     println!("{} workers stopped ({forced} forced)", stamp());
     let monitor_lines = monitor.stop();
+    let audit_copied = audit_copy.stop().await?;
 
-    let records = read_records(&mut conn).await?;
-    let audit = read_audit(&mut conn).await?;
+    let records = read_records(&mut rec).await?;
+    let audit = read_audit(&mut rec).await?;
+    println!(
+        "{} {} audit events copied, {} joins and grants read back",
+        stamp(),
+        audit_copied,
+        audit.len()
+    );
     let pending = pending_per_shard(&mut conn, s.shards).await?;
     let dead_letters: u64 = redis::cmd("XLEN")
         .arg(format!("{STREAM}:dlq"))
@@ -579,8 +642,7 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
         .await
         .unwrap_or(0);
     let mut verdict = verify(
-        s,
-        produced_rounds,
+        &produced,
         &records,
         &faults,
         &audit,
@@ -598,6 +660,7 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     }
     println!("{} scenario {} done (seed {})", stamp(), s.name, s.seed);
     drop(server);
+    drop(record_server);
     Ok(verdict)
 }
 
@@ -681,7 +744,7 @@ async fn settled(conn: &mut Connection, members: usize) -> bool {
             .all(|m| len(m, "owned") > 0 && len(m, "pending") == 0 && len(m, "revoking") == 0)
 }
 
-async fn scard(conn: &mut Connection) -> redis::RedisResult<u64> {
+async fn scard(conn: &mut ConnectionManager) -> redis::RedisResult<u64> {
     redis::cmd("SCARD").arg(DONE_KEY).query_async(conn).await
 }
 
@@ -695,16 +758,32 @@ fn key_name(k: u32) -> String {
     format!("key-{k:04}")
 }
 
+/// What the producer did.
+#[derive(Debug)]
+struct Traffic {
+    /// Per round and key, when the entry that counts landed (its id's time, µs): the one of the round's
+    /// successful send.
+    produced: Vec<Vec<u64>>,
+    /// Failed sends, and the longest time one round waited for a successful one.
+    retries: u64,
+    longest_wait: Duration,
+}
+
+/// Produces rounds of one message per key until told to stop.
 async fn produce(
     producer: Producer<Connection>,
     keys: u32,
     rate: u32,
     max_rounds: u64,
-    rounds: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
-) -> Res<()> {
+) -> Res<Traffic> {
     let round_every = Duration::from_secs_f64(keys as f64 / rate as f64);
     let start = tokio::time::Instant::now();
+    let mut traffic = Traffic {
+        produced: Vec::new(),
+        retries: 0,
+        longest_wait: Duration::ZERO,
+    };
     for seq in 0..max_rounds {
         if stop.load(Ordering::Relaxed) {
             break;
@@ -715,25 +794,98 @@ async fn produce(
                 (key.clone(), Item { key, seq })
             })
             .collect();
-        // Redis may be restarting: retry the round (a partly written round only duplicates entries).
+        // Redis may be restarting, or restarted empty until a member recreates the topology: retry the
+        // round (a partly written round only duplicates entries).
         let mut attempt = 0;
-        loop {
+        let first = tokio::time::Instant::now();
+        let receipts = loop {
             attempt += 1;
             match producer.send_batch(&batch).await {
-                Ok(_) => break,
+                Ok(receipts) => break receipts,
                 Err(e) if attempt >= 150 => return Err(format!("round {seq}: {e}").into()),
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(_) => {
+                    traffic.retries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
             }
+        };
+        if attempt > 1 {
+            traffic.longest_wait = traffic.longest_wait.max(first.elapsed());
         }
-        rounds.store(seq + 1, Ordering::Relaxed);
+        traffic
+            .produced
+            .push(receipts.iter().map(|r| id_time_us(&r.id)).collect());
         tokio::time::sleep_until(start + round_every * (seq as u32 + 1)).await;
     }
-    Ok(())
+    Ok(traffic)
+}
+
+/// The time of a stream entry id (`<ms>-<seq>`), µs.
+fn id_time_us(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .map_or(0, |ms| ms * 1000)
+}
+
+/// Of `waiting` (`key/seq`), keeps those not yet in `chaos:done`; returns how many are left (`None` if the
+/// record server did not answer).
+async fn still_unhandled(
+    rec: &mut ConnectionManager,
+    waiting: &Mutex<Vec<String>>,
+) -> Option<usize> {
+    let names = waiting.lock().expect("waiting").clone();
+    let mut left = Vec::new();
+    for chunk in names.chunks(5_000) {
+        let done: Vec<bool> = redis::cmd("SMISMEMBER")
+            .arg(DONE_KEY)
+            .arg(chunk)
+            .query_async(rec)
+            .await
+            .ok()?;
+        left.extend(
+            chunk
+                .iter()
+                .zip(done)
+                .filter(|(_, done)| !done)
+                .map(|(name, _)| name.clone()),
+        );
+    }
+    let n = left.len();
+    *waiting.lock().expect("waiting") = left;
+    Some(n)
+}
+
+/// The outage windows (down, up) of the `empty` faults, in order (µs).
+fn wipes(faults: &[FaultLog]) -> Vec<(usize, (u64, u64))> {
+    faults
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.kind == FaultKind::Empty)
+        .filter_map(|(i, f)| f.outage.map(|w| (i, w)))
+        .collect()
+}
+
+/// The first wipe (fault index) that an entry written at `at` (µs) was in Redis for: `down` is taken once
+/// Redis stopped accepting writes, so every entry of the old server is older and every entry of the
+/// restarted one newer.
+fn wiped_by(wipes: &[(usize, (u64, u64))], at: u64) -> Option<usize> {
+    wipes
+        .iter()
+        .find(|(_, (down, _))| at < *down)
+        .map(|(i, _)| *i)
 }
 
 // ------------------------------------------------------------------------------------------------
 // Worker processes and faults
 // ------------------------------------------------------------------------------------------------
+
+/// Where the workers connect: the Redis under test and the record server.
+#[derive(Debug)]
+struct Urls {
+    redis: String,
+    record: String,
+}
 
 #[derive(Debug)]
 struct WorkerProc {
@@ -745,7 +897,7 @@ struct WorkerProc {
 impl WorkerProc {
     fn spawn(
         s: &Scenario,
-        url: &str,
+        urls: &Urls,
         slot: usize,
         generation: usize,
         log_dir: &Path,
@@ -753,7 +905,9 @@ impl WorkerProc {
         let name = format!("w{slot}");
         let log = fs::File::create(log_dir.join(format!("{name}-{generation}.log")))?;
         let child = Command::new(WORKER)
-            .env("REDIS_URL", url)
+            .env("REDIS_URL", &urls.redis)
+            .env("CHAOS_RECORD_URL", &urls.record)
+            .env("CHAOS_SHARDS", s.shards.to_string())
             .env("CHAOS_PROC", &name)
             .env("CHAOS_MEMBERS", s.members.to_string())
             .env("CHAOS_WORKERS", s.workers.to_string())
@@ -819,7 +973,8 @@ async fn inject(
     procs: &mut [WorkerProc],
     server: &mut Backend,
     conn: &mut Connection,
-    url: &str,
+    audit_copy: &AuditCopy,
+    urls: &Urls,
     log_dir: &Path,
 ) -> Res<FaultLog> {
     let slot = planned.victim;
@@ -849,7 +1004,7 @@ async fn inject(
                 .flatten()
                 .filter(|e| e.file_name().to_string_lossy().starts_with(&p.name))
                 .count();
-            *p = WorkerProc::spawn(s, url, slot, generation, log_dir)?;
+            *p = WorkerProc::spawn(s, urls, slot, generation, log_dir)?;
             log.note = format!(
                 "{}replaced by pid {}",
                 if graceful {
@@ -901,11 +1056,9 @@ async fn inject(
             );
         }
         FaultKind::Redis => {
-            let Backend::Single(server) = server else {
-                return Err("no `redis` fault on the shared cluster".into());
-            };
             let down = now_us();
             log.at = down;
+            let server = server.single()?;
             tokio::task::block_in_place(|| server.restart_graceful());
             let up = now_us();
             log.outage = Some((down, up));
@@ -915,6 +1068,36 @@ async fn inject(
             log.at = now_us();
             let n: i64 = redis::cmd("DEL").arg(meta_key()).query_async(conn).await?;
             log.note = format!("DEL {} -> {n}", meta_key());
+        }
+        FaultKind::Empty => {
+            // Stop writes first, so the audit copy can catch up with everything the wipe will erase;
+            // clients see what a kill shows them (their writes never answered), a few ms earlier. A
+            // connection of its own: on a shared one, reads would queue behind a paused write.
+            let mut control = redis::Client::open(urls.redis.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(10_000)
+                .arg("WRITE")
+                .query_async(&mut control)
+                .await?;
+            let down = now_us();
+            log.at = down;
+            let copied = audit_copy.catch_up(&mut control).await;
+            let server = server.single()?;
+            tokio::task::block_in_place(|| server.restart_empty());
+            let up = now_us();
+            log.outage = Some((down, up));
+            log.note = format!(
+                "SIGKILL, data files deleted, restarted empty: down {:.2} s{}",
+                (up - down) as f64 / 1e6,
+                if copied {
+                    ""
+                } else {
+                    " (audit copy NOT complete)"
+                }
+            );
         }
     }
     Ok(log)
@@ -1171,6 +1354,126 @@ fn parse_quoted(text: &str) -> Vec<String> {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The audit copy
+// ------------------------------------------------------------------------------------------------
+
+/// A task that copies the group's audit stream, as it grows, to the record server: an `empty` fault
+/// would erase it, and the pause check needs every grant.
+#[derive(Debug)]
+struct AuditCopy {
+    stop: Arc<AtomicBool>,
+    /// The last copied source id.
+    copied: Arc<Mutex<String>>,
+    task: tokio::task::JoinHandle<Res<u64>>,
+}
+
+impl AuditCopy {
+    async fn start(url: &str, rec: ConnectionManager) -> Res<AuditCopy> {
+        // Its own connection: a blocking read would stall every other command on a shared one.
+        let options = ConnectOptions {
+            response_timeout: Some(Duration::from_secs(5)),
+            connection_timeout: Some(Duration::from_millis(500)),
+            retries: None,
+        };
+        let from = RedisTarget::open(url)?.connect(options).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let copied = Arc::new(Mutex::new("0-0".to_string()));
+        let task = tokio::spawn(copy_audit(from, rec, copied.clone(), stop.clone()));
+        Ok(AuditCopy { stop, copied, task })
+    }
+
+    /// With writes paused: waits until everything in the audit stream now is copied. Returns whether it
+    /// was within the deadline.
+    async fn catch_up(&self, conn: &mut redis::aio::MultiplexedConnection) -> bool {
+        let last: Vec<(String, HashMap<String, String>)> = match redis::cmd("XREVRANGE")
+            .arg(audit_key())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(conn)
+            .await
+        {
+            Ok(last) => last,
+            Err(_) => return false,
+        };
+        let Some((target, _)) = last.into_iter().next() else {
+            return true;
+        };
+        let target = id_parts(&target);
+        poll_until(Duration::from_secs(5), Duration::from_millis(5), || {
+            let done = id_parts(&self.copied.lock().expect("copied")) >= target;
+            std::future::ready(done)
+        })
+        .await
+    }
+
+    /// Stops the task; returns how many events it copied.
+    async fn stop(self) -> Res<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await?
+    }
+}
+
+/// `<ms>-<seq>` as numbers, for ordering ids.
+fn id_parts(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+async fn copy_audit(
+    mut from: Connection,
+    mut rec: ConnectionManager,
+    copied: Arc<Mutex<String>>,
+    stop: Arc<AtomicBool>,
+) -> Res<u64> {
+    type Reply = Option<Vec<(String, Vec<(String, Vec<(String, String)>)>)>>;
+    let born = Instant::now();
+    let mut last = "0-0".to_string();
+    let mut count = 0;
+    while !stop.load(Ordering::Relaxed) && born.elapsed() < MONITOR_LIFETIME {
+        let reply: redis::RedisResult<Reply> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(1_000)
+            .arg("BLOCK")
+            .arg(100)
+            .arg("STREAMS")
+            .arg(audit_key())
+            .arg(&last)
+            .query_async(&mut from)
+            .await;
+        let entries = match reply {
+            Ok(reply) => reply.into_iter().flatten().flat_map(|(_, e)| e),
+            // Redis is restarting: try again.
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let mut pipe = redis::pipe();
+        let mut newest = None;
+        for (id, fields) in entries {
+            let cmd = pipe
+                .cmd("XADD")
+                .arg(AUDIT_COPY_KEY)
+                .arg("*")
+                .arg("src")
+                .arg(&id);
+            for (name, value) in fields {
+                cmd.arg(name).arg(value);
+            }
+            count += 1;
+            newest = Some(id);
+        }
+        let Some(newest) = newest else { continue };
+        let () = pipe.query_async(&mut rec).await?;
+        *copied.lock().expect("copied") = newest.clone();
+        last = newest;
+    }
+    Ok(count)
+}
+
+// ------------------------------------------------------------------------------------------------
 // Reading back
 // ------------------------------------------------------------------------------------------------
 
@@ -1190,7 +1493,7 @@ struct Record {
     pid: u32,
 }
 
-async fn read_records(conn: &mut Connection) -> Res<Vec<Record>> {
+async fn read_records(conn: &mut ConnectionManager) -> Res<Vec<Record>> {
     let mut out = Vec::new();
     let mut start = "-".to_string();
     for _ in 0..100_000 {
@@ -1235,21 +1538,22 @@ struct AuditEvent {
     at_us: u64,
 }
 
-async fn read_audit(conn: &mut Connection) -> Res<Vec<AuditEvent>> {
+/// The joins and grants of the audit copy on the record server.
+async fn read_audit(rec: &mut ConnectionManager) -> Res<Vec<AuditEvent>> {
     let mut out = Vec::new();
     let mut start = "-".to_string();
     for _ in 0..10_000 {
         let page: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(audit_key())
+            .arg(AUDIT_COPY_KEY)
             .arg(&start)
             .arg("+")
             .arg("COUNT")
             .arg(2_000)
-            .query_async(conn)
+            .query_async(rec)
             .await?;
         let Some((last, _)) = page.last() else { break };
         start = format!("({last}");
-        for (id, fields) in &page {
+        for (_, fields) in &page {
             let Some(event) = fields.get("event") else {
                 continue;
             };
@@ -1264,7 +1568,7 @@ async fn read_audit(conn: &mut Connection) -> Res<Vec<AuditEvent>> {
             let at_ms = fields
                 .get("at")
                 .and_then(|a| a.parse::<u64>().ok())
-                .or_else(|| id.split('-').next().and_then(|ms| ms.parse().ok()))
+                .or_else(|| fields.get("src").map(|id| id_time_us(id) / 1000))
                 .unwrap_or(0);
             out.push(AuditEvent {
                 join,
@@ -1357,6 +1661,8 @@ struct Verdict {
     handles: u64,
     unique: u64,
     lost: u64,
+    /// Entries in Redis when an `empty` fault wiped it, never handled: gone with Redis, not lost.
+    wiped: u64,
     lost_examples: Vec<String>,
     order_violations: u64,
     order_examples: Vec<String>,
@@ -1389,8 +1695,7 @@ struct Verdict {
 
 #[allow(clippy::too_many_arguments)]
 fn verify(
-    s: &Scenario,
-    rounds: u64,
+    produced: &[Vec<u64>],
     records: &[Record],
     faults: &[FaultLog],
     audit: &[AuditEvent],
@@ -1400,7 +1705,7 @@ fn verify(
     forced: u64,
 ) -> Verdict {
     let mut v = Verdict {
-        produced: rounds * s.keys as u64,
+        produced: produced.iter().map(|ids| ids.len() as u64).sum(),
         handles: records.len() as u64,
         dead_letters,
         forced_stops: forced,
@@ -1408,16 +1713,33 @@ fn verify(
         ..Verdict::default()
     };
 
-    // Lost: every produced (key, seq) handled at least once.
+    // Lost: every produced (key, seq) handled at least once; one that was in Redis when it was wiped and
+    // never handled went with it ("wiped", per wipe: how many, and the oldest one's age at the wipe).
     let handled: HashSet<(&str, u64)> = records.iter().map(|r| (r.key.as_str(), r.seq)).collect();
     v.unique = handled.len() as u64;
-    for k in 0..s.keys {
-        let key = key_name(k);
-        for seq in 0..rounds {
-            if !handled.contains(&(key.as_str(), seq)) {
-                v.lost += 1;
-                if v.lost_examples.len() < 5 {
-                    v.lost_examples.push(format!("{key}/{seq}"));
+    let wipes = wipes(faults);
+    let mut wiped: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
+    for (seq, ids) in produced.iter().enumerate() {
+        for (k, &at) in ids.iter().enumerate() {
+            let key = key_name(k as u32);
+            if handled.contains(&(key.as_str(), seq as u64)) {
+                continue;
+            }
+            match wiped_by(&wipes, at) {
+                Some(i) => {
+                    v.wiped += 1;
+                    let age = faults[i]
+                        .outage
+                        .map_or(0, |(down, _)| down.saturating_sub(at));
+                    let w = wiped.entry(i).or_default();
+                    *w = (w.0 + 1, w.1.max(age));
+                }
+                None => {
+                    v.lost += 1;
+                    v.blame("lost", at, faults);
+                    if v.lost_examples.len() < 5 {
+                        v.lost_examples.push(format!("{key}/{seq}"));
+                    }
                 }
             }
         }
@@ -1536,11 +1858,11 @@ fn verify(
                         v.token_decreases += 1;
                         // Across a metadata deletion the epochs restarted: blame that, not whatever
                         // fault came last.
-                        match faults
-                            .iter()
-                            .rev()
-                            .find(|f| f.kind == FaultKind::DelMeta && m.t0 < f.at && f.at <= r.t0)
-                        {
+                        match faults.iter().rev().find(|f| {
+                            matches!(f.kind, FaultKind::DelMeta | FaultKind::Empty)
+                                && m.t0 < f.at
+                                && f.at <= r.t0
+                        }) {
                             Some(f) => v.blame("token", f.at, faults),
                             None => v.blame("token", r.t0, faults),
                         }
@@ -1669,7 +1991,7 @@ fn verify(
     // Recovery: from the fault until every shard had a handle started after it (by anyone but a paused
     // victim); approximate, from the records.
     let t_first = faults.first().map(|f| f.at).unwrap_or(0);
-    for f in faults {
+    for (i, f) in faults.iter().enumerate() {
         let excluded_pid = f.pause.and(f.victim.as_ref().map(|(_, p)| *p));
         let mut worst: Option<u64> = Some(0);
         for rs in by_shard.values() {
@@ -1691,7 +2013,14 @@ fn verify(
                 .unwrap_or_else(|| "-".into()),
             (f.at.saturating_sub(t_first)) as f64 / 1e6,
             worst.map(|w| w as f64 / 1e6),
-            f.note.clone(),
+            match wiped.get(&i) {
+                Some((n, age)) => format!(
+                    "{}; {n} unhandled entries wiped (oldest {:.2} s old)",
+                    f.note,
+                    *age as f64 / 1e6
+                ),
+                None => f.note.clone(),
+            },
         ));
     }
     v
@@ -1841,6 +2170,7 @@ impl Verdict {
         for (name, value) in [
             ("produced", self.produced),
             ("handled (unique)", self.unique),
+            ("wiped with Redis (never handled)", self.wiped),
             ("handles (total)", self.handles),
             (
                 "duplicates (redeliveries)",
@@ -1927,4 +2257,33 @@ fn schedule_is_seeded_and_covers_every_kind() {
     assert_eq!(format!("{a:?}"), format!("{b:?}"));
     let kinds: HashSet<FaultKind> = a.iter().map(|f| f.kind).collect();
     assert_eq!(kinds.len(), FaultKind::ALL.len(), "{a:?}");
+    // The CI run restarts Redis empty at least once.
+    let ci = schedule(&short_scenario(CI_SEED, FaultKind::ALL.to_vec()));
+    assert!(ci.iter().any(|f| f.kind == FaultKind::Empty), "{ci:?}");
+}
+
+#[test]
+fn an_unhandled_entry_is_wiped_by_the_first_empty_restart_after_it() {
+    let fault = |kind, at: u64| FaultLog {
+        kind,
+        victim: None,
+        at,
+        pause: None,
+        outage: (kind == FaultKind::Empty).then_some((at, at + 50)),
+        ports: Vec::new(),
+        members: Vec::new(),
+        note: String::new(),
+    };
+    let faults = [
+        fault(FaultKind::Empty, 1_000),
+        fault(FaultKind::Redis, 2_000),
+        fault(FaultKind::Empty, 3_000),
+    ];
+    let wipes = wipes(&faults);
+    assert_eq!(wipes.len(), 2);
+    assert_eq!(wiped_by(&wipes, 999), Some(0));
+    assert_eq!(wiped_by(&wipes, 1_100), Some(2));
+    assert_eq!(wiped_by(&wipes, 2_999), Some(2));
+    // Written by the server restarted after the last wipe: must be handled.
+    assert_eq!(wiped_by(&wipes, 3_100), None);
 }

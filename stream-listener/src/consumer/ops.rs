@@ -508,7 +508,8 @@ impl Shared {
             .await;
         match created {
             Ok(()) => {
-                tracing::warn!(shard, stream = key, group = %self.config.group, "consumer group recreated at 0: entries still in the stream are delivered again");
+                // The loss was already warned about once per consumer (`warn_missing_group`).
+                tracing::info!(shard, stream = key, group = %self.config.group, "consumer group recreated at 0: entries still in the stream are delivered again");
                 Ok(())
             }
             Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),

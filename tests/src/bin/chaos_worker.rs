@@ -1,25 +1,28 @@
 //! The worker process of the fault-injection suite (`tests/tests/faults.rs`).
 //!
 //! Runs `CHAOS_MEMBERS` logical members `{CHAOS_PROC}-m0 ..` of one group through
-//! [`stream_listener::Runtime`], each built with a [`ConsumerBuilder`]. Every handle is recorded in Redis by
-//! one script call, atomically:
+//! [`stream_listener::Runtime`], each built with a [`ConsumerBuilder`]. Every handle is recorded in the
+//! record server (`CHAOS_RECORD_URL`: a second Redis that the driver never faults, so the records survive
+//! a Redis restarted empty) by one script call, atomically:
 //!
-//! - `XADD {chaos}:log * k <key> s <seq> sh <shard> id <entry id> m <member> e <member epoch> t0 <start>
+//! - `XADD chaos:log * k <key> s <seq> sh <shard> id <entry id> m <member> e <member epoch> t0 <start>
 //!   t1 <end> dc <delivery count> pid <pid>`; `t0` is this process's wall clock at handler start and `t1`
 //!   the Redis `TIME` at which the record lands (both microseconds since the epoch, one machine's clock), so
 //!   a handler frozen before it wrote its record still shows the whole time it was in flight;
-//! - `SADD {chaos}:done <key>/<seq>`: progress for the driver.
+//! - `SADD chaos:done <key>/<seq>`: progress for the driver.
 //!
 //! The handler sleeps `CHAOS_HANDLE_MS` first, so that a SIGSTOP catches handlers mid-flight. SIGTERM (or
 //! ctrl-c) shuts the runtime down gracefully ([`stream_listener::RunningRuntime::shutdown`]).
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `REDIS_URL` | the Redis (a node, or a cluster: `redis+cluster://`) | required |
+//! | `REDIS_URL` | the Redis the members use (a node, or a cluster: `redis+cluster://`) | required |
+//! | `CHAOS_RECORD_URL` | the Redis the records go to | `REDIS_URL` |
 //! | `CHAOS_PROC` | process name, base of the member ids | `w` |
 //! | `CHAOS_MEMBERS` | logical members in this process | 2 |
 //! | `CHAOS_WORKERS` | `runtime_max_concurrency` of each member | 2 |
 //! | `CHAOS_STREAM`, `CHAOS_GROUP` | stream and group | `orders`, `chaos` |
+//! | `CHAOS_SHARDS` | the stream's shard count, should a member have to create it (Redis restarted empty) | 16 |
 //! | `CHAOS_HEARTBEAT_MS`, `CHAOS_SESSION_MS`, `CHAOS_REBALANCE_MS` | group timing | 1000, 10000, 30000 |
 //! | `CHAOS_HANDLE_MS` | handler sleep | 2 |
 //! | `CHAOS_BATCH` | entries per read | 20 |
@@ -28,16 +31,15 @@ use std::process::ExitCode;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis::aio::ConnectionManager;
 use serde::Deserialize;
-use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::{ConsumerBuilder, Message, Runtime};
 
 /// The handle log (a stream) and the set of handled `key/seq`.
-// One hash tag: the script writes both, also on a Redis Cluster.
-const LOG_KEY: &str = "{chaos}:log";
-const DONE_KEY: &str = "{chaos}:done";
-/// How long a handler keeps retrying its record while Redis is away (a Redis restart takes ~1 s).
+const LOG_KEY: &str = "chaos:log";
+const DONE_KEY: &str = "chaos:done";
+/// How long a handler keeps retrying its record while the record server does not answer (a loaded machine).
 const RECORD_RETRY_FOR: Duration = Duration::from_secs(20);
 const RECORD_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -64,11 +66,13 @@ struct Item {
 #[derive(Debug)]
 struct Settings {
     url: String,
+    record_url: String,
     proc_name: String,
     members: u32,
     workers: usize,
     stream: String,
     group: String,
+    shards: u32,
     config: GroupConfig,
     handle: Duration,
     batch: usize,
@@ -85,12 +89,14 @@ impl Settings {
     fn from_env() -> Result<Settings, String> {
         let url = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set".to_string())?;
         Ok(Settings {
+            record_url: env_or("CHAOS_RECORD_URL", url.clone()),
             url,
             proc_name: env_or("CHAOS_PROC", "w".to_string()),
             members: env_or("CHAOS_MEMBERS", 2u32).max(1),
             workers: env_or("CHAOS_WORKERS", 2usize).max(1),
             stream: env_or("CHAOS_STREAM", "orders".to_string()),
             group: env_or("CHAOS_GROUP", "chaos".to_string()),
+            shards: env_or("CHAOS_SHARDS", 16u32).max(1),
             config: GroupConfig {
                 heartbeat_interval_ms: env_or("CHAOS_HEARTBEAT_MS", 1_000),
                 session_timeout_ms: env_or("CHAOS_SESSION_MS", 10_000),
@@ -111,7 +117,7 @@ fn now_us() -> u128 {
 }
 
 struct Recorder {
-    conn: Connection,
+    conn: ConnectionManager,
     handle: Duration,
     pid: u32,
 }
@@ -165,13 +171,12 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
+    let client = redis::Client::open(settings.record_url.as_str())?;
     // A generous response timeout: a record that timed out but landed would be written twice on retry.
-    let options = ConnectOptions {
-        response_timeout: Some(Duration::from_secs(10)),
-        connection_timeout: Some(Duration::from_secs(2)),
-        retries: None,
-    };
-    let conn = RedisTarget::open(&settings.url)?.connect(options).await?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_connection_timeout(Some(Duration::from_secs(2)));
+    let conn = client.get_connection_manager_with_config(config).await?;
     let recorder = Arc::new(Recorder {
         conn,
         handle: settings.handle,
@@ -186,6 +191,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         runtime = runtime.consumer(
             ConsumerBuilder::new(&settings.stream, &settings.group)
                 .member_id(format!("{}-m{m}", settings.proc_name))
+                .shard_count(settings.shards)
                 .runtime_max_concurrency(settings.workers)
                 .batch_size(settings.batch)
                 .handler(move |msg: Message<Item>| {

@@ -1,0 +1,299 @@
+//! A rolling restart, as Kubernetes does one: process after process, a new pod starts, becomes ready
+//! (its members joined), then the old pod stops gracefully (its members leave). Measured: how many shard
+//! moves the roll made against the minimum, and the longest time any shard had no owner reading it, in
+//! heartbeat intervals (the issue's bound: one interval plus the drain; the drain here is instant).
+//!
+//! `cargo bench -p stream-listener --bench rolling`
+//! (`SL_BENCH_PROCESSES`: processes, default 100; `SL_BENCH_MEMBERS_PER_PROCESS`: default 4;
+//! `SL_BENCH_SHARDS`: default 1024.)
+//!
+//! Every member is a real [`MemberLoop`] (production pacing, 1 s heartbeats, its own store and connection)
+//! with a consumption layer that drains at once: a `Revoke` is reported REVOKED on the spot, as a consumer
+//! with nothing in flight would. All members live in this process on a 2-worker runtime. Ownership is
+//! sampled every 10 ms from the members' own status (the shards each one reads now), so "unowned" means
+//! that no member was reading the shard, whatever the metadata said.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::coordinator::projection::GroupState;
+use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
+use stream_listener::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
+use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
+use stream_listener::store::GroupStore;
+use stream_listener_test_support::aio::connect_with_timeouts;
+use stream_listener_test_support::RedisServer;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+const STREAM: &str = "bench";
+const GROUP: &str = "rolling";
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn connect(url: &str) -> ConnectionManager {
+    connect_with_timeouts(url, Duration::from_secs(5), Some(1)).await
+}
+
+/// One running member: its status, its stop switch and its task.
+struct Member {
+    status: watch::Receiver<MemberStatus>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+async fn start_member(url: &str, id: String, shards: u32, config: GroupConfig) -> Member {
+    let store =
+        GroupStore::create(connect(url).await, STREAM, GROUP, shards, config).expect("store");
+    let identity = MemberIdentity {
+        member_id: Arc::from(id.as_str()),
+        member_name: None,
+        weight: 1,
+        runtime_max_concurrency: 1,
+    };
+    let salt = id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+    let session = MemberSession::new(identity, config.session_timeout_ms, salt);
+    let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
+    let (reports_tx, reports_rx) = mpsc::unbounded_channel();
+    let (stop, stop_rx) = watch::channel(false);
+    let (status_tx, status) = watch::channel(MemberStatus::default());
+    tokio::spawn(async move {
+        while let Some(command) = commands_rx.recv().await {
+            if let ShardCommand::Revoke { shard } = command {
+                let _ = reports_tx.send(ShardReport::Revoked { shard });
+            }
+        }
+    });
+    let member = MemberLoop::new(
+        session,
+        store,
+        OwnershipDeadline::new(),
+        commands_tx,
+        reports_rx,
+        stop_rx,
+    )
+    .with_status(status_tx);
+    let task = tokio::spawn(async move {
+        let _ = member.run().await;
+    });
+    Member { status, stop, task }
+}
+
+async fn start_process(url: &str, name: &str, per_process: usize, shards: u32) -> Vec<Member> {
+    let mut members = Vec::with_capacity(per_process);
+    for k in 0..per_process {
+        members
+            .push(start_member(url, format!("{name}-{k}"), shards, GroupConfig::default()).await);
+    }
+    members
+}
+
+/// Who reads each shard, from the members' status, sampled; tracks moves and unowned stretches.
+#[derive(Default)]
+struct Ownership {
+    /// The member index reading each shard at the last sample (`None`: nobody).
+    owner: BTreeMap<u32, Option<usize>>,
+    /// Since when each currently unowned shard has been unowned.
+    unowned_since: BTreeMap<u32, Instant>,
+    /// Grants observed: a shard newly read by a member that did not read it at the last sample.
+    moves: u64,
+    /// Every unowned stretch that ended, with its shard.
+    gaps: Vec<(Duration, u32)>,
+    /// Samples where a shard was read by two members at once.
+    overlaps: u64,
+}
+
+impl Ownership {
+    fn sample(&mut self, members: &[(usize, &watch::Receiver<MemberStatus>)], shards: u32) {
+        let now = Instant::now();
+        let mut readers: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (index, status) in members {
+            for &shard in &status.borrow().owned {
+                readers.entry(shard).or_default().push(*index);
+            }
+        }
+        for shard in 0..shards {
+            let who = readers.get(&shard);
+            if who.is_some_and(|w| w.len() > 1) {
+                self.overlaps += 1;
+            }
+            let now_owner = who.and_then(|w| w.first().copied());
+            let before = self.owner.insert(shard, now_owner).flatten();
+            match (before, now_owner) {
+                (_, None) => {
+                    self.unowned_since.entry(shard).or_insert(now);
+                }
+                (before, Some(owner)) => {
+                    if before != Some(owner) {
+                        self.moves += 1;
+                    }
+                    if let Some(since) = self.unowned_since.remove(&shard) {
+                        self.gaps.push((now - since, shard));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn main() {
+    let processes = env_or("SL_BENCH_PROCESSES", 100) as usize;
+    let per_process = env_or("SL_BENCH_MEMBERS_PER_PROCESS", 4) as usize;
+    let shards = env_or("SL_BENCH_SHARDS", 1024) as u32;
+    // Under `cargo test --benches` run a token roll to prove it works.
+    let (processes, shards) = if std::env::args().any(|a| a == "--bench") {
+        (processes, shards)
+    } else {
+        (3, 16)
+    };
+    let interval = Duration::from_millis(GroupConfig::default().heartbeat_interval_ms as u64);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let redis = RedisServer::start();
+    println!(
+        "rolling restart bench: {processes} processes x {per_process} members, {shards} shards, heartbeat {} ms, \
+         redis-server on port {}",
+        interval.as_millis(),
+        redis.port()
+    );
+    runtime.block_on(async {
+        let url = redis.url();
+        let mut observer =
+            GroupStore::create(connect(&url).await, STREAM, GROUP, shards, GroupConfig::default())
+                .expect("store");
+        // All members, old and new, by index; `alive[i]` while member i runs.
+        let mut members: Vec<Member> = Vec::new();
+        let mut processes_now: Vec<Vec<usize>> = Vec::new();
+        for p in 0..processes {
+            let started = start_process(&url, &format!("old{p}"), per_process, shards).await;
+            let first = members.len();
+            members.extend(started);
+            processes_now.push((first..members.len()).collect());
+        }
+        let converge_deadline = Instant::now() + Duration::from_secs(120);
+        let all = processes * per_process;
+        loop {
+            if let Ok((_, coordinator)) = observer.load().await {
+                let view = coordinator.projection(0);
+                let live = view.members.iter().filter(|m| m.lease_deadline_ms > 0).count();
+                let granted: usize = view.members.iter().map(|m| m.owned.len()).sum();
+                if view.state == GroupState::Stable && live == all && granted == shards as usize {
+                    break;
+                }
+            }
+            assert!(Instant::now() < converge_deadline, "the old generation never converged");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("  old generation converged: {all} members, every shard granted, STABLE");
+
+        let mut ownership = Ownership::default();
+        let mut alive: Vec<usize> = (0..members.len()).collect();
+        let sample = |ownership: &mut Ownership, members: &[Member], alive: &[usize]| {
+            let watched: Vec<(usize, &watch::Receiver<MemberStatus>)> =
+                alive.iter().map(|&i| (i, &members[i].status)).collect();
+            ownership.sample(&watched, shards);
+        };
+        sample(&mut ownership, &members, &alive);
+        let moves_before = ownership.moves;
+        let stats_before = stream_listener::store::stats();
+        let roll_start = Instant::now();
+        let step_limit = Duration::from_secs(60);
+        for (p, old) in processes_now.iter().enumerate() {
+            // The new pod starts and becomes ready: each of its members joined (has an epoch).
+            let started = start_process(&url, &format!("new{p}"), per_process, shards).await;
+            let first = members.len();
+            members.extend(started);
+            let new: Vec<usize> = (first..members.len()).collect();
+            alive.extend(&new);
+            let step_start = Instant::now();
+            while !new.iter().all(|&i| members[i].status.borrow().phase == Phase::Member) {
+                assert!(step_start.elapsed() < step_limit, "process new{p} never became ready");
+                sample(&mut ownership, &members, &alive);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Then the old pod stops gracefully: its members give their shards back and leave.
+            for &i in old {
+                let _ = members[i].stop.send(true);
+            }
+            while !old.iter().all(|&i| members[i].task.is_finished()) {
+                assert!(step_start.elapsed() < step_limit, "process old{p} never stopped");
+                sample(&mut ownership, &members, &alive);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            alive.retain(|i| !old.contains(i));
+        }
+        let rolled = roll_start.elapsed();
+        // Until every shard is read again by the new generation.
+        let settle_deadline = Instant::now() + Duration::from_secs(60);
+        while !ownership.unowned_since.is_empty() || ownership.owner.values().any(Option::is_none) {
+            assert!(Instant::now() < settle_deadline, "shards stayed unowned after the roll");
+            sample(&mut ownership, &members, &alive);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let after = stream_listener::store::stats();
+        let moves = ownership.moves - moves_before;
+        let mut gaps = ownership.gaps.clone();
+        gaps.sort();
+        let (longest, shard) = gaps.last().copied().unwrap_or_default();
+        let at = |q: f64| gaps.get(((gaps.len() as f64 * q) as usize).min(gaps.len().saturating_sub(1)));
+        let ms = |g: Option<&(Duration, u32)>| g.map_or(0, |g| g.0.as_millis());
+        println!(
+            "  rolled {processes} processes in {:.1} s ({:.2} s per process)",
+            rolled.as_secs_f64(),
+            rolled.as_secs_f64() / processes as f64
+        );
+        println!(
+            "  shard moves: {moves} for {shards} shards = {:.2} per shard (minimum 1: every shard sat on an old \
+             member that left)",
+            moves as f64 / shards as f64
+        );
+        println!(
+            "  longest time a shard had no member reading it: {} ms = {:.2} heartbeat intervals (shard {shard}; \
+             goal <= 1 interval + the drain, here instant: {})",
+            longest.as_millis(),
+            longest.as_secs_f64() / interval.as_secs_f64(),
+            if longest <= interval { "met" } else { "NOT met" }
+        );
+        println!(
+            "  unowned stretches: {}, p50 {} ms, p90 {} ms, p99 {} ms, {} longer than one interval",
+            gaps.len(),
+            ms(at(0.5)),
+            ms(at(0.9)),
+            ms(at(0.99)),
+            gaps.iter().filter(|g| g.0 > interval).count()
+        );
+        println!(
+            "  samples with a shard read by two members at once: {}",
+            ownership.overlaps
+        );
+        let commits = after.commits - stats_before.commits;
+        println!(
+            "  store work during the roll: {commits} commits ({:.1} per process), {} refused, {:.1} KB committed \
+             per process; {:.0} snapshot loads ({:.1} MB) per process",
+            commits as f64 / processes as f64,
+            after.conflicts - stats_before.conflicts,
+            (after.commit_bytes - stats_before.commit_bytes) as f64 / processes as f64 / 1024.0,
+            (after.loads - stats_before.loads) as f64 / processes as f64,
+            (after.load_bytes - stats_before.load_bytes) as f64 / processes as f64 / 1024.0 / 1024.0
+        );
+        for &i in &alive {
+            let _ = members[i].stop.send(true);
+        }
+        for member in members {
+            let _ = tokio::time::timeout(Duration::from_secs(10), member.task).await;
+        }
+    });
+}
