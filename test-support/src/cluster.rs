@@ -50,12 +50,12 @@ impl RedisCluster {
     /// (each with its own keys) instead of paying a cluster start each. Shared means read-only here: no
     /// killing, restarting or migrating (that takes `&mut` or a cluster of one's own).
     ///
-    /// A static is never dropped, so the nodes are not killed by `Drop`: a reaper (`sh`) reads a pipe
-    /// whose only writer is this process and kills them, and removes their directories, at end of file,
-    /// which is when this process exits, however it exits.
+    /// A static is never dropped, so the nodes are not killed by `Drop`: a reaper (`sh`) waits on a pipe
+    /// whose only writer is this process, and when it reads end-of-file (this process exited, however)
+    /// kills the nodes and removes their directories.
     ///
     /// # Panics
-    /// If the cluster does not start (every later call panics too), or `sh` cannot be spawned.
+    /// If the cluster does not start (a later call tries again), or `sh` cannot be spawned.
     pub fn shared() -> &'static RedisCluster {
         static SHARED: OnceLock<(RedisCluster, Child)> = OnceLock::new();
         &SHARED
