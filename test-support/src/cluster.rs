@@ -4,7 +4,8 @@
 //! Cluster commands go through `redis-cli` (`$REDIS_CLI_BIN`, else `redis-cli` on `PATH`).
 
 use std::io;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,41 @@ impl RedisCluster {
     /// If a node cannot start or the cluster does not form within [`CLUSTER_TIMEOUT`].
     pub fn start() -> RedisCluster {
         Self::try_start(None, false).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
+    }
+
+    /// One cluster for the whole test process, started on first use: for test files whose tests share it
+    /// (each with its own keys) instead of paying a cluster start each. Shared means read-only here: no
+    /// killing, restarting or migrating (that takes `&mut` or a cluster of one's own).
+    ///
+    /// A static is never dropped, so the nodes are not killed by `Drop`: a reaper (`sh`) waits on a pipe
+    /// whose only writer is this process, and when it reads end-of-file (this process exited, however)
+    /// kills the nodes and removes their directories.
+    ///
+    /// # Panics
+    /// If the cluster does not start (a later call tries again), or `sh` cannot be spawned.
+    pub fn shared() -> &'static RedisCluster {
+        static SHARED: OnceLock<(RedisCluster, Child)> = OnceLock::new();
+        &SHARED
+            .get_or_init(|| {
+                let cluster = Self::start();
+                let mut script = String::from("read _; kill -9");
+                for node in &cluster.nodes {
+                    script.push_str(&format!(" {}", node.pid().expect("a running node")));
+                }
+                script.push_str("; rm -rf");
+                for node in &cluster.nodes {
+                    script.push_str(&format!(" '{}'", node.dir().display()));
+                }
+                let reaper = Command::new("sh")
+                    .args(["-c", &script])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot spawn the cluster's reaper: {e}"));
+                (cluster, reaper)
+            })
+            .0
     }
 
     /// Like [`start`](Self::start), every node with `requirepass` and `masterauth` set to `password`.

@@ -1,6 +1,7 @@
 //! Integration tests live in `tests/`; this library is what they share at the level of stream-listener's
-//! own types (timings, a test payload, producer and runtime set-up, member sessions) and the log capture
-//! of tests that assert on what the library logs ([`logs`]).
+//! own types (timings, a test payload, producer and runtime set-up, member sessions), the log capture of
+//! tests that assert on what the library logs ([`logs`]), and the [`Target`] the end-to-end suites run on:
+//! a single node and a Redis Cluster, from one test body ([`on_every_target!`]).
 //!
 //! Helpers that need only tokio and redis-rs (connections, waits with a deadline, stream and `INFO`
 //! replies) are in `stream_listener_test_support::aio`, which the benchmarks use as well; they are not
@@ -9,13 +10,122 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
+use stream_listener::connection::{slot_of, ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::member::session::{MemberIdentity, MemberSession};
+use stream_listener::names;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::{ConsumerBuilder, Producer, RunningRuntime, Runtime};
-use stream_listener_test_support::aio::connect;
+use stream_listener_test_support::{RedisCluster, RedisServer};
+
+/// Where an end-to-end test runs: the same body on each (see [`on_every_target!`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A `redis-server` of the test's own.
+    Single,
+    /// The test process's shared Redis Cluster ([`RedisCluster::shared`]), 3 masters and 3 replicas:
+    /// tests on it use stream names no other test of their file uses.
+    Cluster,
+}
+
+impl Target {
+    /// Starts the test's own server, or joins the shared cluster (started on first use).
+    pub fn start(self) -> TestRedis {
+        match self {
+            Self::Single => {
+                let server = RedisServer::start();
+                TestRedis {
+                    url: server.url(),
+                    server: Some(server),
+                }
+            }
+            Self::Cluster => TestRedis {
+                url: RedisCluster::shared().url(),
+                server: None,
+            },
+        }
+    }
+}
+
+/// A running Redis of a [`Target`]: its URL for the library, and connections for the test's own checks.
+#[derive(Debug)]
+pub struct TestRedis {
+    url: String,
+    /// The single node, killed on drop; `None` on the shared cluster.
+    server: Option<RedisServer>,
+}
+
+impl TestRedis {
+    /// `redis://127.0.0.1:port` or `redis+cluster://127.0.0.1:p1,...`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A reconnecting connection, cluster-aware on the cluster (routes by slot, splits pipelines per
+    /// slot): a test's own commands must each touch one slot.
+    ///
+    /// # Panics
+    /// If Redis does not answer.
+    pub async fn connect(&self) -> Connection {
+        connection(&self.url).await
+    }
+
+    /// On the cluster, checks that the shard streams `0..shards` of `stream` are served by more than one
+    /// master, so that the test exercises the cluster and not one node behind it. Nothing to check on a
+    /// single node.
+    ///
+    /// # Panics
+    /// If they all live on one master.
+    pub fn assert_spread(&self, stream: &str, shards: u32) {
+        if self.server.is_some() {
+            return;
+        }
+        let cluster = RedisCluster::shared();
+        let masters: std::collections::BTreeSet<usize> = (0..shards)
+            .map(|shard| cluster.master_of(slot_of(names::shard_stream(stream, shard).as_bytes())))
+            .collect();
+        assert!(
+            masters.len() > 1,
+            "{stream}'s {shards} shards all on master {masters:?}: use more shards"
+        );
+    }
+}
+
+/// A reconnecting connection to a single node or cluster URL (see [`TestRedis::connect`]).
+///
+/// # Panics
+/// If the URL is invalid or Redis does not answer.
+pub async fn connection(url: &str) -> Connection {
+    RedisTarget::open(url)
+        .unwrap_or_else(|e| panic!("bad Redis URL {url}: {e}"))
+        .connect(ConnectOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// For each named `async fn name(target: Target)`, a module `name` with two tests calling it:
+/// `name::on_a_single_node` and `name::on_a_cluster` (`cargo test on_a_cluster` runs one side). On a
+/// multi-threaded tokio runtime of 2 workers, or `worker_threads = n; name, ...`.
+#[macro_export]
+macro_rules! on_every_target {
+    (worker_threads = $threads:literal; $($test:ident),+ $(,)?) => {$(
+        mod $test {
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn on_a_single_node() {
+                super::$test($crate::Target::Single).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn on_a_cluster() {
+                super::$test($crate::Target::Cluster).await;
+            }
+        }
+    )+};
+    ($($test:ident),+ $(,)?) => {
+        $crate::on_every_target!(worker_threads = 2; $($test),+);
+    };
+}
 
 pub mod logs;
 
@@ -63,18 +173,18 @@ pub async fn producer(url: &str, stream: &str, shards: u32) -> Producer {
         .unwrap()
 }
 
-/// A connection to `url` after ensuring `stream`'s topology with `shards` shards and consumer `group`
+/// A connection to `redis` after ensuring `stream`'s topology with `shards` shards and consumer `group`
 /// on every shard, reading from the start.
 ///
 /// # Panics
 /// If Redis does not answer or the stream exists with another shard count.
 pub async fn stream_with_group(
-    url: &str,
+    redis: &TestRedis,
     stream: &str,
     shards: u32,
     group: &str,
-) -> ConnectionManager {
-    let mut conn = connect(url).await;
+) -> Connection {
+    let mut conn = redis.connect().await;
     Topology::ensure(&mut conn, stream, shards).await.unwrap();
     Topology::ensure_group(&mut conn, stream, group, StartFrom::Earliest)
         .await

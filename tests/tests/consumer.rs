@@ -1,14 +1,16 @@
 //! The consumption layer against real redis-server processes: delivery, ack policies, failures, takeover,
-//! revoke and fence, scheduling fairness and connection use.
+//! revoke and fence, scheduling fairness and connection use. Tests run on a single node and on a Redis
+//! Cluster, except those that say why they need one node.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 use redis::Value;
 use serde::Deserialize;
+use stream_listener::connection::{Connection, RedisTarget};
 use stream_listener::consumer::{
     dead_letter_fields, AckPolicy, BoxedHandler, Consumer, ConsumerConfig, DeleteRef, HandlerError,
     Message, OnExhausted, RawMessage,
@@ -21,6 +23,7 @@ use stream_listener_test_support::aio::{
     xrange,
 };
 use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{on_every_target, Target, TestRedis};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -33,7 +36,7 @@ struct Order {
 }
 
 async fn create_groups(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     prefix: &str,
     shards: impl IntoIterator<Item = u32>,
 ) {
@@ -50,20 +53,21 @@ async fn create_groups(
     }
 }
 
-/// A fresh server, a connection to it, and group [`GROUP`] on `shards` of `prefix`.
-async fn server_with_groups(
+/// Redis on `target`, a connection to it, and group [`GROUP`] on `shards` of `prefix`.
+async fn redis_with_groups(
+    target: Target,
     prefix: &str,
     shards: impl IntoIterator<Item = u32>,
-) -> (RedisServer, MultiplexedConnection) {
-    let server = RedisServer::start();
-    let mut conn = connect_multiplexed(&server.url()).await;
+) -> (TestRedis, Connection) {
+    let redis = target.start();
+    let mut conn = redis.connect().await;
     create_groups(&mut conn, prefix, shards).await;
-    (server, conn)
+    (redis, conn)
 }
 
 /// Append `count` entries `{"n": i}` (i from `start`) with key `key-{i % 7}` to one shard, in one pipeline.
 async fn produce(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     prefix: &str,
     shard: u32,
     start: u64,
@@ -82,7 +86,7 @@ async fn produce(
     pipe.query_async(conn).await.unwrap()
 }
 
-async fn consumer_names(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, i64)> {
+async fn consumer_names(conn: &mut impl ConnectionLike, key: &str) -> Vec<(String, i64)> {
     let reply: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg(key)
@@ -106,12 +110,12 @@ async fn consumer_names(conn: &mut MultiplexedConnection, key: &str) -> Vec<(Str
         .collect()
 }
 
-async fn read_stream(conn: &mut MultiplexedConnection, key: &str) -> Vec<HashMap<String, String>> {
+async fn read_stream(conn: &mut impl ConnectionLike, key: &str) -> Vec<HashMap<String, String>> {
     let entries = xrange(conn, key).await;
     entries.into_iter().map(|(_, fields)| fields).collect()
 }
 
-async fn xreadgroup_calls(conn: &mut MultiplexedConnection) -> u64 {
+async fn xreadgroup_calls(conn: &mut impl ConnectionLike) -> u64 {
     command_calls(conn)
         .await
         .get("xreadgroup")
@@ -119,11 +123,11 @@ async fn xreadgroup_calls(conn: &mut MultiplexedConnection) -> u64 {
         .unwrap_or(0)
 }
 
-async fn blocked_clients(conn: &mut MultiplexedConnection) -> u64 {
+async fn blocked_clients(conn: &mut impl ConnectionLike) -> u64 {
     info_field(&info(conn, "clients").await, "blocked_clients").unwrap_or(0)
 }
 
-async fn client_count(conn: &mut MultiplexedConnection) -> usize {
+async fn client_count(conn: &mut impl ConnectionLike) -> usize {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query_async(conn)
@@ -148,19 +152,18 @@ struct Running {
 }
 
 impl Running {
-    async fn start(server: &RedisServer, config: ConsumerConfig, handler: BoxedHandler) -> Self {
-        Self::start_with_deadline(server, config, handler, OwnershipDeadline::unbounded()).await
+    async fn start(url: &str, config: ConsumerConfig, handler: BoxedHandler) -> Self {
+        Self::start_with_deadline(url, config, handler, OwnershipDeadline::unbounded()).await
     }
 
     async fn start_with_deadline(
-        server: &RedisServer,
+        url: &str,
         config: ConsumerConfig,
         handler: BoxedHandler,
         deadline: Arc<OwnershipDeadline>,
     ) -> Self {
         let member = config.consumer_name.clone();
-        let client = redis::Client::open(server.url()).unwrap();
-        let consumer = Consumer::connect(client, config, handler)
+        let consumer = Consumer::connect(RedisTarget::open(url).unwrap(), config, handler)
             .await
             .unwrap()
             .with_deadline(deadline);
@@ -266,9 +269,9 @@ fn recording_handler(log: &Log) -> BoxedHandler {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_entry_is_handled_and_acked() {
-    let (server, mut conn) = server_with_groups("orders", 0..4).await;
+async fn every_entry_is_handled_and_acked(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "orders", 0..4).await;
+    redis.assert_spread("orders", 4);
     let mut expected = HashSet::new();
     for shard in 0..4 {
         for id in produce(&mut conn, "orders", shard, 0, 250).await {
@@ -279,7 +282,7 @@ async fn every_entry_is_handled_and_acked() {
     let mut cfg = config("orders", "m0");
     cfg.runtime_max_concurrency = 2;
     cfg.batch_size = 32;
-    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    let running = Running::start(redis.url(), cfg, recording_handler(&log)).await;
     running.assign(0..4).await;
     wait_until_async(
         "all 1000 entries handled",
@@ -323,9 +326,9 @@ async fn every_entry_is_handled_and_acked() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_are_handled_in_order_within_a_shard() {
-    let (server, mut conn) = server_with_groups("seq", 0..2).await;
+async fn entries_are_handled_in_order_within_a_shard(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "seq", 0..2).await;
+    redis.assert_spread("seq", 2);
     produce(&mut conn, "seq", 0, 0, 300).await;
     produce(&mut conn, "seq", 1, 0, 300).await;
     let seen: Arc<Mutex<HashMap<u32, Vec<u64>>>> = Arc::default();
@@ -344,7 +347,7 @@ async fn entries_are_handled_in_order_within_a_shard() {
     let mut cfg = config("seq", "m0");
     cfg.runtime_max_concurrency = 4;
     cfg.batch_size = 7;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign(0..2).await;
     wait_until_async("600 entries", Duration::from_secs(20), || async {
         seen.lock().unwrap().values().map(Vec::len).sum::<usize>() == 600
@@ -360,13 +363,14 @@ async fn entries_are_handled_in_order_within_a_shard() {
     running.stop().await;
 }
 
+/// Single node only: it counts reads and blocked clients in one node's `INFO`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
-    let (server, mut conn) = server_with_groups("wide", 0..64).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "wide", 0..64).await;
     let log = Log::default();
     let mut cfg = config("wide", "m0");
     cfg.runtime_max_concurrency = 1;
-    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    let running = Running::start(redis.url(), cfg, recording_handler(&log)).await;
     running.assign(0..64).await;
     // Let the claim phase of every shard pass so the consumer is in its idle wait.
     wait_until_async("idle wait", Duration::from_secs(10), || {
@@ -394,15 +398,16 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
     running.stop().await;
 }
 
+/// Single node only: it counts reads in one node's `INFO commandstats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
-    let (server, mut conn) = server_with_groups("calm", 0..8).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "calm", 0..8).await;
     let log = Log::default();
     let mut cfg = config("calm", "m0");
     // Several workers: the shards whose jobs were still running when the wait started come back empty
     // while it runs. They must join the next wait, not be polled again and again by the free workers.
     cfg.runtime_max_concurrency = 4;
-    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    let running = Running::start(redis.url(), cfg, recording_handler(&log)).await;
     running.assign(0..8).await;
     wait_until_async("idle wait", Duration::from_secs(10), || {
         let mut conn = conn.clone();
@@ -424,9 +429,9 @@ async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn busy_shards_are_rotated_not_drained_one_by_one() {
-    let (server, mut conn) = server_with_groups("busy", 0..16).await;
+async fn busy_shards_are_rotated_not_drained_one_by_one(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "busy", 0..16).await;
+    redis.assert_spread("busy", 16);
     for shard in 0..16 {
         produce(&mut conn, "busy", shard, 0, 200).await;
     }
@@ -441,7 +446,7 @@ async fn busy_shards_are_rotated_not_drained_one_by_one() {
     });
     let mut cfg = config("busy", "m0");
     cfg.batch_size = 10;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign(0..16).await;
     wait_until_async("all entries", Duration::from_secs(30), || async {
         order.lock().unwrap().len() == 3200
@@ -502,7 +507,7 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
             "server {:?}",
             probe.server_version()
         );
-        let running = Running::start(server, cfg, recording_handler(&log)).await;
+        let running = Running::start(&server.url(), cfg, recording_handler(&log)).await;
         running.assign([0]).await;
         wait_until_async("20 handled", Duration::from_secs(10), || async {
             log.count() == 20
@@ -561,7 +566,7 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
     let log = Log::default();
     let mut cfg = config("acked", "m1");
     cfg.ack_policy = AckPolicy::AckDelete(DeleteRef::Acked);
-    let running = Running::start(server, cfg, recording_handler(&log)).await;
+    let running = Running::start(&server.url(), cfg, recording_handler(&log)).await;
     running.assign([0]).await;
     wait_until_async("1 handled", Duration::from_secs(10), || async {
         log.count() == 1
@@ -573,11 +578,12 @@ async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
     assert_eq!(xlen(&mut conn, key).await, 21);
 }
 
-async fn read_stream_ids(conn: &mut MultiplexedConnection, key: &str) -> Vec<String> {
+async fn read_stream_ids(conn: &mut impl ConnectionLike, key: &str) -> Vec<String> {
     let entries: Vec<(String, HashMap<String, String>)> = xrange(conn, key).await;
     entries.into_iter().map(|(id, _)| id).collect()
 }
 
+/// Single node only: it needs a redis-server binary of a given version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_and_delete_on_redis_7_uses_the_script() {
     // The binary is chosen by its version, not assumed: a developer's redis-server may be newer.
@@ -598,6 +604,7 @@ fn skip(why: &str) {
     println!("SKIPPED: {why}");
 }
 
+/// Single node only: it needs a redis-server binary of a given version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ack_and_delete_on_redis_8_2_uses_xackdel() {
     let Some(binary) = stream_listener_test_support::redis_8_binary() else {
@@ -608,9 +615,8 @@ async fn ack_and_delete_on_redis_8_2_uses_xackdel() {
     check_ack_delete(&server, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manual_ack_acks_only_what_the_handler_acked() {
-    let (server, mut conn) = server_with_groups("manual", 0..1).await;
+async fn manual_ack_acks_only_what_the_handler_acked(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "manual", 0..1).await;
     produce(&mut conn, "manual", 0, 0, 40).await;
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = handled.clone();
@@ -627,7 +633,7 @@ async fn manual_ack_acks_only_what_the_handler_acked() {
     });
     let mut cfg = config("manual", "m0");
     cfg.ack_policy = AckPolicy::Manual;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     wait_until_async("40 handled", Duration::from_secs(10), || async {
         handled.load(Ordering::SeqCst) == 40
@@ -641,9 +647,8 @@ async fn manual_ack_acks_only_what_the_handler_acked() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
-    let (server, mut conn) = server_with_groups("fail", 0..2).await;
+async fn failing_entry_is_retried_then_dead_lettered_with_its_fields(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "fail", 0..2).await;
     let bad = produce(&mut conn, "fail", 1, 13, 1).await.remove(0);
     produce(&mut conn, "fail", 1, 14, 5).await;
     let attempts: Arc<Mutex<Vec<u32>>> = Arc::default();
@@ -662,7 +667,7 @@ async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
     });
     let mut cfg = config("fail", "m0");
     cfg.failure_policy.max_deliveries = 3;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign(0..2).await;
     wait_until_async("dead letter", Duration::from_secs(10), || {
         let mut conn = conn.clone();
@@ -693,9 +698,8 @@ async fn failing_entry_is_retried_then_dead_lettered_with_its_fields() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exhausted_entry_can_be_left_pending() {
-    let (server, mut conn) = server_with_groups("leave", 0..1).await;
+async fn exhausted_entry_can_be_left_pending(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "leave", 0..1).await;
     produce(&mut conn, "leave", 0, 0, 10).await;
     let ok = Log::default();
     let log = ok.clone();
@@ -712,7 +716,7 @@ async fn exhausted_entry_can_be_left_pending() {
     let mut cfg = config("leave", "m0");
     cfg.failure_policy.max_deliveries = 2;
     cfg.failure_policy.on_exhausted = OnExhausted::LeavePending;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     wait_until_async("9 handled", Duration::from_secs(10), || async {
         ok.count() == 9
@@ -727,9 +731,8 @@ async fn exhausted_entry_can_be_left_pending() {
     assert_eq!(xlen(&mut conn, "leave:dlq").await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_payload_is_dead_lettered_at_once() {
-    let (server, mut conn) = server_with_groups("junk", 0..1).await;
+async fn undecodable_payload_is_dead_lettered_at_once(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "junk", 0..1).await;
     let _: String = redis::cmd("XADD")
         .arg("junk:0")
         .arg("*")
@@ -750,7 +753,7 @@ async fn undecodable_payload_is_dead_lettered_at_once() {
         .unwrap();
     produce(&mut conn, "junk", 0, 0, 1).await;
     let log = Log::default();
-    let running = Running::start(&server, config("junk", "m0"), recording_handler(&log)).await;
+    let running = Running::start(redis.url(), config("junk", "m0"), recording_handler(&log)).await;
     running.assign([0]).await;
     wait_until_async("good entry handled", Duration::from_secs(10), || async {
         log.count() == 1
@@ -777,9 +780,8 @@ async fn undecodable_payload_is_dead_lettered_at_once() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handler_panic_is_a_failure_not_a_crash() {
-    let (server, mut conn) = server_with_groups("panic", 0..1).await;
+async fn handler_panic_is_a_failure_not_a_crash(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "panic", 0..1).await;
     produce(&mut conn, "panic", 0, 0, 3).await;
     let ok = Log::default();
     let log = ok.clone();
@@ -799,7 +801,7 @@ async fn handler_panic_is_a_failure_not_a_crash() {
     });
     let mut cfg = config("panic", "m0");
     cfg.failure_policy.max_deliveries = 2;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     wait_until_async("2 handled", Duration::from_secs(10), || async {
         ok.count() == 2
@@ -863,9 +865,8 @@ fn slow_handler(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
-    let (server, mut conn) = server_with_groups("move", 0..1).await;
+async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "move", 0..1).await;
     let expected: HashSet<_> = produce(&mut conn, "move", 0, 0, 400)
         .await
         .into_iter()
@@ -876,9 +877,9 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
     let by: Arc<Mutex<Vec<&'static str>>> = Arc::default();
     let mut cfg_a = config("move", "member-a");
     cfg_a.batch_size = 50;
-    let a = Running::start(&server, cfg_a, slow_handler(&log, &in_flight, "a", &by)).await;
+    let a = Running::start(redis.url(), cfg_a, slow_handler(&log, &in_flight, "a", &by)).await;
     let b = Running::start(
-        &server,
+        redis.url(),
         config("move", "member-b"),
         slow_handler(&log, &in_flight, "b", &by),
     )
@@ -947,9 +948,8 @@ async fn revoked_shard_moves_to_another_consumer_without_overlap_or_loss() {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
-    let (server, mut conn) = server_with_groups("kill", 0..1).await;
+async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "kill", 0..1).await;
     let expected: HashSet<_> = produce(&mut conn, "kill", 0, 0, 30)
         .await
         .into_iter()
@@ -967,7 +967,7 @@ async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
             Ok::<(), String>(())
         }
     });
-    let a = Running::start(&server, config("kill", "member-a"), hanging).await;
+    let a = Running::start(redis.url(), config("kill", "member-a"), hanging).await;
     a.assign([0]).await;
     wait_until_async("A stuck in a handler", Duration::from_secs(10), || async {
         stuck.load(Ordering::SeqCst)
@@ -981,7 +981,12 @@ async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
         "nothing acked: the batch was in flight"
     );
     let log = Log::default();
-    let b = Running::start(&server, config("kill", "member-b"), recording_handler(&log)).await;
+    let b = Running::start(
+        redis.url(),
+        config("kill", "member-b"),
+        recording_handler(&log),
+    )
+    .await;
     b.assign([0]).await;
     wait_until_async("B handled all 30", Duration::from_secs(10), || async {
         log.count() == 30
@@ -997,9 +1002,8 @@ async fn killed_consumer_in_flight_entries_are_claimed_by_the_successor() {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
-    let (server, mut conn) = server_with_groups("claim", 0..1).await;
+async fn long_pending_list_is_claimed_to_its_end_before_new_entries(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "claim", 0..1).await;
     produce(&mut conn, "claim", 0, 0, 450).await;
     // A gone member read everything and acked nothing.
     let _: Value = redis::cmd("XREADGROUP")
@@ -1028,7 +1032,7 @@ async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
     });
     let mut cfg = config("claim", "m0");
     cfg.batch_size = 40;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     wait_until_async("500 handled", Duration::from_secs(20), || async {
         seen.lock().unwrap().len() == 500
@@ -1043,9 +1047,8 @@ async fn long_pending_list_is_claimed_to_its_end_before_new_entries() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_consumer_names_are_deleted_on_takeover() {
-    let (server, mut conn) = server_with_groups("names", 0..1).await;
+async fn idle_consumer_names_are_deleted_on_takeover(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "names", 0..1).await;
     for ghost in ["ghost-1", "ghost-2"] {
         let _: i64 = redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
@@ -1071,7 +1074,7 @@ async fn idle_consumer_names_are_deleted_on_takeover() {
         .unwrap();
     assert_eq!(consumer_names(&mut conn, "names:0").await.len(), 3);
     let log = Log::default();
-    let running = Running::start(&server, config("names", "m0"), recording_handler(&log)).await;
+    let running = Running::start(redis.url(), config("names", "m0"), recording_handler(&log)).await;
     running.assign([0]).await;
     wait_until_async("3 handled", Duration::from_secs(10), || async {
         log.count() == 3
@@ -1088,16 +1091,17 @@ async fn idle_consumer_names_are_deleted_on_takeover() {
     running.stop().await;
 }
 
+/// Single node only: it counts one node's `CLIENT LIST`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_do_not_grow_with_owned_shards() {
-    let (server, mut conn) = server_with_groups("conns", 0..300).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "conns", 0..300).await;
     let baseline = client_count(&mut conn).await;
     let log = Log::default();
     let mut counts = Vec::new();
     for (member, shards, workers) in [("small", 0..2u32, 2usize), ("large", 0..300u32, 2usize)] {
         let mut cfg = config("conns", member);
         cfg.runtime_max_concurrency = workers;
-        let running = Running::start(&server, cfg, recording_handler(&log)).await;
+        let running = Running::start(redis.url(), cfg, recording_handler(&log)).await;
         running.assign(shards.clone()).await;
         // Wait until the member is in its idle wait (every shard it polled came back empty).
         wait_until_async("the idle wait", Duration::from_secs(20), || {
@@ -1131,9 +1135,8 @@ async fn connections_do_not_grow_with_owned_shards() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fence_aborts_handlers_and_reports_nothing() {
-    let (server, mut conn) = server_with_groups("fence", 0..2).await;
+async fn fence_aborts_handlers_and_reports_nothing(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "fence", 0..2).await;
     produce(&mut conn, "fence", 0, 0, 5).await;
     let started = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(AtomicBool::new(false));
@@ -1159,7 +1162,7 @@ async fn fence_aborts_handlers_and_reports_nothing() {
     });
     let mut cfg = config("fence", "m0");
     cfg.runtime_max_concurrency = 2;
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     wait_until_async("handler running", Duration::from_secs(10), || async {
         started.load(Ordering::SeqCst)
@@ -1216,13 +1219,14 @@ async fn fence_aborts_handlers_and_reports_nothing() {
     running.stop().await;
 }
 
+/// Single node only: it waits for a blocked client in one node's `INFO`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
-    let (server, mut conn) = server_with_groups("idle", 0..1).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "idle", 0..1).await;
     let log = Log::default();
     let mut cfg = config("idle", "m0");
     cfg.block_ms = 200;
-    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    let running = Running::start(redis.url(), cfg, recording_handler(&log)).await;
     running.assign([0]).await;
     // Wait until the worker sits in a blocking read of the only shard.
     wait_until_async("a blocking read", Duration::from_secs(10), || {
@@ -1251,6 +1255,7 @@ async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
     running.stop().await;
 }
 
+/// Single node only: it restarts Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_recovers_after_a_redis_restart() {
     let mut server = RedisServer::start();
@@ -1260,7 +1265,7 @@ async fn consumer_recovers_after_a_redis_restart() {
     let log = Log::default();
     let mut cfg = config("restart", "m0");
     cfg.runtime_max_concurrency = 2;
-    let running = Running::start(&server, cfg, recording_handler(&log)).await;
+    let running = Running::start(&server.url(), cfg, recording_handler(&log)).await;
     running.assign(0..2).await;
     wait_until_async("20 handled", Duration::from_secs(10), || async {
         log.count() == 20
@@ -1289,7 +1294,7 @@ async fn consumer_recovers_after_a_redis_restart() {
 // ---- the member's self-fencing deadline, checked at every command ----
 
 /// Calls of the commands that touch a shard, from `INFO commandstats`.
-async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
+async fn shard_commands(conn: &mut impl ConnectionLike) -> u64 {
     let touching = [
         "xreadgroup",
         "xack",
@@ -1307,17 +1312,19 @@ async fn shard_commands(conn: &mut MultiplexedConnection) -> u64 {
         .sum()
 }
 
+/// Single node only: it counts commands in one node's `INFO commandstats`.
+///
 /// A frozen process resumes past its lease before its heartbeat task could deliver a fence: the consumer
 /// itself must see the deadline has passed and send nothing for the shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
-    let (server, mut conn) = server_with_groups("frozen", 0..2).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "frozen", 0..2).await;
     // The last accepted heartbeat gave two seconds; no later one gets through.
     let deadline = OwnershipDeadline::new();
     deadline.set(deadline.local_ms() + 2_000);
     let log = Log::default();
     let running = Running::start_with_deadline(
-        &server,
+        redis.url(),
         config("frozen", "m0"),
         recording_handler(&log),
         deadline.clone(),
@@ -1367,9 +1374,8 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
 
 /// Entries another consumer read after it lost the shard (a zombie) stay in its pending list; the owner
 /// must claim them periodically, not only when it takes the shard over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
-    let (server, mut conn) = server_with_groups("zombie", 0..1).await;
+async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target) {
+    let (redis, mut conn) = redis_with_groups(target, "zombie", 0..1).await;
     let log = Log::default();
     // The owner's handler holds entry 2 until told, so the owner reads nothing meanwhile.
     let gate = Arc::new(AtomicBool::new(true));
@@ -1393,7 +1399,7 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
     };
     let mut cfg = config("zombie", "owner");
     cfg.reclaim_idle = Duration::from_millis(300);
-    let running = Running::start(&server, cfg, handler).await;
+    let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     produce(&mut conn, "zombie", 0, 0, 3).await;
     wait_until_async(
@@ -1435,16 +1441,18 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner() {
     running.stop().await;
 }
 
+/// Single node only: it flushes Redis (`FLUSHALL`).
+///
 /// Redis restarted empty (or was flushed) while the member kept its ownership: the consumer waits until
 /// a heartbeat confirms the ownership, then creates the consumer group again and consumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
-    let (server, mut conn) = server_with_groups("flushed", 0..1).await;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "flushed", 0..1).await;
     let deadline = OwnershipDeadline::new();
     deadline.set(deadline.local_ms() + 60_000);
     let log = Log::default();
     let running = Running::start_with_deadline(
-        &server,
+        redis.url(),
         config("flushed", "m0"),
         recording_handler(&log),
         deadline.clone(),
@@ -1458,7 +1466,7 @@ async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
     .await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     produce(&mut conn, "flushed", 0, 3, 4).await; // the stream comes back, its group does not
-    let groups = |conn: &mut MultiplexedConnection| {
+    let groups = |conn: &mut Connection| {
         let mut conn = conn.clone();
         async move {
             let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
@@ -1493,3 +1501,20 @@ async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
     assert_eq!(groups(&mut conn).await, 1);
     running.stop().await;
 }
+
+on_every_target!(
+    every_entry_is_handled_and_acked,
+    entries_are_handled_in_order_within_a_shard,
+    busy_shards_are_rotated_not_drained_one_by_one,
+    manual_ack_acks_only_what_the_handler_acked,
+    failing_entry_is_retried_then_dead_lettered_with_its_fields,
+    exhausted_entry_can_be_left_pending,
+    undecodable_payload_is_dead_lettered_at_once,
+    handler_panic_is_a_failure_not_a_crash,
+    revoked_shard_moves_to_another_consumer_without_overlap_or_loss,
+    killed_consumer_in_flight_entries_are_claimed_by_the_successor,
+    long_pending_list_is_claimed_to_its_end_before_new_entries,
+    idle_consumer_names_are_deleted_on_takeover,
+    fence_aborts_handlers_and_reports_nothing,
+    entries_a_zombie_left_pending_are_reclaimed_by_the_owner,
+);

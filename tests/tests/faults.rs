@@ -43,6 +43,10 @@
 //!   SIGCONT; grants follow the rejoin), the handler's token not older than that grant;
 //! - `XPENDING` of every shard empty after every worker stopped gracefully.
 //!
+//! It runs on a single node and on a Redis Cluster (the test process's shared one): there `MONITOR` watches
+//! every master, a paused process's client ports are read per master, and the `redis` and `empty` faults
+//! are left out (the shared cluster's nodes are never restarted; `tests/cluster.rs` fails masters over).
+//!
 //! The recovery time of each fault (until every shard had a handle started after the fault, by a process
 //! other than a paused victim) is printed, never asserted.
 
@@ -58,11 +62,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
 use stream_listener_test_support::aio::poll_until;
-use stream_listener_test_support::RedisServer;
+use stream_listener_test_support::{RedisCluster, RedisServer};
+use stream_listener_tests::{on_every_target, Target};
 use tokio::process::{Child, Command};
 
 const STREAM: &str = "orders";
@@ -326,10 +332,12 @@ fn long_scenarios(seed: u64, kinds: Vec<FaultKind>) -> Vec<Scenario> {
 // The test
 // ------------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_injection() {
+async fn fault_injection(target: Target) {
     let seed = env_seed();
-    let kinds = env_kinds();
+    let mut kinds = env_kinds();
+    if target == Target::Cluster {
+        kinds.retain(|&k| !matches!(k, FaultKind::Redis | FaultKind::Empty));
+    }
     let long = std::env::var("FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
     let scenarios = if long {
         long_scenarios(seed, kinds)
@@ -339,7 +347,7 @@ async fn fault_injection() {
     let mut failures = Vec::new();
     for scenario in scenarios {
         println!(
-            "=== scenario {} (FAULT_SEED={} FAULT_KINDS={}{}) ===",
+            "=== scenario {} on {target:?} (FAULT_SEED={} FAULT_KINDS={}{}) ===",
             scenario.name,
             seed,
             scenario
@@ -350,7 +358,7 @@ async fn fault_injection() {
                 .join(","),
             if long { " FAULT_LONG=1" } else { "" }
         );
-        match run_scenario(&scenario).await {
+        match run_scenario(&scenario, target).await {
             Ok(verdict) => {
                 if !verdict.ok() {
                     failures.push(format!(
@@ -370,6 +378,49 @@ async fn fault_injection() {
     );
 }
 
+on_every_target!(fault_injection);
+
+/// The Redis under test: a node of its own with the append-only file on (the `redis` and `empty` faults
+/// restart it), or the shared cluster.
+#[derive(Debug)]
+enum Backend {
+    Single(RedisServer),
+    Cluster(&'static RedisCluster),
+}
+
+impl Backend {
+    fn start(target: Target) -> Backend {
+        match target {
+            Target::Single => Backend::Single(RedisServer::start_with_aof()),
+            Target::Cluster => Backend::Cluster(RedisCluster::shared()),
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Backend::Single(server) => server.url(),
+            Backend::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// The nodes clients send commands to: `MONITOR` watches them, a paused process's ports are read for
+    /// them. The shared cluster's first three nodes are its masters (it never fails over).
+    fn command_ports(&self) -> Vec<u16> {
+        match self {
+            Backend::Single(server) => vec![server.port()],
+            Backend::Cluster(cluster) => cluster.nodes()[..3].iter().map(|n| n.port()).collect(),
+        }
+    }
+
+    /// The single node, for the faults that restart it.
+    fn single(&mut self) -> Res<&mut RedisServer> {
+        match self {
+            Backend::Single(server) => Ok(server),
+            Backend::Cluster(_) => Err("the shared cluster's nodes are not restarted".into()),
+        }
+    }
+}
+
 /// What happened to one fault, for the verification.
 #[derive(Debug, Clone)]
 struct FaultLog {
@@ -382,14 +433,14 @@ struct FaultLog {
     pause: Option<(u64, u64)>,
     /// For `redis`: just before the shutdown and just after the restarted server answered (µs).
     outage: Option<(u64, u64)>,
-    /// Client ports of the paused process (read while it was stopped).
-    ports: Vec<u16>,
+    /// Client ports of the paused process, with the node they connect to (read while it was stopped).
+    ports: Vec<(u16, u16)>,
     /// Member ids of the victim process.
     members: Vec<String>,
     note: String,
 }
 
-async fn run_scenario(s: &Scenario) -> Res<Verdict> {
+async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     let started = Instant::now();
     let stamp = move || format!("[{:>6.1}s]", started.elapsed().as_secs_f64());
     let plan = schedule(s);
@@ -404,22 +455,21 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
         s.timing,
         plan.len()
     );
-    let mut server = RedisServer::start_with_aof();
+    let mut server = Backend::start(target);
     let url = server.url();
     // Never faulted: the records must outlive a Redis restarted empty.
     let record_server = RedisServer::start();
     let record_url = record_server.url();
     let log_dir = std::env::temp_dir().join(format!(
-        "sl-faults-{}-{}-{}",
+        "sl-faults-{}-{target:?}-{}-{}",
         s.name,
         s.seed,
         std::process::id()
     ));
     fs::create_dir_all(&log_dir)?;
     println!(
-        "{} redis {url} (dir {}), records in {record_url}, worker logs in {}",
+        "{} redis {url}, records in {record_url}, worker logs in {}",
         stamp(),
-        server.dir().display(),
         log_dir.display()
     );
 
@@ -427,16 +477,19 @@ async fn run_scenario(s: &Scenario) -> Res<Verdict> {
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(Duration::from_secs(30)))
         .set_connection_timeout(Some(Duration::from_secs(5)));
-    let mut conn = redis::Client::open(url.as_str())?
-        .get_connection_manager_with_config(config.clone())
-        .await?;
+    let options = ConnectOptions {
+        response_timeout: Some(Duration::from_secs(30)),
+        connection_timeout: Some(Duration::from_secs(5)),
+        retries: None,
+    };
+    let mut conn = RedisTarget::open(&url)?.connect(options).await?;
     let mut rec = redis::Client::open(record_url.as_str())?
         .get_connection_manager_with_config(config)
         .await?;
     Topology::ensure(&mut conn, STREAM, s.shards).await?;
     Topology::ensure_group(&mut conn, STREAM, GROUP, StartFrom::Earliest).await?;
 
-    let monitor = Monitor::start(server.port());
+    let monitor = Monitor::start(&server.command_ports());
     let audit_copy = AuditCopy::start(&url, rec.clone()).await?;
 
     let urls = Urls {
@@ -670,7 +723,7 @@ fn dump(
 }
 
 /// Whether the group's projection shows `members` members, each owning shards, none pending or revoking.
-async fn settled(conn: &mut ConnectionManager, members: usize) -> bool {
+async fn settled(conn: &mut Connection, members: usize) -> bool {
     let Ok(Some(json)) = redis::cmd("GET")
         .arg(format!("sl:{{{STREAM}/{GROUP}}}:projection"))
         .query_async::<Option<String>>(conn)
@@ -718,7 +771,7 @@ struct Traffic {
 
 /// Produces rounds of one message per key until told to stop.
 async fn produce(
-    producer: Producer<ConnectionManager>,
+    producer: Producer<Connection>,
     keys: u32,
     rate: u32,
     max_rounds: u64,
@@ -918,8 +971,8 @@ async fn inject(
     s: &Scenario,
     planned: &PlannedFault,
     procs: &mut [WorkerProc],
-    server: &mut RedisServer,
-    conn: &mut ConnectionManager,
+    server: &mut Backend,
+    conn: &mut Connection,
     audit_copy: &AuditCopy,
     urls: &Urls,
     log_dir: &Path,
@@ -981,7 +1034,15 @@ async fn inject(
             let stopped = now_us();
             // The pause itself is the fault: a fixed length, past the lease.
             tokio::time::sleep(pause).await;
-            log.ports = client_ports(p.pid, server.port());
+            log.ports = server
+                .command_ports()
+                .into_iter()
+                .flat_map(|node| {
+                    client_ports(p.pid, node)
+                        .into_iter()
+                        .map(move |p| (node, p))
+                })
+                .collect();
             let cont = now_us();
             p.signal("CONT");
             log.pause = Some((stopped, cont));
@@ -997,6 +1058,7 @@ async fn inject(
         FaultKind::Redis => {
             let down = now_us();
             log.at = down;
+            let server = server.single()?;
             tokio::task::block_in_place(|| server.restart_graceful());
             let up = now_us();
             log.outage = Some((down, up));
@@ -1023,6 +1085,7 @@ async fn inject(
             let down = now_us();
             log.at = down;
             let copied = audit_copy.catch_up(&mut control).await;
+            let server = server.single()?;
             tokio::task::block_in_place(|| server.restart_empty());
             let up = now_us();
             log.outage = Some((down, up));
@@ -1110,6 +1173,8 @@ struct MonLine {
     at: u64,
     /// The client's port (`None` for commands run by a script).
     port: Option<u16>,
+    /// The port of the node that ran it.
+    node: u16,
     command: String,
     /// The consumer name, for commands that carry one.
     consumer: Option<String>,
@@ -1122,45 +1187,55 @@ struct MonLine {
 struct Monitor {
     stop: Arc<AtomicBool>,
     lines: Arc<Mutex<Vec<MonLine>>>,
-    thread: std::thread::JoinHandle<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Monitor {
-    /// A thread reading the monitor feed; it reconnects while Redis restarts.
-    fn start(port: u16) -> Monitor {
+    /// A thread per node reading its monitor feed; it reconnects while Redis restarts.
+    fn start(ports: &[u16]) -> Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, lines2) = (stop.clone(), lines.clone());
-        let ready = Arc::new(AtomicBool::new(false));
-        let ready2 = ready.clone();
-        let thread = std::thread::spawn(move || {
-            // Bounded: one connection per Redis (re)start, and each connect attempt waits 50 ms.
-            let born = Instant::now();
-            for _ in 0..100_000 {
-                if stop2.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
-                    return;
+        let mut threads = Vec::new();
+        for &port in ports {
+            let (stop2, lines2) = (stop.clone(), lines.clone());
+            let ready = Arc::new(AtomicBool::new(false));
+            let ready2 = ready.clone();
+            threads.push(std::thread::spawn(move || {
+                // Bounded: one connection per Redis (re)start, and each connect attempt waits 50 ms.
+                let born = Instant::now();
+                for _ in 0..100_000 {
+                    if stop2.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
+                        return;
+                    }
+                    if monitor_once(port, &stop2, &lines2, &ready2).is_err() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
-                if monitor_once(port, &stop2, &lines2, &ready2).is_err() {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+            }));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !ready.load(Ordering::Relaxed) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
             }
-        });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ready.load(Ordering::Relaxed) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+            assert!(
+                ready.load(Ordering::Relaxed),
+                "MONITOR on {port} did not start"
+            );
         }
-        assert!(ready.load(Ordering::Relaxed), "MONITOR did not start");
         Monitor {
             stop,
             lines,
-            thread,
+            threads,
         }
     }
 
+    /// Every node's lines, in Redis time order.
     fn stop(self) -> Vec<MonLine> {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        let lines = self.lines.lock().expect("monitor lines").clone();
+        for thread in self.threads {
+            let _ = thread.join();
+        }
+        let mut lines = self.lines.lock().expect("monitor lines").clone();
+        lines.sort_by_key(|line| line.at);
         lines
     }
 }
@@ -1189,7 +1264,8 @@ fn monitor_once(
                 line.clear();
                 if text.starts_with("+OK") {
                     ready.store(true, Ordering::Relaxed);
-                } else if let Some(parsed) = parse_monitor_line(text.trim_end()) {
+                } else if let Some(mut parsed) = parse_monitor_line(text.trim_end()) {
+                    parsed.node = port;
                     lines.lock().expect("monitor lines").push(parsed);
                 }
             }
@@ -1236,6 +1312,7 @@ fn parse_monitor_line(text: &str) -> Option<MonLine> {
     Some(MonLine {
         at,
         port,
+        node: 0,
         command,
         consumer,
         key,
@@ -1293,13 +1370,12 @@ struct AuditCopy {
 impl AuditCopy {
     async fn start(url: &str, rec: ConnectionManager) -> Res<AuditCopy> {
         // Its own connection: a blocking read would stall every other command on a shared one.
-        let from = redis::Client::open(url)?
-            .get_connection_manager_with_config(
-                redis::aio::ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(Duration::from_secs(5)))
-                    .set_connection_timeout(Some(Duration::from_millis(500))),
-            )
-            .await?;
+        let options = ConnectOptions {
+            response_timeout: Some(Duration::from_secs(5)),
+            connection_timeout: Some(Duration::from_millis(500)),
+            retries: None,
+        };
+        let from = RedisTarget::open(url)?.connect(options).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let copied = Arc::new(Mutex::new("0-0".to_string()));
         let task = tokio::spawn(copy_audit(from, rec, copied.clone(), stop.clone()));
@@ -1346,7 +1422,7 @@ fn id_parts(id: &str) -> (u64, u64) {
 }
 
 async fn copy_audit(
-    mut from: ConnectionManager,
+    mut from: Connection,
     mut rec: ConnectionManager,
     copied: Arc<Mutex<String>>,
     stop: Arc<AtomicBool>,
@@ -1519,7 +1595,7 @@ fn shard_of(key: &str) -> Option<u32> {
     key.strip_prefix(STREAM)?.strip_prefix(':')?.parse().ok()
 }
 
-async fn pending_per_shard(conn: &mut ConnectionManager, shards: u32) -> Res<Vec<u64>> {
+async fn pending_per_shard(conn: &mut Connection, shards: u32) -> Res<Vec<u64>> {
     let mut out = Vec::new();
     for shard in 0..shards {
         let reply: redis::Value = redis::cmd("XPENDING")
@@ -1849,7 +1925,7 @@ fn verify(
                 .consumer
                 .as_deref()
                 .filter(|c| f.members.iter().any(|m| m == c));
-            let by_port = line.port.is_some_and(|p| f.ports.contains(&p));
+            let by_port = line.port.is_some_and(|p| f.ports.contains(&(line.node, p)));
             if by_name.is_none() && !by_port {
                 continue;
             }

@@ -1,21 +1,24 @@
 //! The developer surface end to end, against real Redis: annotated listeners (four members from
 //! `concurrency = 4`, two listeners side by side), the builder (one member, several workers), and a
-//! graceful shutdown that loses nothing.
+//! graceful shutdown that loses nothing. Each test runs on a single node and on a Redis Cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::store::GroupStore;
 use stream_listener::topology::Topology;
 use stream_listener::{stream_listener, ConsumerBuilder, Message, Producer, Runtime};
-use stream_listener_test_support::aio::{connect, wait_until, wait_until_async, xpending_count};
+use stream_listener_test_support::aio::{wait_until, wait_until_async, xpending_count};
 use stream_listener_test_support::RedisServer;
-use stream_listener_tests::{orders, producer, start_one, test_runtime, Order, TIMING};
+use stream_listener_tests::{
+    connection, on_every_target, orders, producer, start_one, test_runtime, Order, Target, TIMING,
+};
 use tokio::time::Instant;
 
-/// What the handlers of this test binary saw, per stream: `key:seq`.
+/// What the annotated handlers of this test binary saw, per stream: `key:seq`. One test at a time
+/// uses them (see [`ANNOTATED`]).
 static HANDLED: Mutex<BTreeMap<&'static str, BTreeSet<String>>> = Mutex::new(BTreeMap::new());
 
 fn record(stream: &'static str, order: &Order) {
@@ -61,12 +64,12 @@ async fn projection(
     stream: &str,
     group: &str,
 ) -> stream_listener::coordinator::projection::GroupProjection {
-    let mut store = GroupStore::create(connect(url).await, stream, group, 1, TIMING).unwrap();
+    let mut store = GroupStore::create(connection(url).await, stream, group, 1, TIMING).unwrap();
     store.load().await.unwrap().1.projection(0)
 }
 
 async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {
-    let mut conn = connect(url).await;
+    let mut conn = connection(url).await;
     let mut total = 0;
     for shard in 0..shards {
         total += xpending_count(&mut conn, &format!("{stream}:{shard}"), group).await;
@@ -74,10 +77,16 @@ async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {
     total
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listener() {
-    let redis = RedisServer::start();
-    let url = redis.url();
+/// The annotated listeners' streams are fixed and [`HANDLED`] is global: their runs on each target take
+/// turns.
+static ANNOTATED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listener(target: Target) {
+    let _turn = ANNOTATED.lock().await;
+    HANDLED.lock().unwrap().clear();
+    let redis = target.start();
+    let url = redis.url().to_owned();
+    redis.assert_spread("annotated", 8);
     produce(&url, "annotated", 8, 20, 10).await;
     produce(&url, "second", 2, 5, 10).await;
     let runtime = Runtime::new(&url)
@@ -136,30 +145,54 @@ async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listene
     assert_eq!(pending(&url, "second", "audit", 2).await, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_nothing() {
-    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-    let redis = RedisServer::start();
-    let url = redis.url();
+/// `key:seq` of what a handler saw.
+type Seen = Arc<Mutex<BTreeSet<String>>>;
+
+fn seen_len(seen: &Seen) -> usize {
+    seen.lock().unwrap().len()
+}
+
+/// A handler recording into `seen`.
+fn recording(seen: &Seen) -> impl Fn(Message<Order>) -> std::future::Ready<Result<(), String>> {
+    let seen = seen.clone();
+    move |msg: Message<Order>| {
+        seen.lock()
+            .unwrap()
+            .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
+        std::future::ready(Ok(()))
+    }
+}
+
+async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_nothing(
+    target: Target,
+) {
+    let seen = Seen::default();
+    let redis = target.start();
+    let url = redis.url().to_owned();
+    redis.assert_spread("built", 8);
     produce(&url, "built", 8, 30, 20).await;
     let builder = || {
+        let seen = seen.clone();
         ConsumerBuilder::new("built", "g")
             .member_id("solo")
             .runtime_max_concurrency(3)
             .batch_size(5)
-            .handler(|msg: Message<Order>| async move {
-                tokio::time::sleep(Duration::from_micros(200)).await;
-                SEEN.lock()
-                    .unwrap()
-                    .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
-                Ok::<(), String>(())
+            .handler(move |msg: Message<Order>| {
+                let seen = seen.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    seen.lock()
+                        .unwrap()
+                        .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
+                    Ok::<(), String>(())
+                }
             })
     };
     let start = || test_runtime(&url).consumer(builder()).start();
     let runtime = start().await.unwrap();
     assert_eq!(runtime.member_ids(), ["solo"]);
     wait_until("some orders handled", Duration::from_secs(30), || {
-        SEEN.lock().unwrap().len() >= 100
+        seen_len(&seen) >= 100
     })
     .await;
     let view = projection(&url, "built", "g").await;
@@ -173,7 +206,7 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
     );
     let runtime = start().await.unwrap();
     wait_until("every order handled", Duration::from_secs(30), || {
-        SEEN.lock().unwrap().len() == 600
+        seen_len(&seen) == 600
     })
     .await;
     runtime.shutdown().await;
@@ -184,26 +217,23 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_entries() {
-    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-    let redis = RedisServer::start();
-    let url = redis.url();
+async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_entries(
+    target: Target,
+) {
+    let seen = Seen::default();
+    let redis = target.start();
+    let url = redis.url().to_owned();
+    redis.assert_spread("grown", 4);
     produce(&url, "grown", 4, 10, 10).await;
     let member = ConsumerBuilder::new("grown", "g")
         .member_id("solo")
-        .handler(|msg: Message<Order>| async move {
-            SEEN.lock()
-                .unwrap()
-                .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
-            Ok::<(), String>(())
-        });
+        .handler(recording(&seen));
     let runtime = start_one(&url, member).await;
     wait_until("the first 100", Duration::from_secs(30), || {
-        SEEN.lock().unwrap().len() == 100
+        seen_len(&seen) == 100
     })
     .await;
-    let mut conn = connect(&url).await;
+    let mut conn = redis.connect().await;
     Topology::resize(&mut conn, "grown", 8).await.unwrap();
     // A fresh producer routes over 8 shards; the group must follow or half of these are never read.
     let producer = Producer::new(conn.clone(), "grown").await.unwrap();
@@ -224,7 +254,7 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
         "some keys moved to the new shards"
     );
     wait_until("every order handled", Duration::from_secs(30), || {
-        SEEN.lock().unwrap().len() == 200
+        seen_len(&seen) == 200
     })
     .await;
     assert_eq!(projection(&url, "grown", "g").await.shard_count, 8);
@@ -274,13 +304,21 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
     assert!(err.to_string().contains("has not consumed"), "{err}");
 }
 
+on_every_target!(
+    annotated_listeners_run_four_members_side_by_side_with_a_second_listener,
+    builder_registers_one_member_with_local_workers_and_shutdown_loses_nothing,
+    a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_entries,
+);
+
+/// Single node only: it restarts Redis.
+///
 /// Redis restarted empty while a member owns every shard (the issue: members rebuilt coordination and
 /// then read nothing, NOGROUP every 5 s, forever). The group is rebuilt, the topology recreated from its
 /// shard count, the shard consumer groups recreated once ownership is confirmed, and what producers write
 /// afterwards is consumed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
-    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let seen = Seen::default();
     let mut redis = RedisServer::start();
     let url = redis.url();
     produce(&url, "phoenix", 4, 10, 5).await;
@@ -288,22 +326,17 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
         .consumer(
             ConsumerBuilder::new("phoenix", "g")
                 .member_id("p1")
-                .handler(|msg: Message<Order>| async move {
-                    SEEN.lock()
-                        .unwrap()
-                        .insert(format!("{}:{}", msg.payload.key, msg.payload.seq));
-                    Ok::<(), String>(())
-                }),
+                .handler(recording(&seen)),
         )
         .start()
         .await
         .unwrap();
     wait_until("the first orders handled", Duration::from_secs(30), || {
-        SEEN.lock().unwrap().len() == 50
+        seen_len(&seen) == 50
     })
     .await;
     redis.restart(); // no persistence: everything is gone
-    let mut conn = connect(&url).await;
+    let mut conn = connection(&url).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let topology = loop {
         if let Ok(topology) = Topology::load(&mut conn, "phoenix").await {
@@ -331,11 +364,11 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
     wait_until(
         "the orders written after the restart handled",
         Duration::from_secs(60),
-        || SEEN.lock().unwrap().len() == 100,
+        || seen_len(&seen) == 100,
     )
     .await;
     // Every owned shard's consumer group comes back, idle ones (no key of this test lands on some) too.
-    let mut conn = connect(&url).await;
+    let mut conn = connection(&url).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     for shard in 0..4 {
         loop {

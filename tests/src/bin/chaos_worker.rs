@@ -16,7 +16,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `REDIS_URL` | the Redis the members use | required |
+//! | `REDIS_URL` | the Redis the members use (a node, or a cluster: `redis+cluster://`) | required |
 //! | `CHAOS_RECORD_URL` | the Redis the records go to | `REDIS_URL` |
 //! | `CHAOS_PROC` | process name, base of the member ids | `w` |
 //! | `CHAOS_MEMBERS` | logical members in this process | 2 |
