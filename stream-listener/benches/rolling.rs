@@ -23,7 +23,9 @@ use stream_listener::coordinator::projection::GroupState;
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
-use stream_listener::store::GroupStore;
+use stream_listener::store::wakeup::Wakeups;
+use stream_listener::store::{GroupKeys, GroupStore};
+use stream_listener::RedisTarget;
 use stream_listener_test_support::aio::connect_with_timeouts;
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, watch};
@@ -50,7 +52,13 @@ struct Member {
     task: JoinHandle<()>,
 }
 
-async fn start_member(url: &str, id: String, shards: u32, config: GroupConfig) -> Member {
+async fn start_member(
+    url: &str,
+    id: String,
+    shards: u32,
+    config: GroupConfig,
+    wakeups: &Wakeups,
+) -> Member {
     let store =
         GroupStore::create(connect(url).await, STREAM, GROUP, shards, config).expect("store");
     let identity = MemberIdentity {
@@ -82,20 +90,29 @@ async fn start_member(url: &str, id: String, shards: u32, config: GroupConfig) -
         reports_rx,
         stop_rx,
     )
-    .with_status(status_tx);
+    .with_status(status_tx)
+    .with_wakeup(wakeups.register(&id));
     let task = tokio::spawn(async move {
         let _ = member.run().await;
     });
     Member { status, stop, task }
 }
 
-async fn start_process(url: &str, name: &str, per_process: usize, shards: u32) -> Vec<Member> {
+/// A process's members, sharing its wake-up subscription as the runtime's members do.
+async fn start_process(
+    url: &str,
+    name: &str,
+    per_process: usize,
+    shards: u32,
+) -> (Vec<Member>, Wakeups) {
+    let channel = GroupKeys::new(STREAM, GROUP).wake;
+    let wakeups = Wakeups::start(RedisTarget::open(url).expect("url"), channel);
     let mut members = Vec::with_capacity(per_process);
     for k in 0..per_process {
-        members
-            .push(start_member(url, format!("{name}-{k}"), shards, GroupConfig::default()).await);
+        let id = format!("{name}-{k}");
+        members.push(start_member(url, id, shards, GroupConfig::default(), &wakeups).await);
     }
-    members
+    (members, wakeups)
 }
 
 /// Who reads each shard, from the members' status, sampled; tracks moves and unowned stretches.
@@ -177,8 +194,12 @@ fn main() {
         // All members, old and new, by index; `alive[i]` while member i runs.
         let mut members: Vec<Member> = Vec::new();
         let mut processes_now: Vec<Vec<usize>> = Vec::new();
+        // Each process's wake-up subscription, dropped when the process stops.
+        let mut subscriptions: Vec<Option<Wakeups>> = Vec::new();
         for p in 0..processes {
-            let started = start_process(&url, &format!("old{p}"), per_process, shards).await;
+            let (started, wakeups) =
+                start_process(&url, &format!("old{p}"), per_process, shards).await;
+            subscriptions.push(Some(wakeups));
             let first = members.len();
             members.extend(started);
             processes_now.push((first..members.len()).collect());
@@ -213,7 +234,9 @@ fn main() {
         let step_limit = Duration::from_secs(60);
         for (p, old) in processes_now.iter().enumerate() {
             // The new pod starts and becomes ready: each of its members joined (has an epoch).
-            let started = start_process(&url, &format!("new{p}"), per_process, shards).await;
+            let (started, wakeups) =
+                start_process(&url, &format!("new{p}"), per_process, shards).await;
+            subscriptions.push(Some(wakeups));
             let first = members.len();
             members.extend(started);
             let new: Vec<usize> = (first..members.len()).collect();
@@ -234,6 +257,7 @@ fn main() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             alive.retain(|i| !old.contains(i));
+            subscriptions[p] = None;
         }
         let rolled = roll_start.elapsed();
         // Until every shard is read again by the new generation.

@@ -142,8 +142,31 @@ impl RedisTarget {
         node: Option<(&str, u16)>,
         config: &AsyncConnectionConfig,
     ) -> RedisResult<MultiplexedConnection> {
-        let client = match (self, node) {
-            (Self::Single(client), _) => client.clone(),
+        self.node_client(node)?
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+    }
+
+    /// A pub/sub connection: to the single node, or to the first cluster seed (a cluster forwards
+    /// `PUBLISH` to every node).
+    pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
+        let node = match self {
+            Self::Single(_) => None,
+            Self::Cluster(seeds) => match seeds.first().map(|seed| seed.addr()) {
+                Some(ConnectionAddr::Tcp(host, port)) => Some((host.as_str(), *port)),
+                #[cfg(feature = "tls")]
+                Some(ConnectionAddr::TcpTls { host, port, .. }) => Some((host.as_str(), *port)),
+                _ => return Err(invalid("cluster seeds must be TCP addresses")),
+            },
+        };
+        self.node_client(node)?.get_async_pubsub().await
+    }
+
+    /// A client for one node: the single node, or the cluster node at `host:port` with the seeds'
+    /// credentials and TLS.
+    fn node_client(&self, node: Option<(&str, u16)>) -> RedisResult<redis::Client> {
+        match (self, node) {
+            (Self::Single(client), _) => Ok(client.clone()),
             (Self::Cluster(seeds), Some((host, port))) => {
                 let seed = seeds[0].clone();
                 let addr = match seed.addr() {
@@ -161,13 +184,10 @@ impl RedisTarget {
                     },
                     _ => return Err(invalid("cluster seeds must be TCP addresses")),
                 };
-                redis::Client::open(seed.set_addr(addr))?
+                redis::Client::open(seed.set_addr(addr))
             }
-            (Self::Cluster(_), None) => return Err(invalid("a cluster node address is needed")),
-        };
-        client
-            .get_multiplexed_async_connection_with_config(config)
-            .await
+            (Self::Cluster(_), None) => Err(invalid("a cluster node address is needed")),
+        }
     }
 
     /// `PING` through a fresh connection (the cluster: through its discovery), for startup checks.

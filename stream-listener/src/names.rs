@@ -67,6 +67,8 @@ pub mod group {
     pub const INBOX: &str = "inbox";
     /// Prefix of the answer to one queued heartbeat: `reply:<replyId>`.
     pub const REPLY: &str = "reply";
+    /// The pub/sub channel (not a key) that wakes members whose shards a commit moved.
+    pub const WAKE: &str = "wake";
 }
 
 /// The key `sl:{<stream>/<group>}:<suffix>` of a group (`suffix` from [`group`]). The hash tag keeps every key

@@ -12,11 +12,13 @@ use stream_listener::coordinator::wire::HeartbeatStatus;
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberSession, Phase};
-use stream_listener::store::{GroupStore, StoreError};
+use stream_listener::store::wakeup::Wakeups;
+use stream_listener::store::{GroupKeys, GroupStore, StoreError};
+use stream_listener::RedisTarget;
 use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, xrange};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::member_session;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 const HB: i64 = 100;
@@ -71,7 +73,7 @@ async fn spawn_member(
     id: &str,
     ledger: SharedLedger,
 ) -> RunningMember {
-    spawn_member_with(url, group, shards, id, ledger, CONFIG).await
+    spawn_member_with(url, group, shards, id, ledger, CONFIG, None).await
 }
 
 async fn spawn_member_with(
@@ -81,6 +83,7 @@ async fn spawn_member_with(
     id: &str,
     ledger: SharedLedger,
     config: GroupConfig,
+    wakeup: Option<Arc<Notify>>,
 ) -> RunningMember {
     let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
     let (reports_tx, reports_rx) = mpsc::unbounded_channel();
@@ -115,18 +118,19 @@ async fn spawn_member_with(
             }
         }
     });
-    let task = tokio::spawn(
-        MemberLoop::new(
-            session(id),
-            GroupStore::create(connect(url).await, "orders", group, shards, config).expect("store"),
-            stream_listener::member::lifecycle::OwnershipDeadline::new(),
-            commands_tx,
-            reports_rx,
-            shutdown_rx,
-        )
-        .with_status(status_tx)
-        .run(),
-    );
+    let mut member = MemberLoop::new(
+        session(id),
+        GroupStore::create(connect(url).await, "orders", group, shards, config).expect("store"),
+        stream_listener::member::lifecycle::OwnershipDeadline::new(),
+        commands_tx,
+        reports_rx,
+        shutdown_rx,
+    )
+    .with_status(status_tx);
+    if let Some(wakeup) = wakeup {
+        member = member.with_wakeup(wakeup);
+    }
+    let task = tokio::spawn(member.run());
     RunningMember {
         shutdown,
         status,
@@ -447,6 +451,72 @@ async fn graceful_shutdown_leaves_the_group() {
     drop(b);
 }
 
+/// A hand-off does not wait for the heartbeat interval: the commit that frees a leaving member's shards
+/// grants them to the other member and wakes it (`store::wakeup`), so it reads them long before its next
+/// heartbeat would have told it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_wakes_the_member_that_gets_its_shards() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let interval = Duration::from_secs(3);
+    let config = GroupConfig {
+        heartbeat_interval_ms: interval.as_millis() as i64,
+        session_timeout_ms: 10_000,
+        rebalance_timeout_ms: 10_000,
+    };
+    let channel = GroupKeys::new("orders", "wake").wake;
+    let wakeups = Wakeups::start(RedisTarget::open(&url).unwrap(), channel);
+    let ledger = SharedLedger::default();
+    let member = |id: &'static str| {
+        spawn_member_with(
+            &url,
+            "wake",
+            4,
+            id,
+            ledger.clone(),
+            config,
+            Some(wakeups.register(id)),
+        )
+    };
+    let a = member("a").await;
+    let mut b = member("b").await;
+    let mut observer = store(&url, "wake", 4).await;
+    // A new group grants after two intervals.
+    wait_for(&mut observer, Duration::from_secs(30), converged(2, 4)).await;
+    // Just after one of b's settled heartbeats, its next one is a whole interval away.
+    let heartbeats = |status: &MemberStatus| status.heartbeats.values().sum::<u64>();
+    let seen = heartbeats(&b.status.borrow());
+    let beat_seen = matches!(
+        tokio::time::timeout(
+            interval * 2,
+            b.status.wait_for(|status| heartbeats(status) > seen),
+        )
+        .await,
+        Ok(Ok(_))
+    );
+    assert!(beat_seen, "b heartbeats");
+    let beat = Instant::now();
+    a.shutdown.send(true).unwrap();
+    let took_over = matches!(
+        tokio::time::timeout(
+            interval / 2,
+            b.status.wait_for(|status| status.owned.len() == 4),
+        )
+        .await,
+        Ok(Ok(_))
+    );
+    assert!(
+        took_over,
+        "b did not read a's shards within half an interval of its last heartbeat: {:?}",
+        *b.status.borrow()
+    );
+    assert!(beat.elapsed() < interval);
+    assert_left_and_taken_over(a, &mut observer).await;
+    let ledger = ledger.lock().unwrap();
+    assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
+    assert!(ledger.backwards.is_empty(), "{:?}", ledger.backwards);
+}
+
 /// `a`'s loop ends having left (not expired), and the one other member owns all 4 shards.
 async fn assert_left_and_taken_over(a: RunningMember, observer: &mut GroupStore) {
     tokio::time::timeout(Duration::from_secs(5), a.task)
@@ -640,6 +710,7 @@ async fn two_hundred_fifty_six_members_joining_at_once_converge() {
                 &format!("m{i}"),
                 ledger.clone(),
                 config,
+                None,
             )
             .await,
         );

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use std::sync::Arc;
@@ -92,6 +92,9 @@ pub struct MemberLoop {
     /// The self-fencing deadline the consumption layer checks before every command; this loop moves it.
     /// Its origin is the loop's local clock.
     deadline: Arc<OwnershipDeadline>,
+    /// Notified when a commit by someone else granted or revoked this member's shards
+    /// ([`crate::store::wakeup`]): heartbeat now rather than at the next interval.
+    wakeup: Arc<Notify>,
 }
 
 /// How long a graceful leave waits for drains unless [`MemberLoop::with_shutdown_timeout`] says otherwise.
@@ -120,7 +123,15 @@ impl MemberLoop {
             status: watch::channel(MemberStatus::default()).0,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             deadline,
+            wakeup: Arc::new(Notify::new()),
         }
+    }
+
+    /// Heartbeats at once whenever `wakeup` is notified (see [`crate::store::wakeup::Wakeups`]), so a
+    /// hand-off does not wait for the interval. Without it the member keeps the interval pacing.
+    pub fn with_wakeup(mut self, wakeup: Arc<Notify>) -> Self {
+        self.wakeup = wakeup;
+        self
     }
 
     /// Publishes the member's [`MemberStatus`] on `status` after every change.
@@ -145,6 +156,7 @@ impl MemberLoop {
         let mut counts = Counts::default();
         let mut leave_deadline: Option<Instant> = None;
         let mut reports_open = true;
+        let wakeup = self.wakeup.clone();
         loop {
             let lease_deadline = self.lease_instant(start);
             let far = Instant::now() + Duration::from_secs(3600);
@@ -152,6 +164,7 @@ impl MemberLoop {
                 _ = tokio::time::sleep_until(next_heartbeat) => {}
                 _ = tokio::time::sleep_until(lease_deadline) => {}
                 _ = tokio::time::sleep_until(leave_deadline.unwrap_or(far)) => {}
+                () = wakeup.notified() => next_heartbeat = next_heartbeat.min(Instant::now()),
                 report = self.reports.recv(), if reports_open => match report {
                     Some(report) => {
                         if self.apply_report(report) {

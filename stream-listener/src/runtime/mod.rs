@@ -17,6 +17,7 @@ mod follower;
 mod spec;
 mod state;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::connection::{ConnectOptions, RedisTarget};
@@ -31,7 +32,8 @@ use crate::coordinator::metadata::GroupConfig;
 use crate::member::heartbeat::{MemberLoop, MemberStatus};
 use crate::member::lifecycle::OwnershipDeadline;
 use crate::member::session::{MemberIdentity, MemberSession, Phase};
-use crate::store::{GroupStore, StoreError};
+use crate::store::wakeup::Wakeups;
+use crate::store::{GroupKeys, GroupStore, StoreError};
 use crate::topology::{StartFrom, Topology, TopologyError};
 
 pub use builder::ConsumerBuilder;
@@ -304,10 +306,24 @@ impl Runtime {
             .collect();
         groups.sort();
         groups.dedup();
+        // One wake-up subscription per group, shared by this process's members of it.
+        let wakeups: HashMap<(String, String), Wakeups> = groups
+            .iter()
+            .map(|(stream, group)| {
+                let channel = GroupKeys::new(stream, group).wake;
+                let wakeups = Wakeups::start(client.clone(), channel);
+                ((stream.clone(), group.clone()), wakeups)
+            })
+            .collect();
         let mut members = Vec::new();
         for plan in plans {
+            let key = (
+                plan.consumer.stream_prefix.clone(),
+                plan.consumer.group.clone(),
+            );
+            let wakeup = wakeups[&key].register(&plan.member_id);
             members.push(
-                self.start_member(&client, plan, shutdown_rx.clone())
+                self.start_member(&client, plan, wakeup, shutdown_rx.clone())
                     .await?,
             );
         }
@@ -330,6 +346,7 @@ impl Runtime {
             shutdown,
             members,
             followers,
+            _wakeups: wakeups.into_values().collect(),
             timeout: self.shutdown_timeout,
         })
     }
@@ -390,6 +407,7 @@ impl Runtime {
         &self,
         client: &RedisTarget,
         plan: MemberPlan,
+        wakeup: std::sync::Arc<tokio::sync::Notify>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<RunningMember, RuntimeError> {
         let interval = Duration::from_millis(self.group_config.heartbeat_interval_ms as u64);
@@ -475,6 +493,7 @@ impl Runtime {
             MemberLoop::new(session, store, deadline, commands_tx, reports_rx, shutdown)
                 .with_status(status_tx)
                 .with_shutdown_timeout(self.shutdown_timeout)
+                .with_wakeup(wakeup)
                 .run()
                 .instrument(span.clone()),
         );
@@ -508,6 +527,8 @@ pub struct RunningRuntime {
     shutdown: watch::Sender<bool>,
     members: Vec<RunningMember>,
     followers: Vec<JoinHandle<()>>,
+    /// Kept for the members' lifetime; dropping one ends its subscription.
+    _wakeups: Vec<Wakeups>,
     timeout: Duration,
 }
 

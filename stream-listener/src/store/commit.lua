@@ -6,7 +6,8 @@
 --       n leases, (memberId, lease)*n                 -- live members (only ever moved forward)
 --       n removed, memberId*n
 --       n events, event*n
---       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[7..])
+--       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[7..]),
+--       wake channel, wake payload (memberIds separated by spaces; empty: publish nothing)
 -- Returns {1, now, new revision} or {0, now} on conflict. Queued heartbeats are answered only here, after
 -- the commit that applied them, so a sender never sees a response that was not persisted.
 -- The revision is max(previous + 1, now * 1000): it never repeats, even after the store lost the revision
@@ -58,4 +59,5 @@ for k = 1, n do
   redis.call('PEXPIRE', KEYS[6 + k], ttl)
   i = i + 1
 end
+if ARGV[i + 1] ~= '' then redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return {1, now, rev}

@@ -35,6 +35,7 @@
 //! Key layout (one Redis Cluster slot per group thanks to the hash tag): see [`GroupKeys`].
 
 mod inbox;
+pub mod wakeup;
 
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,8 @@ pub struct GroupKeys {
     pub turn: String,
     /// Heartbeats queued for the writer.
     pub inbox: String,
+    /// The wake-up channel (pub/sub, not a key; see [`wakeup`]).
+    pub wake: String,
 }
 
 impl GroupKeys {
@@ -113,6 +116,7 @@ impl GroupKeys {
             writer: key(suffix::WRITER),
             turn: key(suffix::TURN),
             inbox: key(suffix::INBOX),
+            wake: key(suffix::WAKE),
         }
     }
 
@@ -556,8 +560,14 @@ impl GroupStore {
                         ready.now,
                         &outcome.writes,
                         &outcome.events,
-                        entries.len(),
-                        &[],
+                        &Answering {
+                            taken: entries.len(),
+                            answers: Vec::new(),
+                            answered: own
+                                .map(|(_, req)| req.member_id.clone())
+                                .into_iter()
+                                .collect(),
+                        },
                     )
                     .await?
                 {
@@ -580,7 +590,12 @@ impl GroupStore {
                 let outcome = snapshot.coordinator.heartbeat(req, now);
                 own_answer = Some(batch.add(outcome));
             }
-            let mut answers = Vec::new();
+            // Members this batch answers learn what changed for them from their answer itself.
+            let mut answering = Answering {
+                taken: entries.len(),
+                answers: Vec::new(),
+                answered: own.iter().map(|(_, req)| req.member_id.clone()).collect(),
+            };
             let mut bad = 0;
             for entry in &entries {
                 let queued = match inbox::decode(entry) {
@@ -603,21 +618,15 @@ impl GroupStore {
                 }];
                 serde_json::to_writer(&mut answer, &batch.add(outcome))
                     .expect("responses serialize");
-                answers.push((queued.reply_id, answer));
+                answering.answered.push(queued.request.member_id.clone());
+                answering.answers.push((queued.reply_id, answer));
             }
             if bad > 0 {
                 tracing::warn!(inbox = %self.keys.inbox, bad, "skipped queued heartbeats that do not decode");
             }
             if batch.changed || !entries.is_empty() {
                 let committed = self
-                    .commit(
-                        &mut snapshot,
-                        now,
-                        &batch.writes,
-                        &batch.events,
-                        entries.len(),
-                        &answers,
-                    )
+                    .commit(&mut snapshot, now, &batch.writes, &batch.events, &answering)
                     .await?;
                 if !committed {
                     refusals += 1;
@@ -627,7 +636,7 @@ impl GroupStore {
                     continue;
                 }
             }
-            stats::add(&stats::BATCHED, answers.len() as u64);
+            stats::add(&stats::BATCHED, answering.answers.len() as u64);
             self.cache = Some(snapshot);
             if let Some(answer) = own_answer {
                 own_response = Some(answer);
@@ -771,8 +780,14 @@ impl GroupStore {
             Change::None => true,
             // Only heartbeats renew a lease; anything else that moved one is committed in full.
             Change::Lease | Change::Metadata => {
-                self.commit(&mut snapshot, now, &outcome.writes, &outcome.events, 0, &[])
-                    .await?
+                self.commit(
+                    &mut snapshot,
+                    now,
+                    &outcome.writes,
+                    &outcome.events,
+                    &Answering::default(),
+                )
+                .await?
             }
         };
         if !written {
@@ -922,9 +937,13 @@ impl GroupStore {
         now: i64,
         writes: &Writes,
         events: &[AuditEvent],
-        taken: usize,
-        answers: &[(String, Vec<u8>)],
+        answering: &Answering,
     ) -> Result<bool, StoreError> {
+        let Answering {
+            taken,
+            answers,
+            answered,
+        } = answering;
         let meta = snapshot.coordinator.metadata();
         let meta_json = meta.to_json();
         let projection = serde_json::to_vec(&snapshot.coordinator.projection(now))
@@ -971,12 +990,15 @@ impl GroupStore {
             invocation.arg(serde_json::to_string(event).expect("events serialize"));
         }
         invocation
-            .arg(taken)
+            .arg(*taken)
             .arg(self.queue_ttl_ms().max(1000))
             .arg(answers.len());
         for (_, answer) in answers {
             invocation.arg(answer.as_slice());
         }
+        invocation
+            .arg(&self.keys.wake)
+            .arg(wakeup::to_wake(events, answered).join(" "));
         let reply: Vec<i64> = invocation.invoke_async(&mut self.conn).await?;
         let (committed, now, revision) = decode_reply("commit.lua", reply)?;
         self.observe_time(now);
@@ -989,6 +1011,16 @@ impl GroupStore {
         snapshot.revision = revision;
         Ok(true)
     }
+}
+
+/// What a commit does for queued heartbeats: how many inbox entries it takes, the answers it pushes
+/// (reply id, answer), and every member answered by it or by the caller's own response (who therefore
+/// need no wake-up).
+#[derive(Debug, Default)]
+struct Answering {
+    taken: usize,
+    answers: Vec<(String, Vec<u8>)>,
+    answered: Vec<String>,
 }
 
 /// A heartbeat computed on the cache that needs a commit, kept in case nobody else writes first.

@@ -1,0 +1,145 @@
+//! Wake-ups: a commit that grants or revokes shards of members it does not answer publishes their
+//! memberIds on the group's wake channel (`sl:{<stream>/<group>}:wake`, inside `commit.lua`), and those
+//! members heartbeat at once instead of at their next interval. A hand-off (a leave, a REVOKED report, an
+//! expiry) then takes a few round trips instead of up to a heartbeat interval.
+//!
+//! Only a shortcut: nothing depends on a wake-up arriving. A lost one (no subscriber yet, a dropped
+//! connection, a failover) leaves the interval pacing, which every safety and liveness argument assumes
+//! anyway. A wake-up only brings a heartbeat forward, so a forged one costs a heartbeat and nothing else.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::connection::RedisTarget;
+use crate::coordinator::events::AuditEvent;
+
+/// The members a commit must wake: those whose shards it granted or revoked, except the ones it answers
+/// (`answered`), which learn it from their answer. In order, without repeats.
+pub fn to_wake<'a>(events: &'a [AuditEvent], answered: &[String]) -> Vec<&'a str> {
+    let mut wake: Vec<&str> = Vec::new();
+    for event in events {
+        let member = match event {
+            AuditEvent::ShardsAssigned { member_id, .. }
+            | AuditEvent::ShardsRevokeRequested { member_id, .. } => member_id.as_str(),
+            _ => continue,
+        };
+        if !answered.iter().any(|a| a == member) && !wake.contains(&member) {
+            wake.push(member);
+        }
+    }
+    wake
+}
+
+/// One process's subscription to a group's wake channel, shared by its members in that group.
+/// Unsubscribes when dropped.
+#[derive(Debug)]
+pub struct Wakeups {
+    members: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    task: JoinHandle<()>,
+}
+
+impl Wakeups {
+    /// Subscribes to `channel` on `target` (on a cluster through a seed node: `PUBLISH` reaches every
+    /// node), reconnecting with backoff for as long as it lives.
+    pub fn start(target: RedisTarget, channel: String) -> Self {
+        let members: Arc<Mutex<HashMap<String, Arc<Notify>>>> = Arc::default();
+        let task = tokio::spawn(subscribe(target, channel, members.clone()));
+        Self { members, task }
+    }
+
+    /// What wakes `member_id`: notified (one stored permit) each time a commit names it.
+    pub fn register(&self, member_id: &str) -> Arc<Notify> {
+        self.members
+            .lock()
+            .expect("wake-up registry poisoned")
+            .entry(member_id.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+impl Drop for Wakeups {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn subscribe(
+    target: RedisTarget,
+    channel: String,
+    members: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+) {
+    let mut failures = 0u32;
+    loop {
+        match target.pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    failures = 0;
+                    let mut messages = pubsub.on_message();
+                    while let Some(message) = messages.next().await {
+                        let Ok(payload) = message.get_payload::<String>() else {
+                            continue;
+                        };
+                        let members = members.lock().expect("wake-up registry poisoned");
+                        for id in payload.split(' ') {
+                            if let Some(notify) = members.get(id) {
+                                notify.notify_one();
+                            }
+                        }
+                    }
+                    tracing::debug!(%channel, "wake-up subscription ended; resubscribing");
+                }
+                Err(error) => tracing::debug!(%channel, %error, "wake-up subscribe failed"),
+            },
+            Err(error) => tracing::debug!(%channel, %error, "wake-up connection failed"),
+        }
+        failures = failures.saturating_add(1);
+        let backoff = crate::util::exponential_backoff(
+            Duration::from_millis(100),
+            failures,
+            Duration::from_secs(5),
+        );
+        tokio::time::sleep(crate::util::equal_jitter(
+            backoff,
+            crate::util::random_u64(),
+        ))
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assigned(member: &str) -> AuditEvent {
+        AuditEvent::ShardsAssigned {
+            member_id: member.into(),
+            member_epoch: 7,
+            shards: vec![1],
+        }
+    }
+
+    #[test]
+    fn rule_a_commit_wakes_members_it_granted_or_revoked_but_did_not_answer() {
+        let events = vec![
+            assigned("b"),
+            AuditEvent::ShardsRevokeRequested {
+                member_id: "c".into(),
+                shards: vec![2],
+            },
+            assigned("a"),
+            assigned("b"),
+            AuditEvent::ShardsRevoked {
+                member_id: "d".into(),
+                shards: vec![3],
+            },
+        ];
+        assert_eq!(to_wake(&events, &["a".to_owned()]), vec!["b", "c"]);
+        assert!(to_wake(&[], &[]).is_empty());
+    }
+}
