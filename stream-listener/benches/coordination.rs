@@ -19,7 +19,7 @@
 //!    trivial script, and the store's own `renew.lua` invoked directly (the server side of a steady
 //!    heartbeat without any client-side coordinator work).
 //! 4. **Joining at once**: the members, each a real `MemberLoop` with a consumption layer that drains at
-//!    once, join a fresh group; measured: the time until the projection is STABLE with every member, every
+//!    once and a wake-up subscription shared by four (as a process's members share one), join a fresh group; measured: the time until the projection is STABLE with every member, every
 //!    shard granted and a spread of at most one shard, with the default timing (1 s heartbeats) and with
 //!    100 ms heartbeats.
 
@@ -35,7 +35,9 @@ use stream_listener::coordinator::wire::{HeartbeatResponse, HeartbeatStatus};
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
 use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberIdentity, MemberSession};
-use stream_listener::store::GroupStore;
+use stream_listener::store::wakeup::Wakeups;
+use stream_listener::store::{GroupKeys, GroupStore};
+use stream_listener::RedisTarget;
 use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, info, info_field};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, watch};
@@ -494,6 +496,12 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     for _ in 0..members {
         stores.push(store(url, group, config).await);
     }
+    // One wake-up subscription per four members, as a process with `concurrency = 4` has.
+    let channel = GroupKeys::new(STREAM, group).wake;
+    let target = RedisTarget::open(url).expect("url");
+    let subscriptions: Vec<Wakeups> = (0..members.div_ceil(4))
+        .map(|_| Wakeups::start(target.clone(), channel.clone()))
+        .collect();
     let stats_before = stream_listener::store::stats();
     let start = Instant::now();
     for (i, member_store) in stores.into_iter().enumerate() {
@@ -508,15 +516,18 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
                 }
             }
         });
+        let id = format!("j{i}");
+        let wakeup = subscriptions[i / 4].register(&id);
         let member = MemberLoop::new(
-            session(&format!("j{i}"), config.session_timeout_ms, i as u64),
+            session(&id, config.session_timeout_ms, i as u64),
             member_store,
             stream_listener::member::lifecycle::OwnershipDeadline::new(),
             commands_tx,
             reports_rx,
             stop_rx,
         )
-        .with_status(status_tx);
+        .with_status(status_tx)
+        .with_wakeup(wakeup);
         stops.push(stop);
         tasks.push(tokio::spawn(member.run()));
     }
