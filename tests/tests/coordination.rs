@@ -14,10 +14,10 @@ use stream_listener::member::lifecycle::{ShardCommand, ShardReport};
 use stream_listener::member::session::{MemberSession, Phase};
 use stream_listener::store::wakeup::Wakeups;
 use stream_listener::store::{GroupKeys, GroupStore, StoreError};
-use stream_listener::RedisTarget;
+use stream_listener::{Connection, RedisTarget};
 use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, xrange};
 use stream_listener_test_support::RedisServer;
-use stream_listener_tests::member_session;
+use stream_listener_tests::{member_session, on_every_target, Target};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
@@ -73,11 +73,11 @@ async fn spawn_member(
     id: &str,
     ledger: SharedLedger,
 ) -> RunningMember {
-    spawn_member_with(url, group, shards, id, ledger, CONFIG, None).await
+    spawn_member_with(connect(url).await, group, shards, id, ledger, CONFIG, None).await
 }
 
 async fn spawn_member_with(
-    url: &str,
+    conn: impl Into<Connection>,
     group: &str,
     shards: u32,
     id: &str,
@@ -120,7 +120,7 @@ async fn spawn_member_with(
     });
     let mut member = MemberLoop::new(
         session(id),
-        GroupStore::create(connect(url).await, "orders", group, shards, config).expect("store"),
+        GroupStore::create(conn, "orders", group, shards, config).expect("store"),
         stream_listener::member::lifecycle::OwnershipDeadline::new(),
         commands_tx,
         reports_rx,
@@ -453,11 +453,11 @@ async fn graceful_shutdown_leaves_the_group() {
 
 /// A hand-off does not wait for the heartbeat interval: the commit that frees a leaving member's shards
 /// grants them to the other member and wakes it (`store::wakeup`), so it reads them long before its next
-/// heartbeat would have told it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leave_wakes_the_member_that_gets_its_shards() {
-    let redis = RedisServer::start();
-    let url = redis.url();
+/// heartbeat would have told it. On a cluster the commit publishes on the group's node and the
+/// subscription listens through a seed node.
+async fn a_leave_wakes_the_member_that_gets_its_shards(target: Target) {
+    let redis = target.start();
+    let url = redis.url().to_owned();
     let interval = Duration::from_secs(3);
     let config = GroupConfig {
         heartbeat_interval_ms: interval.as_millis() as i64,
@@ -467,9 +467,9 @@ async fn a_leave_wakes_the_member_that_gets_its_shards() {
     let channel = GroupKeys::new("orders", "wake").wake;
     let wakeups = Wakeups::start(RedisTarget::open(&url).unwrap(), channel);
     let ledger = SharedLedger::default();
-    let member = |id: &'static str| {
+    let member = async |id: &'static str| {
         spawn_member_with(
-            &url,
+            redis.connect().await,
             "wake",
             4,
             id,
@@ -477,10 +477,12 @@ async fn a_leave_wakes_the_member_that_gets_its_shards() {
             config,
             Some(wakeups.register(id)),
         )
+        .await
     };
     let a = member("a").await;
     let mut b = member("b").await;
-    let mut observer = store(&url, "wake", 4).await;
+    let mut observer =
+        GroupStore::create(redis.connect().await, "orders", "wake", 4, config).expect("store");
     // A new group grants after two intervals.
     wait_for(&mut observer, Duration::from_secs(30), converged(2, 4)).await;
     // Just after one of b's settled heartbeats, its next one is a whole interval away.
@@ -516,6 +518,8 @@ async fn a_leave_wakes_the_member_that_gets_its_shards() {
     assert!(ledger.overlaps.is_empty(), "{:?}", ledger.overlaps);
     assert!(ledger.backwards.is_empty(), "{:?}", ledger.backwards);
 }
+
+on_every_target!(a_leave_wakes_the_member_that_gets_its_shards);
 
 /// `a`'s loop ends having left (not expired), and the one other member owns all 4 shards.
 async fn assert_left_and_taken_over(a: RunningMember, observer: &mut GroupStore) {
@@ -704,7 +708,7 @@ async fn two_hundred_fifty_six_members_joining_at_once_converge() {
     for i in 0..MEMBERS {
         members.push(
             spawn_member_with(
-                &redis.url(),
+                connect(&redis.url()).await,
                 "scale",
                 256,
                 &format!("m{i}"),
