@@ -502,6 +502,9 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     let subscriptions: Vec<Wakeups> = (0..members.div_ceil(4))
         .map(|_| Wakeups::start(target.clone(), channel.clone()))
         .collect();
+    for wakeups in &subscriptions {
+        wakeups.subscribed(Duration::from_secs(1)).await;
+    }
     let stats_before = stream_listener::store::stats();
     let start = Instant::now();
     for (i, member_store) in stores.into_iter().enumerate() {

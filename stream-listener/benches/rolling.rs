@@ -107,6 +107,7 @@ async fn start_process(
 ) -> (Vec<Member>, Wakeups) {
     let channel = GroupKeys::new(STREAM, GROUP).wake;
     let wakeups = Wakeups::start(RedisTarget::open(url).expect("url"), channel);
+    wakeups.subscribed(Duration::from_secs(1)).await;
     let mut members = Vec::with_capacity(per_process);
     for k in 0..per_process {
         let id = format!("{name}-{k}");

@@ -466,6 +466,7 @@ async fn a_leave_wakes_the_member_that_gets_its_shards(target: Target) {
     };
     let channel = GroupKeys::new("orders", "wake").wake;
     let wakeups = Wakeups::start(RedisTarget::open(&url).unwrap(), channel);
+    assert!(wakeups.subscribed(Duration::from_secs(10)).await);
     let ledger = SharedLedger::default();
     let member = async |id: &'static str| {
         spawn_member_with(

@@ -315,6 +315,11 @@ impl Runtime {
                 ((stream.clone(), group.clone()), wakeups)
             })
             .collect();
+        for wakeups in wakeups.values() {
+            // Members that heartbeat before it would miss early wake-ups (and fall back to the
+            // interval); a Redis that refuses pub/sub costs this wait once, then nothing.
+            wakeups.subscribed(Duration::from_secs(1)).await;
+        }
         let mut members = Vec::new();
         for plan in plans {
             let key = (

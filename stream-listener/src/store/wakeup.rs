@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::connection::RedisTarget;
@@ -40,6 +40,8 @@ pub fn to_wake<'a>(events: &'a [AuditEvent], answered: &[String]) -> Vec<&'a str
 #[derive(Debug)]
 pub struct Wakeups {
     members: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    /// Becomes `true` once the subscription is in place (and again after each resubscription).
+    subscribed: watch::Receiver<bool>,
     task: JoinHandle<()>,
 }
 
@@ -48,8 +50,21 @@ impl Wakeups {
     /// node), reconnecting with backoff for as long as it lives.
     pub fn start(target: RedisTarget, channel: String) -> Self {
         let members: Arc<Mutex<HashMap<String, Arc<Notify>>>> = Arc::default();
-        let task = tokio::spawn(subscribe(target, channel, members.clone()));
-        Self { members, task }
+        let (subscribed_tx, subscribed) = watch::channel(false);
+        let task = tokio::spawn(subscribe(target, channel, members.clone(), subscribed_tx));
+        Self {
+            members,
+            subscribed,
+            task,
+        }
+    }
+
+    /// Waits until the subscription is in place, at most `timeout`; returns whether it is. Members that
+    /// start before it may miss a wake-up and fall back to the interval, so the runtime waits a little.
+    pub async fn subscribed(&self, timeout: Duration) -> bool {
+        let mut subscribed = self.subscribed.clone();
+        let done = tokio::time::timeout(timeout, subscribed.wait_for(|s| *s)).await;
+        matches!(done, Ok(Ok(_)))
     }
 
     /// What wakes `member_id`: notified (one stored permit) each time a commit names it.
@@ -73,6 +88,7 @@ async fn subscribe(
     target: RedisTarget,
     channel: String,
     members: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    subscribed: watch::Sender<bool>,
 ) {
     let mut failures = 0u32;
     loop {
@@ -80,6 +96,7 @@ async fn subscribe(
             Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
                 Ok(()) => {
                     failures = 0;
+                    subscribed.send_replace(true);
                     let mut messages = pubsub.on_message();
                     while let Some(message) = messages.next().await {
                         let Ok(payload) = message.get_payload::<String>() else {
@@ -92,6 +109,7 @@ async fn subscribe(
                             }
                         }
                     }
+                    subscribed.send_replace(false);
                     tracing::debug!(%channel, "wake-up subscription ended; resubscribing");
                 }
                 Err(error) => tracing::debug!(%channel, %error, "wake-up subscribe failed"),
