@@ -451,6 +451,56 @@ async fn graceful_shutdown_leaves_the_group() {
     drop(b);
 }
 
+/// Wake-ups are a shortcut: a Redis user whose ACL forbids `PUBLISH` still commits (the script ignores
+/// the refusal), and hand-offs fall back to the interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_publish_still_commits_and_hands_off() {
+    let redis = RedisServer::start();
+    let mut admin = connect(&redis.url()).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "nopub", "on", ">secret", "~*", "&*", "+@all", "-publish",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://nopub:secret@127.0.0.1:{}", redis.port());
+    let channel = GroupKeys::new("orders", "nopub").wake;
+    let wakeups = Wakeups::start(RedisTarget::open(&url).unwrap(), channel);
+    assert!(wakeups.subscribed(Duration::from_secs(10)).await);
+    let ledger = SharedLedger::default();
+    let member = async |id: &'static str| {
+        let wakeup = Some(wakeups.register(id));
+        spawn_member_with(
+            connect(&url).await,
+            "nopub",
+            4,
+            id,
+            ledger.clone(),
+            CONFIG,
+            wakeup,
+        )
+        .await
+    };
+    let a = member("a").await;
+    let b = member("b").await;
+    let mut observer = store(&url, "nopub", 4).await;
+    wait_for(&mut observer, Duration::from_secs(10), converged(2, 4)).await;
+    a.shutdown.send(true).unwrap();
+    let a_status = a.status.clone();
+    assert_left_and_taken_over(a, &mut observer).await;
+    assert!(ledger.lock().unwrap().overlaps.is_empty());
+    // Not one heartbeat failed: a refused PUBLISH would fail the commit's script (after its writes).
+    for status in [a_status.borrow().clone(), b.status.borrow().clone()] {
+        assert!(
+            !status.heartbeats.contains_key("error"),
+            "{:?}",
+            status.heartbeats
+        );
+    }
+    drop(b);
+}
+
 /// A hand-off does not wait for the heartbeat interval: the commit that frees a leaving member's shards
 /// grants them to the other member and wakes it (`store::wakeup`), so it reads them long before its next
 /// heartbeat would have told it. On a cluster the commit publishes on the group's node and the
