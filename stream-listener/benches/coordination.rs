@@ -39,7 +39,7 @@ use stream_listener::store::wakeup::Wakeups;
 use stream_listener::store::{GroupKeys, GroupStore};
 use stream_listener::RedisTarget;
 use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, info, info_field};
-use stream_listener_test_support::RedisServer;
+use stream_listener_test_support::{env_u64, RedisServer};
 use tokio::sync::{mpsc, watch};
 
 const STREAM: &str = "bench";
@@ -59,13 +59,6 @@ const JOIN_CONFIG: GroupConfig = GroupConfig {
     session_timeout_ms: 3_000,
     rebalance_timeout_ms: 10_000,
 };
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 async fn connect(url: &str) -> ConnectionManager {
     connect_with_timeouts(url, Duration::from_secs(5), Some(1)).await
@@ -572,8 +565,8 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     result
 }
 fn main() {
-    let members = env_or("SL_BENCH_MEMBERS", 64) as usize;
-    let seconds = env_or("SL_BENCH_SECONDS", 5);
+    let members = env_u64("SL_BENCH_MEMBERS", 64) as usize;
+    let seconds = env_u64("SL_BENCH_SECONDS", 5);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

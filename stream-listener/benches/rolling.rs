@@ -27,19 +27,12 @@ use stream_listener::store::wakeup::Wakeups;
 use stream_listener::store::{GroupKeys, GroupStore};
 use stream_listener::RedisTarget;
 use stream_listener_test_support::aio::connect_with_timeouts;
-use stream_listener_test_support::RedisServer;
+use stream_listener_test_support::{env_u64, RedisServer};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 const STREAM: &str = "bench";
 const GROUP: &str = "rolling";
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 async fn connect(url: &str) -> ConnectionManager {
     connect_with_timeouts(url, Duration::from_secs(5), Some(1)).await
@@ -165,9 +158,9 @@ impl Ownership {
 }
 
 fn main() {
-    let processes = env_or("SL_BENCH_PROCESSES", 100) as usize;
-    let per_process = env_or("SL_BENCH_MEMBERS_PER_PROCESS", 4) as usize;
-    let shards = env_or("SL_BENCH_SHARDS", 1024) as u32;
+    let processes = env_u64("SL_BENCH_PROCESSES", 100) as usize;
+    let per_process = env_u64("SL_BENCH_MEMBERS_PER_PROCESS", 4) as usize;
+    let shards = env_u64("SL_BENCH_SHARDS", 1024) as u32;
     // Under `cargo test --benches` run a token roll to prove it works.
     let (processes, shards) = if std::env::args().any(|a| a == "--bench") {
         (processes, shards)

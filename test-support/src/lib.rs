@@ -408,6 +408,14 @@ pub fn wait_until_blocking(what: &str, timeout: Duration, mut done: impl FnMut()
     wait_for_blocking(what, timeout, || done().then_some(()));
 }
 
+/// A benchmark's numeric setting: the environment variable `name` if it parses, else `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Polls `probe` from the calling OS thread every [`BLOCKING_POLL`] until it returns `Some`, and returns
 /// that value (the reading that satisfied the condition, not a later one).
 ///
