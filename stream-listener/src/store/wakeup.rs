@@ -18,6 +18,10 @@ use tokio::task::JoinHandle;
 use crate::connection::RedisTarget;
 use crate::coordinator::events::AuditEvent;
 
+/// The subscription is the process's, shared by its members of a group, so its lines carry no member:
+/// they get a target of their own rather than the store's (whose lines are each about one member).
+const LOG_TARGET: &str = "stream_listener::wakeup";
+
 /// The members a commit must wake: those whose shards it granted or revoked, except the ones it answers
 /// (`answered`), which learn it from their answer. In order, without repeats.
 pub fn to_wake<'a>(events: &'a [AuditEvent], answered: &[String]) -> Vec<&'a str> {
@@ -110,11 +114,15 @@ async fn subscribe(
                         }
                     }
                     subscribed.send_replace(false);
-                    tracing::debug!(%channel, "wake-up subscription ended; resubscribing");
+                    tracing::debug!(target: LOG_TARGET, %channel, "wake-up subscription ended; resubscribing");
                 }
-                Err(error) => tracing::debug!(%channel, %error, "wake-up subscribe failed"),
+                Err(error) => {
+                    tracing::debug!(target: LOG_TARGET, %channel, %error, "wake-up subscribe failed")
+                }
             },
-            Err(error) => tracing::debug!(%channel, %error, "wake-up connection failed"),
+            Err(error) => {
+                tracing::debug!(target: LOG_TARGET, %channel, %error, "wake-up connection failed")
+            }
         }
         failures = failures.saturating_add(1);
         let backoff = crate::util::exponential_backoff(
