@@ -7,6 +7,7 @@
 //!   ([`dead_letter_stream`]).
 //! * `sl:topology:{<stream>}` and its `:audit`, `:stale`: the stream's topology ([`topology`],
 //!   [`topology_audit`], [`topology_stale`]).
+//! * `{<shard stream>}:sl-fence:<group>`: the fence of one shard for one group ([`shard_fence`]).
 //! * `sl:{<stream>/<group>}:<suffix>`: a group's metadata ([`group_key`], [`group`] for the suffixes;
 //!   [`crate::store::GroupKeys`] builds them all).
 //!
@@ -28,6 +29,14 @@ pub fn shard_stream(stream: &str, index: u32) -> String {
 /// The default dead-letter stream of `stream`: `{stream}:dlq`.
 pub fn dead_letter_stream(stream: &str) -> String {
     format!("{stream}:dlq")
+}
+
+/// The fence of shard stream `shard_key` for `group`: `{<shard key>}:sl-fence:<group>`, e.g.
+/// `{orders:3}:sl-fence:billing`. It holds the fencing token of the shard's current owner in the group
+/// (see `consumer/fence.lua`). The shard key is its hash tag, so the fence lives in the shard's cluster slot
+/// and one script touches both (shard keys never contain braces: the tag is the whole key).
+pub fn shard_fence(shard_key: &str, group: &str) -> String {
+    format!("{{{shard_key}}}:sl-fence:{group}")
 }
 
 const TOPOLOGY_PREFIX: &str = "sl:topology:{";
@@ -180,6 +189,10 @@ mod tests {
     fn keys_follow_the_layout() {
         assert_eq!(shard_stream("orders", 3), "orders:3");
         assert_eq!(dead_letter_stream("orders"), "orders:dlq");
+        assert_eq!(
+            shard_fence(&shard_stream("orders", 3), "billing"),
+            "{orders:3}:sl-fence:billing"
+        );
         assert_eq!(topology("orders"), "sl:topology:{orders}");
         assert_eq!(topology_audit("orders"), "sl:topology:{orders}:audit");
         assert_eq!(topology_stale("orders"), "sl:topology:{orders}:stale");
@@ -227,6 +240,18 @@ mod tests {
         assert_eq!(keys.meta, group_key("orders", "billing", group::META));
         assert_eq!(keys.inbox, group_key("orders", "billing", group::INBOX));
         assert_eq!(keys.reply("r1"), group_reply("orders", "billing", "r1"));
+    }
+
+    /// One script touches a shard and its fence: on a cluster they must share a slot.
+    #[test]
+    fn a_shard_fence_lives_in_its_shards_slot() {
+        for index in [0, 3, 17, 255] {
+            let shard = shard_stream("orders", index);
+            assert_eq!(
+                crate::connection::slot_of(shard_fence(&shard, "billing").as_bytes()),
+                crate::connection::slot_of(shard.as_bytes())
+            );
+        }
     }
 
     #[test]

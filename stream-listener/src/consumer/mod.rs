@@ -587,11 +587,14 @@ impl Scheduler {
 
     fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
+        let key: Arc<str> = self.shared.config.shard_key(shard).into();
+        // A new ownership fences the shard again before its first command, even with the same token.
+        self.shared.forget_fence(&key);
         self.shards.insert(
             shard,
             ShardIo {
                 generation: self.next_generation,
-                key: self.shared.config.shard_key(shard).into(),
+                key,
                 token,
                 lease: Lease::new(self.deadline.clone()),
                 revoking: false,
@@ -964,10 +967,17 @@ impl Scheduler {
             // Past the self-fencing deadline: a fence is on its way, or the lease comes back.
             return JobEnd::Expired;
         }
+        if outcome.fence_refused {
+            // Another member fenced the shard in Redis (or the fence is gone): fence again, and claim,
+            // only once a heartbeat sent after the refusal confirmed that the shard is still ours.
+            return JobEnd::Unconfirmed {
+                retry_at: later(HOLD_RETRY),
+            };
+        }
         if outcome.missing_group {
             // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
             state.missing_group = true;
-            return JobEnd::MissingGroup {
+            return JobEnd::Unconfirmed {
                 retry_at: later(HOLD_RETRY),
             };
         }
