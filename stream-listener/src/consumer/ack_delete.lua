@@ -1,8 +1,9 @@
 -- Acknowledge the ids in group ARGV[2] of stream KEYS[1], then delete them per ARGV[3] (KEEPREF, DELREF,
 -- ACKED): XACKDEL for servers older than 8.2. ARGV[4..]: the ids. Returns how many were acknowledged.
 -- Guarded like guarded.lua: only while the shard's fence KEYS[2] holds the caller's token ARGV[1].
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return redis.error_reply('SLFENCED the shard is fenced by another owner (or its fence is missing)')
+local fence = redis.call('GET', KEYS[2])
+if fence ~= ARGV[1] then
+  return redis.error_reply(fence and 'SLFENCED the shard is fenced by another owner' or 'SLFENCED missing')
 end
 local key, group, mode = KEYS[1], ARGV[2], ARGV[3]
 local ids = {}

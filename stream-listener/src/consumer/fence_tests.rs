@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use stream_listener_test_support::RedisServer;
 
-use super::{is_fenced, Shared};
+use super::{is_fence_missing, is_fenced, Shared};
 use crate::consumer::config::{AckPolicy, ConsumerConfig, DeleteRef};
 use crate::consumer::message::{BoxedHandler, RawMessage};
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
@@ -225,6 +225,7 @@ async fn a_stale_grant_cannot_take_the_fence() {
     assert!(!stale.fence(&key, &token("a", 6)).await.expect("fence"));
     let read = stale.read_new(&key, &token("a", 6)).await;
     assert!(read.as_ref().is_err_and(is_fenced), "{read:?}");
+    assert!(!read.as_ref().is_err_and(is_fence_missing), "{read:?}");
 }
 
 #[tokio::test]
@@ -240,7 +241,7 @@ async fn a_lost_fence_is_refused_until_the_owner_fences_again() {
         .await
         .expect("del");
     let read = owner.read_new(&key, &own).await;
-    assert!(read.as_ref().is_err_and(is_fenced), "{read:?}");
+    assert!(read.as_ref().is_err_and(is_fence_missing), "{read:?}");
     owner.forget_fence(&key);
     assert!(owner.fence(&key, &own).await.expect("fence"));
     assert_eq!(owner.read_new(&key, &own).await.expect("read").len(), 1);

@@ -31,7 +31,7 @@ use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, Lease};
-use super::ops::{is_fenced, Entry, Layout, Shared, HOLD_RETRY};
+use super::ops::{is_fence_missing, is_fenced, Entry, Layout, Shared, HOLD_RETRY};
 use crate::topology::Placement;
 
 /// Where a shard's reads are.
@@ -123,6 +123,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
     let mut refreshed = false;
+    let mut refenced = false;
     if spec.recreate_group {
         match shared
             .recreate_group(&spec.key, spec.shard, &spec.lease)
@@ -177,6 +178,12 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         };
         let (mut entries, next_phase) = match fetched {
             Ok(fetched) => fetched,
+            // Redis lost the fence (restarted, flushed): ours to write again, once per job.
+            Err(error) if is_fence_missing(&error) && !refenced => {
+                refenced = true;
+                shared.forget_fence(&spec.key);
+                continue;
+            }
             Err(error) if is_fenced(&error) => {
                 shared.forget_fence(&spec.key);
                 tracing::warn!(shard = spec.shard, "the shard's fence refused a read: leaving it until a heartbeat confirms it is ours");

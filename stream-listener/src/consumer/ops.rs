@@ -113,6 +113,12 @@ pub(crate) fn is_fenced(error: &RedisError) -> bool {
     error.code() == Some(FENCED)
 }
 
+/// Whether Redis refused a command because the shard has no fence at all (Redis lost it): the owner may
+/// fence again at once, as on a new ownership.
+pub(crate) fn is_fence_missing(error: &RedisError) -> bool {
+    is_fenced(error) && error.detail() == Some("missing")
+}
+
 /// What a shard's fence holds for its owner: `"<member epoch> <member id>"`.
 fn fence_value(token: &FencingToken) -> String {
     format!("{} {}", token.member_epoch, token.member_id)
