@@ -7,7 +7,7 @@
 //!   ([`dead_letter_stream`]).
 //! * `sl:topology:{<stream>}` and its `:audit`, `:stale`: the stream's topology ([`topology`],
 //!   [`topology_audit`], [`topology_stale`]).
-//! * `{<shard stream>}:sl-fence:<group>`: the fence of one shard for one group ([`shard_fence`]).
+//! * `sl:fence:{<shard stream>}:<group>`: the fence of one shard for one group ([`shard_fence`]).
 //! * `sl:{<stream>/<group>}:<suffix>`: a group's metadata ([`group_key`], [`group`] for the suffixes;
 //!   [`crate::store::GroupKeys`] builds them all).
 //!
@@ -31,13 +31,15 @@ pub fn dead_letter_stream(stream: &str) -> String {
     format!("{stream}:dlq")
 }
 
-/// The fence of shard stream `shard_key` for `group`: `{<shard key>}:sl-fence:<group>`, e.g.
-/// `{orders:3}:sl-fence:billing`. It holds the fencing token of the shard's current owner in the group
+/// The fence of shard stream `shard_key` for `group`: `sl:fence:{<shard key>}:<group>`, e.g.
+/// `sl:fence:{orders:3}:billing`. It holds the fencing token of the shard's current owner in the group
 /// (see `consumer/fence.lua`). The shard key is its hash tag, so the fence lives in the shard's cluster slot
 /// and one script touches both (shard keys never contain braces: the tag is the whole key).
 pub fn shard_fence(shard_key: &str, group: &str) -> String {
-    format!("{{{shard_key}}}:sl-fence:{group}")
+    format!("{FENCE_PREFIX}{shard_key}}}:{group}")
 }
+
+const FENCE_PREFIX: &str = "sl:fence:{";
 
 const TOPOLOGY_PREFIX: &str = "sl:topology:{";
 
@@ -191,7 +193,7 @@ mod tests {
         assert_eq!(dead_letter_stream("orders"), "orders:dlq");
         assert_eq!(
             shard_fence(&shard_stream("orders", 3), "billing"),
-            "{orders:3}:sl-fence:billing"
+            "sl:fence:{orders:3}:billing"
         );
         assert_eq!(topology("orders"), "sl:topology:{orders}");
         assert_eq!(topology_audit("orders"), "sl:topology:{orders}:audit");
@@ -204,7 +206,11 @@ mod tests {
             group_reply("orders", "billing", "r1"),
             "sl:{orders/billing}:reply:r1"
         );
-        for key in [topology("o"), group_key("o", "g", group::LEASES)] {
+        for key in [
+            topology("o"),
+            group_key("o", "g", group::LEASES),
+            shard_fence("o:0", "g"),
+        ] {
             assert!(key.starts_with(NAMESPACE), "{key}");
         }
         assert_eq!(NAMESPACE_PATTERN, format!("{NAMESPACE}*"));
@@ -229,6 +235,7 @@ mod tests {
             "sl:{orders}:meta".into(),
             "sl:{orders/a/b}:meta".into(),
             "orders:0".into(),
+            shard_fence("orders:0", "meta"),
         ] {
             assert_eq!(parse(&other), None, "{other}");
         }

@@ -2248,14 +2248,14 @@ fn monitor_lines_parse() {
 fn monitor_attributes_a_scripts_commands_to_its_caller() {
     let mut feed = MonitorFeed::default();
     let script = feed
-        .line(r#"+1.000001 [0 127.0.0.1:4242] "evalsha" "abc" "2" "orders:3" "{orders:3}:sl-fence:chaos" "5 w1-m0" "1" "2" "XACK" "orders:3" "chaos" "1-0""#)
+        .line(r#"+1.000001 [0 127.0.0.1:4242] "evalsha" "abc" "2" "orders:3" "sl:fence:{orders:3}:chaos" "5 w1-m0" "1" "2" "XACK" "orders:3" "chaos" "1-0""#)
         .expect("a script call");
     assert_eq!(
         (script.command.as_str(), script.port, script.key.as_str()),
         ("EVALSHA", Some(4242), "orders:3")
     );
     assert!(feed
-        .line(r#"+1.000002 [0 lua] "GET" "{orders:3}:sl-fence:chaos""#)
+        .line(r#"+1.000002 [0 lua] "GET" "sl:fence:{orders:3}:chaos""#)
         .is_none());
     let ack = feed
         .line(r#"+1.000003 [0 lua] "XACK" "orders:3" "chaos" "1-0""#)
