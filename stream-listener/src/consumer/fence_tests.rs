@@ -246,3 +246,45 @@ async fn a_lost_fence_is_refused_until_the_owner_fences_again() {
     assert!(owner.fence(&key, &own).await.expect("fence"));
     assert_eq!(owner.read_new(&key, &own).await.expect("read").len(), 1);
 }
+
+/// Lua's stack bounds a script's command to about 8,000 arguments: big batches are acknowledged in chunks.
+#[tokio::test]
+async fn a_batch_too_big_for_one_script_is_acknowledged_in_chunks() {
+    for policy in [AckPolicy::Ack, AckPolicy::AckDelete(DeleteRef::KeepRef)] {
+        let server = RedisServer::start();
+        let (key, mut conn) = shard(&server, 0).await;
+        let mut pipe = redis::pipe();
+        for i in 0..9_000 {
+            pipe.cmd("XADD")
+                .arg(&*key)
+                .arg("*")
+                .arg("k")
+                .arg(i)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.expect("xadd");
+        let mut config = ConsumerConfig::new(STREAM, GROUP, "b");
+        config.ack_policy = policy;
+        config.batch_size = 9_000;
+        let client = redis::Client::open(server.url()).expect("url");
+        let handler = BoxedHandler::raw(|_m: RawMessage| async { Ok::<(), String>(()) });
+        let owner = Shared::connect(client.into(), config, handler)
+            .await
+            .expect("connect");
+        let own = token("b", 6);
+        assert!(owner.fence(&key, &own).await.expect("fence"));
+        let read = owner.read_new(&key, &own).await.expect("read");
+        assert_eq!(read.len(), 9_000);
+        let ids: Vec<&str> = read.iter().map(|e| e.id.as_str()).collect();
+        let next = owner
+            .ack_and_read_new(&key, &own, &ids)
+            .await
+            .expect("ack and read");
+        assert!(next.is_empty());
+        assert_eq!(
+            pending_by_consumer(&mut conn, &key).await,
+            vec![("b".into(), 0)],
+            "{policy:?}"
+        );
+    }
+}

@@ -119,6 +119,10 @@ pub(crate) fn is_fence_missing(error: &RedisError) -> bool {
     is_fenced(error) && error.detail() == Some("missing")
 }
 
+/// Most ids acknowledged by one guarded script call: Lua's stack (about 8,000 values) bounds the
+/// arguments a script can pass to one command.
+const ACK_CHUNK: usize = 1000;
+
 /// What a shard's fence holds for its owner: `"<member epoch> <member id>"`.
 fn fence_value(token: &FencingToken) -> String {
     format!("{} {}", token.member_epoch, token.member_id)
@@ -614,6 +618,7 @@ impl Shared {
             .into_iter()
             .filter(|(_, consumer, _)| *consumer != self.config.consumer_name)
             .map(|(id, _, _)| id)
+            .take(ACK_CHUNK)
             .collect();
         if stale.is_empty() {
             return Ok(Vec::new());
@@ -684,7 +689,7 @@ impl Shared {
         token: &FencingToken,
         ids: &[&str],
     ) -> RedisResult<Vec<Entry>> {
-        let Some(ack) = self.ack_cmd(key, ids) else {
+        let Some(ack) = self.ack_cmd(key, ids).filter(|_| ids.len() <= ACK_CHUNK) else {
             self.ack(key, token, ids).await?;
             return self.read_new(key, token).await;
         };
@@ -795,21 +800,20 @@ impl Shared {
         token: &FencingToken,
         ids: &[&str],
     ) -> RedisResult<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        if let Some(cmd) = self.ack_cmd(key, ids) {
-            self.guarded(key, token, &[cmd]).await?;
-        } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
-            self.ack_delete_script
-                .key(key)
-                .key(crate::names::shard_fence(key, &self.config.group))
-                .arg(fence_value(token))
-                .arg(&self.config.group)
-                .arg(mode.keyword())
-                .arg(ids)
-                .invoke_async::<Value>(&mut self.conn.clone())
-                .await?;
+        for ids in ids.chunks(ACK_CHUNK) {
+            if let Some(cmd) = self.ack_cmd(key, ids) {
+                self.guarded(key, token, &[cmd]).await?;
+            } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
+                self.ack_delete_script
+                    .key(key)
+                    .key(crate::names::shard_fence(key, &self.config.group))
+                    .arg(fence_value(token))
+                    .arg(&self.config.group)
+                    .arg(mode.keyword())
+                    .arg(ids)
+                    .invoke_async::<Value>(&mut self.conn.clone())
+                    .await?;
+            }
         }
         Ok(())
     }
