@@ -2171,10 +2171,7 @@ impl Verdict {
             ("dead letters", self.dead_letters),
             ("workers SIGKILLed at the end", self.forced_stops),
             ("workers that exited by themselves", self.crashed),
-            (
-                "MONITOR lines (watched cmds, scripts)",
-                self.monitor_lines as u64,
-            ),
+            ("MONITOR lines (cmds + scripts)", self.monitor_lines as u64),
         ] {
             let _ = writeln!(out, "| {name:<33} | {value:>7} |        |");
         }

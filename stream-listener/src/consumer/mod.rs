@@ -26,14 +26,16 @@
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
 //! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. The idle wait has a
-//! second connection of its own, used only for `XREADGROUP BLOCK` (redis-rs would queue every other
+//! second connection of its own, used only for its `XREAD BLOCK` (redis-rs would queue every other
 //! command behind a blocking read on a shared connection). A member therefore opens two connections,
 //! however many shards it owns and workers it has.
 //!
 //! # Delivery
 //!
 //! At least once: an entry is acknowledged only after its handler returned `Ok` (or it was
-//! dead-lettered). On [`ShardCommand::Assign`] the consumer first claims everything earlier owners left
+//! dead-lettered). On [`ShardCommand::Assign`] the consumer first writes its token to the shard's fence
+//! in Redis (every later read, claim and ack runs only while the fence holds it: see `ops` and
+//! ARCHITECTURE.md), then claims everything earlier owners left
 //! pending (`XAUTOCLAIM` with min-idle 0, carrying the cursor to `0-0`), then deletes consumer names that
 //! no longer hold anything, then reads new entries. On [`ShardCommand::Revoke`] it stops new reads, lets the
 //! running handler finish, acknowledges what is done (the rest of the batch stays pending for the next

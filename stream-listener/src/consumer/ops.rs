@@ -423,8 +423,8 @@ impl Shared {
         );
     }
 
-    /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
-    /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
+    /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a
+    /// blocking read on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
     /// Returns it with its Redis client id (for `CLIENT UNBLOCK`).
     pub(crate) async fn blocking_connection(&self) -> RedisResult<(MultiplexedConnection, i64)> {
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
