@@ -538,8 +538,9 @@ impl Shared {
     /// each shard's last empty read answered. It only wakes up: it takes nothing, so a late one (a process
     /// paused with it queued) does no harm. The shards it woke for are then read under their fences on the
     /// shared connection, while `deadline` holds. Returns the entries by stream key. A shard without a
-    /// known id (or fence) is read at once instead of waited on. (One multi-key command: a single Redis
-    /// node only; on a cluster the keys of one wait must share a slot.)
+    /// known id is read at once instead of waited on; one this consumer holds no fence for is left to its
+    /// next job. (One multi-key command: a single Redis node only; on a cluster the keys of one wait must
+    /// share a slot.)
     pub(crate) async fn wait_new(
         &self,
         keys: &[&str],
