@@ -1372,6 +1372,93 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
     running.stop().await;
 }
 
+/// Commands the shard's fence refused (`SLFENCED`), from `INFO errorstats`.
+async fn fence_refusals(conn: &mut Connection) -> u64 {
+    info_field::<String>(&info(conn, "errorstats").await, "errorstat_SLFENCED")
+        .and_then(|stat| stat.strip_prefix("count=")?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A later owner fenced the shard in Redis before this member heard that it lost it: the member's reads
+/// are refused in Redis, it takes nothing, and it touches the shard again only once a heartbeat confirmed
+/// that the shard is still its own (fencing it again first). Single node only: it reads one node's
+/// `INFO errorstats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_the_shard_fence_refuses_takes_nothing_until_a_heartbeat_confirms_the_shard() {
+    let (server, mut conn) = redis_with_groups(Target::Single, "refused", 0..1).await;
+    let log = Log::default();
+    let deadline = OwnershipDeadline::unbounded();
+    let running = Running::start_with_deadline(
+        server.url(),
+        config("refused", "m0"),
+        recording_handler(&log),
+        deadline.clone(),
+    )
+    .await;
+    running.assign(0..1).await;
+    produce(&mut conn, "refused", 0, 0, 5).await;
+    wait_until_async("first entries handled", Duration::from_secs(5), || async {
+        log.count() == 5
+    })
+    .await;
+    let fence = stream_listener::names::shard_fence("refused:0", GROUP);
+    let _: () = redis::cmd("SET")
+        .arg(&fence)
+        .arg("99 m1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    produce(&mut conn, "refused", 0, 5, 5).await;
+    wait_until_async(
+        "a read refused by the fence",
+        Duration::from_secs(5),
+        || {
+            let mut conn = conn.clone();
+            async move { fence_refusals(&mut conn).await > 0 }
+        },
+    )
+    .await;
+    // Several scheduling rounds (block_ms is 50 ms): the shard stays untouched.
+    let window = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < window {
+        assert_eq!(xpending_count(&mut conn, "refused:0", GROUP).await, 0);
+        assert_eq!(log.count(), 5, "nothing handled past the fence");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The fence is gone (Redis lost it, say): still nothing until a heartbeat confirms the shard.
+    let _: () = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let window = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < window {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&fence)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !exists,
+            "fenced again before a heartbeat confirmed the shard"
+        );
+        assert_eq!(log.count(), 5, "nothing handled before the confirmation");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    deadline.confirm();
+    wait_until_async("the rest handled", Duration::from_secs(10), || async {
+        log.count() == 10
+    })
+    .await;
+    let held: String = redis::cmd("GET")
+        .arg(&fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(held, "1 m0", "the member fenced the shard again");
+    running.stop().await;
+}
+
 /// Entries another consumer read after it lost the shard (a zombie) stay in its pending list; the owner
 /// must claim them periodically, not only when it takes the shard over.
 async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target) {
