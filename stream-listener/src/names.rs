@@ -7,7 +7,6 @@
 //!   ([`dead_letter_stream`]).
 //! * `sl:topology:{<stream>}` and its `:audit`, `:stale`: the stream's topology ([`topology`],
 //!   [`topology_audit`], [`topology_stale`]).
-//! * `sl:fence:{<shard stream>}:<group>`: the fence of one shard for one group ([`shard_fence`]).
 //! * `sl:{<stream>/<group>}:<suffix>`: a group's metadata ([`group_key`], [`group`] for the suffixes;
 //!   [`crate::store::GroupKeys`] builds them all).
 //!
@@ -30,16 +29,6 @@ pub fn shard_stream(stream: &str, index: u32) -> String {
 pub fn dead_letter_stream(stream: &str) -> String {
     format!("{stream}:dlq")
 }
-
-/// The fence of shard stream `shard_key` for `group`: `sl:fence:{<shard key>}:<group>`, e.g.
-/// `sl:fence:{orders:3}:billing`. It holds the fencing token of the shard's current owner in the group
-/// (see `consumer/fence.lua`). The shard key is its hash tag, so the fence lives in the shard's cluster slot
-/// and one script touches both (shard keys never contain braces: the tag is the whole key).
-pub fn shard_fence(shard_key: &str, group: &str) -> String {
-    format!("{FENCE_PREFIX}{shard_key}}}:{group}")
-}
-
-const FENCE_PREFIX: &str = "sl:fence:{";
 
 const TOPOLOGY_PREFIX: &str = "sl:topology:{";
 
@@ -193,10 +182,6 @@ mod tests {
     fn keys_follow_the_layout() {
         assert_eq!(shard_stream("orders", 3), "orders:3");
         assert_eq!(dead_letter_stream("orders"), "orders:dlq");
-        assert_eq!(
-            shard_fence(&shard_stream("orders", 3), "billing"),
-            "sl:fence:{orders:3}:billing"
-        );
         assert_eq!(topology("orders"), "sl:topology:{orders}");
         assert_eq!(topology_audit("orders"), "sl:topology:{orders}:audit");
         assert_eq!(topology_stale("orders"), "sl:topology:{orders}:stale");
@@ -208,11 +193,7 @@ mod tests {
             group_reply("orders", "billing", "r1"),
             "sl:{orders/billing}:reply:r1"
         );
-        for key in [
-            topology("o"),
-            group_key("o", "g", group::LEASES),
-            shard_fence("o:0", "g"),
-        ] {
+        for key in [topology("o"), group_key("o", "g", group::LEASES)] {
             assert!(key.starts_with(NAMESPACE), "{key}");
         }
         assert_eq!(NAMESPACE_PATTERN, format!("{NAMESPACE}*"));
@@ -237,7 +218,6 @@ mod tests {
             "sl:{orders}:meta".into(),
             "sl:{orders/a/b}:meta".into(),
             "orders:0".into(),
-            shard_fence("orders:0", "meta"),
         ] {
             assert_eq!(parse(&other), None, "{other}");
         }
@@ -249,18 +229,6 @@ mod tests {
         assert_eq!(keys.meta, group_key("orders", "billing", group::META));
         assert_eq!(keys.inbox, group_key("orders", "billing", group::INBOX));
         assert_eq!(keys.reply("r1"), group_reply("orders", "billing", "r1"));
-    }
-
-    /// One script touches a shard and its fence: on a cluster they must share a slot.
-    #[test]
-    fn a_shard_fence_lives_in_its_shards_slot() {
-        for index in [0, 3, 17, 255] {
-            let shard = shard_stream("orders", index);
-            assert_eq!(
-                crate::connection::slot_of(shard_fence(&shard, "billing").as_bytes()),
-                crate::connection::slot_of(shard.as_bytes())
-            );
-        }
     }
 
     #[test]

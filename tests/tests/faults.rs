@@ -24,10 +24,7 @@
 //!
 //! A `MONITOR` connection records every `XREADGROUP`, `XACK`, `XACKDEL`, `XCLAIM` and `XAUTOCLAIM` with its
 //! Redis time and client address; the paused process's client ports are read from `/proc/<pid>/fd` and
-//! `/proc/net/tcp` while it is stopped. The library sends these commands through scripts that first check
-//! the shard's fence: `MONITOR` shows a script's commands as `[0 lua]` right after the client's `EVALSHA`
-//! line, so they are attributed to that client (a refused script runs none of them). Scripts a paused
-//! process sent late are counted too, for the report only.
+//! `/proc/net/tcp` while it is stopped.
 //!
 //! Checks (each must hold; see [`Verdict`]):
 //! - lost: every produced (key, seq) handled at least once, except entries produced before an `empty` fault
@@ -83,15 +80,6 @@ const AUDIT_COPY_KEY: &str = "chaos:audit";
 const WORKER: &str = env!("CARGO_BIN_EXE_chaos_worker");
 /// Commands that read, claim or acknowledge: none may come from a paused process before it rejoined.
 const WATCHED: [&str; 5] = ["XREADGROUP", "XACK", "XACKDEL", "XCLAIM", "XAUTOCLAIM"];
-/// Commands that run a script: the library sends its reads, claims and acks through guarded scripts.
-const SCRIPTS: [&str; 6] = [
-    "EVAL",
-    "EVALSHA",
-    "EVAL_RO",
-    "EVALSHA_RO",
-    "FCALL",
-    "FCALL_RO",
-];
 /// Graceful stop of a worker: its shutdown timeout is 20 s.
 const STOP_DEADLINE: Duration = Duration::from_secs(45);
 const POLL: Duration = Duration::from_millis(200);
@@ -1183,7 +1171,7 @@ fn client_ports(pid: u32, redis_port: u16) -> Vec<u16> {
 struct MonLine {
     /// Redis time, µs.
     at: u64,
-    /// The client's port: for a command a script ran, the port of the client that called the script.
+    /// The client's port (`None` for commands run by a script).
     port: Option<u16>,
     /// The port of the node that ran it.
     node: u16,
@@ -1263,7 +1251,6 @@ fn monitor_once(
     stream.set_read_timeout(Some(Duration::from_millis(200)))?;
     (&stream).write_all(b"MONITOR\r\n")?;
     let mut reader = BufReader::new(stream);
-    let mut feed = MonitorFeed::default();
     let mut line = Vec::new();
     let born = Instant::now();
     loop {
@@ -1277,7 +1264,7 @@ fn monitor_once(
                 line.clear();
                 if text.starts_with("+OK") {
                     ready.store(true, Ordering::Relaxed);
-                } else if let Some(mut parsed) = feed.line(text.trim_end()) {
+                } else if let Some(mut parsed) = parse_monitor_line(text.trim_end()) {
                     parsed.node = port;
                     lines.lock().expect("monitor lines").push(parsed);
                 }
@@ -1293,61 +1280,22 @@ fn monitor_once(
     }
 }
 
-/// The monitor feed, line by line. Scripts are atomic: the commands a script runs (`[0 lua]`) come right
-/// after the `EVAL`/`EVALSHA` line of the client that called it, and are attributed to that client.
-#[derive(Debug, Default)]
-struct MonitorFeed {
-    /// The port of the client whose script runs now, if any.
-    script_client: Option<u16>,
-}
-
-impl MonitorFeed {
-    /// `+1700000000.123456 [0 127.0.0.1:5555] "XREADGROUP" "GROUP" "g" "c" ...` -> a [`MonLine`] when the
-    /// command is watched or runs a script (its key: the script's first key).
-    fn line(&mut self, text: &str) -> Option<MonLine> {
-        let text = text.strip_prefix('+')?;
-        let (time, rest) = text.split_once(' ')?;
-        let (secs, micros) = time.split_once('.')?;
-        let at = secs.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?;
-        let rest = rest.strip_prefix('[')?;
-        let (client, args) = rest.split_once(']')?;
-        let client = client.split_whitespace().nth(1)?;
-        let args = parse_quoted(args);
-        let command = args.first()?.to_ascii_uppercase();
-        let port = if client == "lua" {
-            self.script_client
-        } else {
-            let port = client.rsplit(':').next().and_then(|p| p.parse().ok());
-            self.script_client = SCRIPTS
-                .contains(&command.as_str())
-                .then_some(port)
-                .flatten();
-            port
-        };
-        parse_monitor_command(at, port, command, &args)
-    }
-}
-
-/// The [`MonLine`] of a watched command or a script call (`None` for anything else).
-fn parse_monitor_command(
-    at: u64,
-    port: Option<u16>,
-    command: String,
-    args: &[String],
-) -> Option<MonLine> {
-    if SCRIPTS.contains(&command.as_str()) {
-        // `EVALSHA sha numkeys key ...`
-        let key = (args.get(2)?.parse::<u32>().ok()? > 0).then(|| args.get(3).cloned())??;
-        return Some(MonLine {
-            at,
-            port,
-            node: 0,
-            command,
-            consumer: None,
-            key,
-            args: String::new(),
-        });
-    }
+/// `+1700000000.123456 [0 127.0.0.1:5555] "XREADGROUP" "GROUP" "g" "c" ...` -> a [`MonLine`] when the
+/// command is watched.
+fn parse_monitor_line(text: &str) -> Option<MonLine> {
+    let text = text.strip_prefix('+')?;
+    let (time, rest) = text.split_once(' ')?;
+    let (secs, micros) = time.split_once('.')?;
+    let at = secs.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?;
+    let rest = rest.strip_prefix('[')?;
+    let (client, args) = rest.split_once(']')?;
+    let port = client
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok());
+    let args = parse_quoted(args);
+    let command = args.first()?.to_ascii_uppercase();
     if !WATCHED.contains(&command.as_str()) {
         return None;
     }
@@ -1700,9 +1648,6 @@ struct PauseReport {
     rejoin_ms: Option<u64>,
     commands: usize,
     first: Option<String>,
-    /// Scripts (guarded reads, claims, acks) the paused process sent on shards not granted again: they
-    /// count in `commands` only through the watched commands they ran.
-    scripts: usize,
     handles: usize,
     first_handle: Option<String>,
     examples: Vec<String>,
@@ -1987,33 +1932,27 @@ fn verify(
             let Some(shard) = shard_of(&line.key) else {
                 continue;
             };
-            if granted(by_name, shard, line.at, None) {
-                continue;
-            }
-            if SCRIPTS.contains(&line.command.as_str()) {
-                // Only its watched commands (attributed to this client above) take or ack anything.
-                report.scripts += 1;
-                continue;
-            }
-            report.commands += 1;
-            v.blame("paused cmds", line.at, faults);
-            if report.first.is_none() {
-                report.first = Some(format!(
-                    "{} {} {} +{:.1} ms",
-                    line.command,
-                    line.key,
-                    line.consumer.as_deref().unwrap_or(""),
-                    (line.at - cont) as f64 / 1e3
-                ));
-            }
-            if report.examples.len() < 4 {
-                report.examples.push(format!(
-                    "+{:.1} ms port {} {} {}",
-                    (line.at - cont) as f64 / 1e3,
-                    line.port.map_or("lua".to_string(), |p| p.to_string()),
-                    line.command,
-                    line.args
-                ));
+            if !granted(by_name, shard, line.at, None) {
+                report.commands += 1;
+                v.blame("paused cmds", line.at, faults);
+                if report.first.is_none() {
+                    report.first = Some(format!(
+                        "{} {} {} +{:.1} ms",
+                        line.command,
+                        line.key,
+                        line.consumer.as_deref().unwrap_or(""),
+                        (line.at - cont) as f64 / 1e3
+                    ));
+                }
+                if report.examples.len() < 4 {
+                    report.examples.push(format!(
+                        "+{:.1} ms port {} {} {}",
+                        (line.at - cont) as f64 / 1e3,
+                        line.port.map_or("lua".to_string(), |p| p.to_string()),
+                        line.command,
+                        line.args
+                    ));
+                }
             }
         }
         for r in records {
@@ -2197,12 +2136,11 @@ impl Verdict {
             for p in &self.pauses {
                 let _ = writeln!(
                     out,
-                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {}; scripts sent {})  handle starts w/o grant {:>4} (first: {})",
+                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {})  handle starts w/o grant {:>4} (first: {})",
                     p.victim,
                     p.rejoin_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "never".into()),
                     p.commands,
                     p.first.as_deref().unwrap_or("-"),
-                    p.scripts,
                     p.handles,
                     p.first_handle.as_deref().unwrap_or("-")
                 );
@@ -2248,7 +2186,7 @@ impl Verdict {
             ("dead letters", self.dead_letters),
             ("workers SIGKILLed at the end", self.forced_stops),
             ("workers that exited by themselves", self.crashed),
-            ("MONITOR lines (cmds + scripts)", self.monitor_lines as u64),
+            ("MONITOR lines (watched cmds)", self.monitor_lines as u64),
         ] {
             let _ = writeln!(out, "| {name:<33} | {value:>7} |        |");
         }
@@ -2300,53 +2238,15 @@ impl Verdict {
 #[test]
 fn monitor_lines_parse() {
     let line = r#"+1700000000.012345 [0 127.0.0.1:51234] "XREADGROUP" "GROUP" "chaos" "w1-m0" "COUNT" "20" "STREAMS" "orders:3" ">""#;
-    let m = MonitorFeed::default().line(line).expect("watched");
+    let m = parse_monitor_line(line).expect("watched");
     assert_eq!(m.at, 1_700_000_000_012_345);
     assert_eq!(m.port, Some(51234));
     assert_eq!(m.consumer.as_deref(), Some("w1-m0"));
     assert_eq!(m.key, "orders:3");
     let ack = r#"+1700000000.5 [0 127.0.0.1:1] "XACK" "orders:1" "chaos" "1-0""#;
-    assert_eq!(
-        MonitorFeed::default().line(ack).expect("watched").consumer,
-        None
-    );
-    assert!(MonitorFeed::default()
-        .line(r#"+1.000001 [0 lua] "GET" "x""#)
-        .is_none());
+    assert_eq!(parse_monitor_line(ack).expect("watched").consumer, None);
+    assert!(parse_monitor_line(r#"+1.000001 [0 lua] "GET" "x""#).is_none());
     assert_eq!(parse_quoted(r#""a\"b" "\x41c""#), vec!["a\"b", "Ac"]);
-}
-
-/// A command a guarded script ran counts as the calling client's: a paused process cannot hide a read or an
-/// ack inside a script. A refused script runs no watched command, and the next client's lines are its own.
-#[test]
-fn monitor_attributes_a_scripts_commands_to_its_caller() {
-    let mut feed = MonitorFeed::default();
-    let script = feed
-        .line(r#"+1.000001 [0 127.0.0.1:4242] "evalsha" "abc" "2" "orders:3" "sl:fence:{orders:3}:chaos" "5 w1-m0" "1" "2" "XACK" "orders:3" "chaos" "1-0""#)
-        .expect("a script call");
-    assert_eq!(
-        (script.command.as_str(), script.port, script.key.as_str()),
-        ("EVALSHA", Some(4242), "orders:3")
-    );
-    assert!(feed
-        .line(r#"+1.000002 [0 lua] "GET" "sl:fence:{orders:3}:chaos""#)
-        .is_none());
-    let ack = feed
-        .line(r#"+1.000003 [0 lua] "XACK" "orders:3" "chaos" "1-0""#)
-        .expect("watched");
-    assert_eq!((ack.port, ack.key.as_str()), (Some(4242), "orders:3"));
-    let read = feed
-        .line(r#"+1.000004 [0 lua] "XREADGROUP" "GROUP" "chaos" "w1-m0" "COUNT" "20" "STREAMS" "orders:3" ">""#)
-        .expect("watched");
-    assert_eq!(
-        (read.port, read.consumer.as_deref()),
-        (Some(4242), Some("w1-m0"))
-    );
-    assert!(feed.line(r#"+1.000005 [0 127.0.0.1:777] "PING""#).is_none());
-    let other = feed
-        .line(r#"+1.000006 [0 lua] "XACK" "orders:3" "chaos" "1-0""#)
-        .expect("watched");
-    assert_eq!(other.port, None);
 }
 
 #[test]

@@ -1,13 +1,8 @@
--- Acknowledge the ids in group ARGV[2] of stream KEYS[1], then delete them per ARGV[3] (KEEPREF, DELREF,
--- ACKED): XACKDEL for servers older than 8.2. ARGV[4..]: the ids. Returns how many were acknowledged.
--- Guarded like guarded.lua: only while the shard's fence KEYS[2] holds the caller's token ARGV[1].
-local fence = redis.call('GET', KEYS[2])
-if fence ~= ARGV[1] then
-  return redis.error_reply(fence and 'SLFENCED the shard is fenced by another owner' or 'SLFENCED missing')
-end
-local key, group, mode = KEYS[1], ARGV[2], ARGV[3]
+-- Acknowledge the ids in group ARGV[1] of stream KEYS[1], then delete them per ARGV[2] (KEEPREF, DELREF,
+-- ACKED): XACKDEL for servers older than 8.2. ARGV[3..]: the ids. Returns how many were acknowledged.
+local key, group, mode = KEYS[1], ARGV[1], ARGV[2]
 local ids = {}
-for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
 local function chunked(cmd, a, b)
   local n = 0
   for i = 1, #ids, 500 do

@@ -1,4 +1,4 @@
-//! The idle wait on a Redis Cluster. One `XREAD ... BLOCK` cannot span slots (CROSSSLOT), so the
+//! The idle wait on a Redis Cluster. One `XREADGROUP ... BLOCK` cannot span slots (CROSSSLOT), so the
 //! idle shards are grouped by slot and each group gets its own blocking read, on a connection of its own
 //! straight to the slot's master (a blocked read holds its connection: reads sharing one would run one
 //! after the other, and a read on the cluster connection would stall acks and heartbeats to that node).
@@ -182,12 +182,9 @@ pub(crate) async fn read(
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let shared = shared.clone();
-        let deadline = spec.deadline.clone();
         reads.spawn(async move {
             let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
-            let result = shared
-                .wait_new(&keys, &mut blocking.conn, block, &deadline)
-                .await;
+            let result = shared.wait_new(&keys, &mut blocking.conn, block).await;
             (slot, blocking, result) as ReadResult
         });
     }
@@ -226,10 +223,6 @@ pub(crate) async fn read(
             }
             Err(error) if is_missing_group(&error) => {
                 outcome.missing_group = true;
-                true
-            }
-            Err(error) if super::ops::is_fenced(&error) => {
-                outcome.expired = true;
                 true
             }
             Err(error) => {

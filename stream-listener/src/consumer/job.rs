@@ -31,7 +31,7 @@ use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, Lease};
-use super::ops::{is_fence_missing, is_fenced, Entry, Layout, Shared, HOLD_RETRY};
+use super::ops::{Entry, Layout, Shared, HOLD_RETRY};
 use crate::topology::Placement;
 
 /// Where a shard's reads are.
@@ -87,9 +87,6 @@ pub(crate) struct JobOutcome {
     pub(crate) expired: bool,
     /// The shard's consumer group (or the stream) is missing: the store lost it.
     pub(crate) missing_group: bool,
-    /// The shard's fence refused this member: another member took the shard in Redis (or the fence is
-    /// gone). Nothing more is sent for the shard until a heartbeat confirms it is still ours.
-    pub(crate) fence_refused: bool,
     /// What an idle wait read, by shard.
     pub(crate) woke: Vec<(u32, Vec<Entry>)>,
 }
@@ -123,7 +120,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
     let mut refreshed = false;
-    let mut refenced = false;
     if spec.recreate_group {
         match shared
             .recreate_group(&spec.key, spec.shard, &spec.lease)
@@ -151,20 +147,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
-        // A new ownership fences the shard in Redis before its first command (then claims what earlier
-        // owners left pending, so whatever a late read of theirs took before the fence is handled here).
-        match shared.fence(&spec.key, &spec.token).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(shard = spec.shard, epoch = spec.token.member_epoch, "a later owner fenced the shard: leaving it until a heartbeat confirms it is ours");
-                return fence_refused(&mut outcome);
-            }
-            Err(error) => {
-                outcome.error = Some(error);
-                outcome.next_phase = Some(spec.phase.clone());
-                return outcome;
-            }
-        }
         let fetched = if !spec.held.is_empty() {
             Ok((std::mem::take(&mut spec.held), spec.phase.clone()))
         } else if carried.is_empty() {
@@ -172,23 +154,12 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         } else {
             let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
             shared
-                .ack_and_read_new(&spec.key, &spec.token, &ids)
+                .ack_and_read_new(&spec.key, &ids)
                 .await
                 .map(|entries| (entries, Phase::Live))
         };
         let (mut entries, next_phase) = match fetched {
             Ok(fetched) => fetched,
-            // Redis lost the fence (restarted, flushed): ours to write again, once per job.
-            Err(error) if is_fence_missing(&error) && !refenced => {
-                refenced = true;
-                shared.forget_fence(&spec.key);
-                continue;
-            }
-            Err(error) if is_fenced(&error) => {
-                shared.forget_fence(&spec.key);
-                tracing::warn!(shard = spec.shard, "the shard's fence refused a read: leaving it until a heartbeat confirms it is ours");
-                return fence_refused(&mut outcome);
-            }
             Err(error) if is_missing_group(&error) => {
                 shared.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
@@ -298,11 +269,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
 
         let finished = finish(&shared, &spec, &acks, &letters).await;
         let last_done = last_done.map(str::to_owned);
-        if let Some(error) = finished.as_ref().err().filter(|error| is_fenced(error)) {
-            shared.forget_fence(&spec.key);
-            tracing::warn!(shard = spec.shard, %error, "the shard's fence refused an ack: the batch stays pending for the shard's owner");
-            return fence_refused(&mut outcome);
-        }
         if let Err(error) = finished {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
             outcome.error = Some(error);
@@ -325,16 +291,6 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         outcome.next_phase = Some(spec.phase.clone());
         return outcome;
     }
-}
-
-/// Ends a job the shard's fence refused: like a passed deadline, the shard starts over from its own
-/// pending entries, but only once a heartbeat confirmed it is still ours (fencing again first).
-fn fence_refused(outcome: &mut JobOutcome) -> JobOutcome {
-    outcome.fence_refused = true;
-    outcome.next_phase = Some(Phase::Claim {
-        cursor: crate::names::START_ID.to_owned(),
-    });
-    std::mem::take(outcome)
 }
 
 /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to hold it (see the
@@ -389,7 +345,7 @@ async fn gate(
 async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase), RedisError> {
     if spec.reclaim {
         spec.reclaim = false;
-        let entries = shared.reclaim_stale(&spec.key, &spec.token).await?;
+        let entries = shared.reclaim_stale(&spec.key).await?;
         if !entries.is_empty() {
             tracing::warn!(shard = spec.shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
             return Ok((entries, spec.phase.clone()));
@@ -397,7 +353,7 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
     }
     match &spec.phase {
         Phase::Claim { cursor } => {
-            let (next, entries) = shared.claim(&spec.key, &spec.token, cursor).await?;
+            let (next, entries) = shared.claim(&spec.key, cursor).await?;
             if next == crate::names::START_ID {
                 match shared.cleanup_consumers(&spec.key).await {
                     Ok(deleted) if !deleted.is_empty() => {
@@ -417,7 +373,7 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
                 Ok((entries, Phase::Claim { cursor: next }))
             }
         }
-        Phase::Live => Ok((shared.read_new(&spec.key, &spec.token).await?, Phase::Live)),
+        Phase::Live => Ok((shared.read_new(&spec.key).await?, Phase::Live)),
     }
 }
 
@@ -450,7 +406,6 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         shared: shared.clone(),
         stream_key: spec.key.clone(),
         lease: spec.lease.clone(),
-        token: spec.token.clone(),
         acked: acked.clone(),
     });
     let delivery = Delivery {
@@ -610,7 +565,6 @@ async fn handle_batch(
                 shared: shared.clone(),
                 stream_key: spec.key.clone(),
                 lease: spec.lease.clone(),
-                token: spec.token.clone(),
                 acked: acked.clone(),
             }),
         })
@@ -746,12 +700,12 @@ async fn finish(
                 lettered = true;
                 crate::metrics::messages(&shared.config, "dead_lettered", letters.len() as u64);
             }
-            shared.ack(&spec.key, &spec.token, &all).await
+            shared.ack(&spec.key, &all).await
         }
         .await;
         match result {
             Ok(()) => return Ok(()),
-            Err(error) if attempt >= 3 || is_fenced(&error) => return Err(error),
+            Err(error) if attempt >= 3 => return Err(error),
             Err(error) => {
                 tracing::debug!(shard = spec.shard, %error, attempt, "ack failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;

@@ -56,19 +56,13 @@ impl<T> Message<T> {
         if acker.acked.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut xack = redis::cmd("XACK");
-        xack.arg(&*acker.stream_key)
+        let mut conn = acker.shared.conn.clone();
+        redis::cmd("XACK")
+            .arg(&*acker.stream_key)
             .arg(&acker.shared.config.group)
-            .arg(&self.id);
-        let acked = acker
-            .shared
-            .guarded(&acker.stream_key, &acker.token, &[xack])
-            .await;
-        match acked {
-            // The shard's fence holds another member's token: it took the shard.
-            Err(error) if super::ops::is_fenced(&error) => return Err(AckError::NotOwner),
-            acked => acked?,
-        };
+            .arg(&self.id)
+            .query_async::<i64>(&mut conn)
+            .await?;
         acker.acked.store(true, Ordering::Release);
         Ok(())
     }
@@ -135,8 +129,6 @@ pub(crate) struct Acker {
     pub(crate) shared: Arc<Shared>,
     pub(crate) stream_key: Arc<str>,
     pub(crate) lease: Arc<Lease>,
-    /// The ownership's token: the ack runs only while the shard's fence holds it.
-    pub(crate) token: FencingToken,
     pub(crate) acked: Arc<AtomicBool>,
 }
 

@@ -26,16 +26,14 @@
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
 //! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. The idle wait has a
-//! second connection of its own, used only for its `XREAD BLOCK` (redis-rs would queue every other
+//! second connection of its own, used only for `XREADGROUP BLOCK` (redis-rs would queue every other
 //! command behind a blocking read on a shared connection). A member therefore opens two connections,
 //! however many shards it owns and workers it has.
 //!
 //! # Delivery
 //!
 //! At least once: an entry is acknowledged only after its handler returned `Ok` (or it was
-//! dead-lettered). On [`ShardCommand::Assign`] the consumer first writes its token to the shard's fence
-//! in Redis (every later read, claim and ack runs only while the fence holds it: see `ops` and
-//! ARCHITECTURE.md), then claims everything earlier owners left
+//! dead-lettered). On [`ShardCommand::Assign`] the consumer first claims everything earlier owners left
 //! pending (`XAUTOCLAIM` with min-idle 0, carrying the cursor to `0-0`), then deletes consumer names that
 //! no longer hold anything, then reads new entries. On [`ShardCommand::Revoke`] it stops new reads, lets the
 //! running handler finish, acknowledges what is done (the rest of the batch stays pending for the next
@@ -576,14 +574,11 @@ impl Scheduler {
 
     fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
-        let key: Arc<str> = self.shared.config.shard_key(shard).into();
-        // A new ownership fences the shard again before its first command, even with the same token.
-        self.shared.forget_fence(&key);
         self.shards.insert(
             shard,
             ShardIo {
                 generation: self.next_generation,
-                key,
+                key: self.shared.config.shard_key(shard).into(),
                 token,
                 lease: Lease::new(self.deadline.clone()),
                 revoking: false,
@@ -952,17 +947,10 @@ impl Scheduler {
             // Past the self-fencing deadline: a fence is on its way, or the lease comes back.
             return JobEnd::Expired;
         }
-        if outcome.fence_refused {
-            // Another member fenced the shard in Redis (or the fence is gone): fence again, and claim,
-            // only once a heartbeat sent after the refusal confirmed that the shard is still ours.
-            return JobEnd::Unconfirmed {
-                retry_at: later(HOLD_RETRY),
-            };
-        }
         if outcome.missing_group {
             // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
             state.missing_group = true;
-            return JobEnd::Unconfirmed {
+            return JobEnd::MissingGroup {
                 retry_at: later(HOLD_RETRY),
             };
         }

@@ -5,10 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, RedisResult, Script, Value};
+use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
-use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
 use super::config::{AckPolicy, ConsumerConfig};
 use super::message::BoxedHandler;
@@ -98,36 +97,6 @@ impl ServerVersion {
 /// older than 8.2. Atomic because it is one script.
 const ACK_DELETE_SCRIPT: &str = include_str!("ack_delete.lua");
 
-/// Takes a shard's fence for a member that was just granted it (see `fence.lua`).
-const FENCE_SCRIPT: &str = include_str!("fence.lua");
-
-/// Runs reads, claims and acks on a shard only while its fence holds the caller's token (`guarded.lua`).
-const GUARDED_SCRIPT: &str = include_str!("guarded.lua");
-
-/// The error code of a command refused by a shard's fence: another member took the shard (or the fence
-/// is gone). The consumer stops touching the shard until a heartbeat confirms it is still ours.
-const FENCED: &str = "SLFENCED";
-
-/// Whether Redis refused a command because the shard's fence does not hold this member's token.
-pub(crate) fn is_fenced(error: &RedisError) -> bool {
-    error.code() == Some(FENCED)
-}
-
-/// Whether Redis refused a command because the shard has no fence at all (Redis lost it): the owner may
-/// fence again at once, as on a new ownership.
-pub(crate) fn is_fence_missing(error: &RedisError) -> bool {
-    is_fenced(error) && error.detail() == Some("missing")
-}
-
-/// Most ids acknowledged by one guarded script call: Lua's stack (about 8,000 values) bounds the
-/// arguments a script can pass to one command.
-const ACK_CHUNK: usize = 1000;
-
-/// What a shard's fence holds for its owner: `"<member epoch> <member id>"`.
-fn fence_value(token: &FencingToken) -> String {
-    format!("{} {}", token.member_epoch, token.member_id)
-}
-
 /// Delete the group's consumers other than `ARGV[2]` that have nothing pending. One script, so a consumer
 /// cannot gain pending entries between the check and `XGROUP DELCONSUMER` (which would drop them).
 const CLEANUP_SCRIPT: &str = include_str!("cleanup.lua");
@@ -213,14 +182,6 @@ pub(crate) struct Shared {
     pub(crate) dead_letter_key: String,
     ack_delete_script: Script,
     cleanup_script: Script,
-    fence_script: Script,
-    guarded_script: Script,
-    /// Shard key -> the token this consumer last wrote to the shard's fence (so a job fences only once
-    /// per ownership, and the idle wait reads with the token that holds the fence).
-    fences: Mutex<HashMap<Arc<str>, FencingToken>>,
-    /// Shard key -> an id at or past every entry the group was delivered, from the last empty read: where
-    /// the idle wait's `XREAD` blocks.
-    wake_ids: Mutex<HashMap<String, String>>,
     layout: Mutex<LayoutCache>,
     warned_missing_group: std::sync::atomic::AtomicBool,
     /// Last stale-layout warning, and stale writes seen since.
@@ -259,10 +220,6 @@ impl Shared {
             handler,
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
             cleanup_script: Script::new(CLEANUP_SCRIPT),
-            fence_script: Script::new(FENCE_SCRIPT),
-            guarded_script: Script::new(GUARDED_SCRIPT),
-            fences: Mutex::new(HashMap::new()),
-            wake_ids: Mutex::new(HashMap::new()),
             layout: Mutex::new(LayoutCache::default()),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             stale_warned: Mutex::new((None, 0)),
@@ -423,8 +380,8 @@ impl Shared {
         );
     }
 
-    /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a
-    /// blocking read on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
+    /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
+    /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
     /// Returns it with its Redis client id (for `CLIENT UNBLOCK`).
     pub(crate) async fn blocking_connection(&self) -> RedisResult<(MultiplexedConnection, i64)> {
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
@@ -437,60 +394,6 @@ impl Shared {
             .query_async(&mut conn)
             .await?;
         Ok((conn, id))
-    }
-
-    /// Writes this member's token to the shard's fence, unless this consumer already did for `token`.
-    /// Runs before a new ownership's first command on the shard, so every guarded command of an earlier
-    /// owner that reaches Redis later is refused. `false`: a later owner holds the fence (stale grant).
-    pub(crate) async fn fence(&self, key: &Arc<str>, token: &FencingToken) -> RedisResult<bool> {
-        if self.fenced_with(key).as_ref() == Some(token) {
-            return Ok(true);
-        }
-        let taken: i64 = self
-            .fence_script
-            .key(crate::names::shard_fence(key, &self.config.group))
-            .arg(token.member_epoch)
-            .arg(fence_value(token))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        if taken == 1 {
-            lock(&self.fences).insert(key.clone(), token.clone());
-        }
-        Ok(taken == 1)
-    }
-
-    /// The token this consumer holds the shard's fence with, as far as it knows.
-    pub(crate) fn fenced_with(&self, key: &str) -> Option<FencingToken> {
-        lock(&self.fences).get(key).cloned()
-    }
-
-    /// Forgets that this consumer holds the shard's fence: a new ownership, or a refused command. The
-    /// next job fences again first.
-    pub(crate) fn forget_fence(&self, key: &str) {
-        lock(&self.fences).remove(key);
-    }
-
-    /// Runs `cmds` on shard `key` in one script, only while its fence holds `token` (`guarded.lua`);
-    /// refused with [`is_fenced`] otherwise.
-    pub(crate) async fn guarded(
-        &self,
-        key: &str,
-        token: &FencingToken,
-        cmds: &[redis::Cmd],
-    ) -> RedisResult<Value> {
-        let mut invocation = self.guarded_script.key(key);
-        invocation
-            .key(crate::names::shard_fence(key, &self.config.group))
-            .arg(fence_value(token));
-        for cmd in cmds {
-            invocation.arg(cmd.args_iter().len());
-            for arg in cmd.args_iter() {
-                if let redis::Arg::Simple(bytes) = arg {
-                    invocation.arg(bytes);
-                }
-            }
-        }
-        invocation.invoke_async(&mut self.conn.clone()).await
     }
 
     /// `XREADGROUP` without blocking.
@@ -507,102 +410,46 @@ impl Shared {
         cmd
     }
 
-    /// Decodes a guarded read: the entries, or the id an empty read answered, kept for the idle wait.
-    fn read_reply(&self, key: &str, reply: Value) -> Vec<Entry> {
-        if let Value::Array(parts) = &reply {
-            if let [marker, id] = parts.as_slice() {
-                if value_string(marker.clone()).as_deref() == Some("idle") {
-                    if let Some(id) = value_string(id.clone()) {
-                        lock(&self.wake_ids).insert(key.to_owned(), id);
-                    }
-                    return Vec::new();
-                }
-            }
-        }
-        lock(&self.wake_ids).remove(key);
-        parse_read_reply(reply)
+    /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
+    pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
+        let reply: Value = self
+            .read_cmd(key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(parse_read_reply(reply))
     }
 
-    /// `XREADGROUP ... STREAMS key >` under the shard's fence: new entries, without blocking (the idle wait
-    /// blocks, see `wait`).
-    pub(crate) async fn read_new(
-        &self,
-        key: &str,
-        token: &FencingToken,
-    ) -> RedisResult<Vec<Entry>> {
-        let reply = self.guarded(key, token, &[self.read_cmd(key)]).await?;
-        Ok(self.read_reply(key, reply))
-    }
-
-    /// The idle wait: one `XREAD BLOCK` over several shard streams on a blocking connection, past the id
-    /// each shard's last empty read answered. It only wakes up: it takes nothing, so a late one (a process
-    /// paused with it queued) does no harm. The shards it woke for are then read under their fences on the
-    /// shared connection, while `deadline` holds. Returns the entries by stream key. A shard without a
-    /// known id is read at once instead of waited on; one this consumer holds no fence for is left to its
-    /// next job. (One multi-key command: a single Redis node only; on a cluster the keys of one wait must
-    /// share a slot.)
+    /// The idle wait: one `XREADGROUP ... BLOCK` over several shard streams, on a blocking connection.
+    /// Returns the entries by stream key. (One multi-key command: a single Redis node only; on a cluster
+    /// the keys of one wait must share a slot.)
     pub(crate) async fn wait_new(
         &self,
         keys: &[&str],
         conn: &mut MultiplexedConnection,
         block: Duration,
-        deadline: &OwnershipDeadline,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
-        let known: Vec<Option<String>> = {
-            let ids = lock(&self.wake_ids);
-            keys.iter().map(|key| ids.get(*key).cloned()).collect()
-        };
-        let mut woke: Vec<&str> = keys
-            .iter()
-            .zip(&known)
-            .filter(|(_, id)| id.is_none())
-            .map(|(key, _)| *key)
-            .collect();
-        if woke.is_empty() {
-            let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-            let mut cmd = redis::cmd("XREAD");
-            cmd.arg("COUNT")
-                .arg(1)
-                .arg("BLOCK")
-                .arg(ms)
-                .arg("STREAMS")
-                .arg(keys)
-                .arg(known.iter().flatten().collect::<Vec<_>>());
-            let reply: Value = cmd.query_async(conn).await?;
-            let by_key = parse_read_reply_by_stream(reply);
-            woke = keys
-                .iter()
-                .copied()
-                .filter(|key| by_key.iter().any(|(k, e)| k == key && !e.is_empty()))
-                .collect();
+        let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg("COUNT")
+            .arg(self.config.batch_size)
+            .arg("BLOCK")
+            .arg(ms)
+            .arg("STREAMS")
+            .arg(keys);
+        for _ in keys {
+            cmd.arg(">");
         }
-        let mut read = Vec::with_capacity(woke.len());
-        for key in woke {
-            let Some(token) = self.fenced_with(key) else {
-                continue;
-            };
-            if !deadline.is_valid() {
-                break;
-            }
-            let entries = self.read_new(key, &token).await;
-            let entries = entries.inspect_err(|error| {
-                if is_fenced(error) {
-                    self.forget_fence(key);
-                }
-            })?;
-            read.push((key.to_owned(), entries));
-        }
-        Ok(read)
+        let reply: Value = cmd.query_async(conn).await?;
+        Ok(parse_read_reply_by_stream(reply))
     }
 
     /// Claims entries that other consumers of the group have left pending for longer than
     /// `reclaim_idle` (a zombie owner that read after it lost the shard, an ack that never arrived): so
     /// nothing stays pending for good. Our own pending entries are left alone (held or left on purpose).
-    pub(crate) async fn reclaim_stale(
-        &self,
-        key: &str,
-        token: &FencingToken,
-    ) -> RedisResult<Vec<Entry>> {
+    pub(crate) async fn reclaim_stale(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let idle = self.config.reclaim_idle.as_millis() as u64;
         let mut conn = self.conn.clone();
         let pending: Value = redis::cmd("XPENDING")
@@ -619,19 +466,18 @@ impl Shared {
             .into_iter()
             .filter(|(_, consumer, _)| *consumer != self.config.consumer_name)
             .map(|(id, _, _)| id)
-            .take(ACK_CHUNK)
             .collect();
         if stale.is_empty() {
             return Ok(Vec::new());
         }
-        let mut xclaim = redis::cmd("XCLAIM");
-        xclaim
+        let claimed: Value = redis::cmd("XCLAIM")
             .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg(idle)
-            .arg(&stale);
-        let claimed = self.guarded(key, token, &[xclaim]).await?;
+            .arg(&stale)
+            .query_async(&mut conn)
+            .await?;
         let mut entries: Vec<Entry> = parse_entries(claimed)
             .into_iter()
             .filter(|e| !e.deleted)
@@ -681,42 +527,40 @@ impl Shared {
         }
     }
 
-    /// Acknowledge the previous batch and read the next one in a single round trip (one guarded script:
-    /// the ack runs before the read). The script fallback of ack-and-delete cannot be pipelined
+    /// Acknowledge the previous batch and read the next one in a single round trip (a pipeline: the ack
+    /// still reaches Redis before the read). The script fallback of ack-and-delete cannot be pipelined
     /// this way and takes two round trips.
     pub(crate) async fn ack_and_read_new(
         &self,
         key: &str,
-        token: &FencingToken,
         ids: &[&str],
     ) -> RedisResult<Vec<Entry>> {
-        let Some(ack) = self.ack_cmd(key, ids).filter(|_| ids.len() <= ACK_CHUNK) else {
-            self.ack(key, token, ids).await?;
-            return self.read_new(key, token).await;
+        let Some(ack) = self.ack_cmd(key, ids) else {
+            self.ack(key, ids).await?;
+            return self.read_new(key).await;
         };
-        let reply = self.guarded(key, token, &[ack, self.read_cmd(key)]).await?;
-        Ok(self.read_reply(key, reply))
+        let mut pipe = redis::pipe();
+        pipe.add_command(ack).ignore();
+        pipe.add_command(self.read_cmd(key));
+        let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(parse_read_reply(reply))
     }
 
     /// `XAUTOCLAIM key group me 0 cursor COUNT n`, then the delivery counts of what was claimed. Returns
     /// the next cursor (`0-0` when the pending list was walked to its end) and the live entries; entries
     /// deleted from the stream are dropped from the pending list by Redis itself.
-    pub(crate) async fn claim(
-        &self,
-        key: &str,
-        token: &FencingToken,
-        cursor: &str,
-    ) -> RedisResult<(String, Vec<Entry>)> {
-        let mut xautoclaim = redis::cmd("XAUTOCLAIM");
-        xautoclaim
+    pub(crate) async fn claim(&self, key: &str, cursor: &str) -> RedisResult<(String, Vec<Entry>)> {
+        let mut conn = self.conn.clone();
+        let reply: Value = redis::cmd("XAUTOCLAIM")
             .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg(0)
             .arg(cursor)
             .arg("COUNT")
-            .arg(self.config.batch_size);
-        let reply = self.guarded(key, token, &[xautoclaim]).await?;
+            .arg(self.config.batch_size)
+            .query_async(&mut conn)
+            .await?;
         let Value::Array(mut parts) = reply else {
             return Ok((crate::names::START_ID.to_owned(), Vec::new()));
         };
@@ -730,9 +574,12 @@ impl Shared {
         let (mut live, dead): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !e.deleted);
         if !dead.is_empty() {
             let ids: Vec<&str> = dead.iter().map(|e| e.id.as_str()).collect();
-            let mut xack = redis::cmd("XACK");
-            xack.arg(key).arg(&self.config.group).arg(&ids);
-            self.guarded(key, token, &[xack]).await?;
+            redis::cmd("XACK")
+                .arg(key)
+                .arg(&self.config.group)
+                .arg(&ids)
+                .query_async::<i64>(&mut conn)
+                .await?;
         }
         self.set_delivery_counts(key, &mut live).await?;
         Ok((next, live))
@@ -794,27 +641,22 @@ impl Shared {
         }
     }
 
-    /// Acknowledge `ids` per the ack policy, under the shard's fence.
-    pub(crate) async fn ack(
-        &self,
-        key: &str,
-        token: &FencingToken,
-        ids: &[&str],
-    ) -> RedisResult<()> {
-        for ids in ids.chunks(ACK_CHUNK) {
-            if let Some(cmd) = self.ack_cmd(key, ids) {
-                self.guarded(key, token, &[cmd]).await?;
-            } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
-                self.ack_delete_script
-                    .key(key)
-                    .key(crate::names::shard_fence(key, &self.config.group))
-                    .arg(fence_value(token))
-                    .arg(&self.config.group)
-                    .arg(mode.keyword())
-                    .arg(ids)
-                    .invoke_async::<Value>(&mut self.conn.clone())
-                    .await?;
-            }
+    /// Acknowledge `ids` per the ack policy.
+    pub(crate) async fn ack(&self, key: &str, ids: &[&str]) -> RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        if let Some(cmd) = self.ack_cmd(key, ids) {
+            cmd.query_async::<Value>(&mut conn).await?;
+        } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
+            self.ack_delete_script
+                .key(key)
+                .arg(&self.config.group)
+                .arg(mode.keyword())
+                .arg(ids)
+                .invoke_async::<Value>(&mut conn)
+                .await?;
         }
         Ok(())
     }
@@ -907,13 +749,6 @@ impl Entry {
     pub(crate) fn payload(&self) -> Option<&[u8]> {
         self.field(PAYLOAD_FIELD)
     }
-}
-
-/// Plain data behind a lock: a panic elsewhere cannot leave it half-updated.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn value_string(value: Value) -> Option<String> {
@@ -1136,7 +971,3 @@ mod decode_tests {
         );
     }
 }
-
-#[cfg(test)]
-#[path = "fence_tests.rs"]
-mod fence_tests;

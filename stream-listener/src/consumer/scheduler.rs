@@ -87,10 +87,9 @@ pub enum JobEnd {
         /// When the shard may run again.
         retry_at: Millis,
     },
-    /// The shard may no longer be ours in Redis: its consumer group (or stream) is missing, or its fence
-    /// refused us. Back off until `retry_at` and wait for a renewed lease (see
-    /// [`ShardScheduler::lease_renewed`]), then claim our own pending entries.
-    Unconfirmed {
+    /// The shard's consumer group (or stream) is missing: back off until `retry_at` and wait for a renewed
+    /// lease (see [`ShardScheduler::lease_renewed`]), then claim our own pending entries.
+    MissingGroup {
         /// When the shard may run again, at the earliest.
         retry_at: Millis,
     },
@@ -397,7 +396,7 @@ impl ShardScheduler {
                 JobEnd::Data | JobEnd::Empty => (NextJob::Read, None),
                 JobEnd::Held { retry_at } => (NextJob::Retry, Some(retry_at)),
                 JobEnd::Claiming | JobEnd::Expired | JobEnd::Aborted => (NextJob::ClaimOwn, None),
-                JobEnd::Failed { retry_at } | JobEnd::Unconfirmed { retry_at } => {
+                JobEnd::Failed { retry_at } | JobEnd::MissingGroup { retry_at } => {
                     (NextJob::ClaimOwn, Some(retry_at))
                 }
                 JobEnd::ReadFailed { retry_at } => (NextJob::Read, Some(retry_at)),
@@ -406,7 +405,7 @@ impl ShardScheduler {
                 .shards
                 .get(&shard)
                 .is_some_and(|s| s.generation == generation && !s.revoking);
-            if current && matches!(end, JobEnd::Unconfirmed { .. }) {
+            if current && matches!(end, JobEnd::MissingGroup { .. }) {
                 if let Some(state) = self.shards.get_mut(&shard) {
                     state.unconfirmed = true;
                 }

@@ -488,7 +488,7 @@ fn rule_a_missing_group_waits_for_its_backoff_and_a_renewed_lease() {
     let (mut s, running) = claimed(1, &[0], FAR);
     let (job, _, _) = running[0];
     assert!(!s.awaits_renewal());
-    s.job_ended(t(2), job, JobEnd::Unconfirmed { retry_at: t(50) });
+    s.job_ended(t(2), job, JobEnd::MissingGroup { retry_at: t(50) });
     assert!(s.awaits_renewal());
     assert!(starts(&s.tick(t(60))).is_empty(), "started unconfirmed");
     let out = s.lease_renewed(t(70), FAR);
@@ -497,7 +497,7 @@ fn rule_a_missing_group_waits_for_its_backoff_and_a_renewed_lease() {
     // The renewal first, then the backoff.
     let (mut s, running) = claimed(1, &[0], FAR);
     let (job, _, _) = running[0];
-    s.job_ended(t(2), job, JobEnd::Unconfirmed { retry_at: t(50) });
+    s.job_ended(t(2), job, JobEnd::MissingGroup { retry_at: t(50) });
     assert!(
         starts(&s.lease_renewed(t(10), FAR)).is_empty(),
         "started in backoff"
@@ -772,12 +772,12 @@ proptest! {
                             5 => JobEnd::Expired,
                             6 => JobEnd::Aborted,
                             7 => JobEnd::ReadFailed { retry_at: t(m.now + d) },
-                            _ => JobEnd::Unconfirmed { retry_at: t(m.now + d) },
+                            _ => JobEnd::MissingGroup { retry_at: t(m.now + d) },
                         };
-                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::Unconfirmed { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::MissingGroup { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
                             m.retry_at.insert(shards[0], retry_at.0);
                         }
-                        if let (JobEnd::Unconfirmed { .. }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                        if let (JobEnd::MissingGroup { .. }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
                             m.unconfirmed.insert(shards[0]);
                         }
                         s.job_ended(t(m.now), job, end)
