@@ -392,7 +392,18 @@ impl Backend {
     fn start(target: Target) -> Backend {
         match target {
             Target::Single => Backend::Single(RedisServer::start_with_aof()),
-            Target::Cluster => Backend::Cluster(RedisCluster::shared()),
+            Target::Cluster => {
+                // Scenarios share the cluster: each starts empty, as on its own single node. A group left
+                // by the previous scenario would keep that scenario's timing (an existing group keeps its
+                // own), so its pauses would no longer outlast the lease.
+                let cluster = RedisCluster::shared();
+                for node in &cluster.nodes()[..3] {
+                    cluster
+                        .cli(node.port(), &["FLUSHALL"])
+                        .expect("FLUSHALL on a master of the shared cluster");
+                }
+                Backend::Cluster(cluster)
+            }
         }
     }
 
