@@ -564,7 +564,7 @@ impl GroupStore {
                             taken: entries.len(),
                             answers: Vec::new(),
                             answered: own
-                                .map(|(_, req)| req.member_id.clone())
+                                .map(|(_, req)| (req.member_id.clone(), outcome.events.len()))
                                 .into_iter()
                                 .collect(),
                         },
@@ -590,11 +590,15 @@ impl GroupStore {
                 let outcome = snapshot.coordinator.heartbeat(req, now);
                 own_answer = Some(batch.add(outcome));
             }
-            // Members this batch answers learn what changed for them from their answer itself.
+            // Members this batch answers learn from their answer what changed for them up to it; a later
+            // heartbeat of the batch that moves their shards must still wake them.
             let mut answering = Answering {
                 taken: entries.len(),
                 answers: Vec::new(),
-                answered: own.iter().map(|(_, req)| req.member_id.clone()).collect(),
+                answered: own
+                    .iter()
+                    .map(|(_, req)| (req.member_id.clone(), batch.events.len()))
+                    .collect(),
             };
             let mut bad = 0;
             for entry in &entries {
@@ -618,7 +622,9 @@ impl GroupStore {
                 }];
                 serde_json::to_writer(&mut answer, &batch.add(outcome))
                     .expect("responses serialize");
-                answering.answered.push(queued.request.member_id.clone());
+                answering
+                    .answered
+                    .push((queued.request.member_id.clone(), batch.events.len()));
                 answering.answers.push((queued.reply_id, answer));
             }
             if bad > 0 {
@@ -1014,13 +1020,15 @@ impl GroupStore {
 }
 
 /// What a commit does for queued heartbeats: how many inbox entries it takes, the answers it pushes
-/// (reply id, answer), and every member answered by it or by the caller's own response (who therefore
+/// (reply id, answer), and every member answered by it or by the caller's own response, with the number
+/// of the commit's events its answer reflects (what it learns from the answer needs no wake-up; see
+/// [`wakeup::to_wake`]).
 /// need no wake-up).
 #[derive(Debug, Default)]
 struct Answering {
     taken: usize,
     answers: Vec<(String, Vec<u8>)>,
-    answered: Vec<String>,
+    answered: Vec<(String, usize)>,
 }
 
 /// A heartbeat computed on the cache that needs a commit, kept in case nobody else writes first.

@@ -22,17 +22,22 @@ use crate::coordinator::events::AuditEvent;
 /// they get a target of their own rather than the store's (whose lines are each about one member).
 const LOG_TARGET: &str = "stream_listener::wakeup";
 
-/// The members a commit must wake: those whose shards it granted or revoked, except the ones it answers
-/// (`answered`), which learn it from their answer. In order, without repeats.
-pub fn to_wake<'a>(events: &'a [AuditEvent], answered: &[String]) -> Vec<&'a str> {
+/// The members a commit must wake: those whose shards its events grant or revoke, unless the member's
+/// own answer in this commit already reflects that event (`answered`: memberId and how many of `events`
+/// came before its answer was built). A heartbeat later in the same batch can move a member answered
+/// earlier, and that member must still be woken. In order, without repeats.
+pub fn to_wake<'a>(events: &'a [AuditEvent], answered: &[(String, usize)]) -> Vec<&'a str> {
     let mut wake: Vec<&str> = Vec::new();
-    for event in events {
+    for (index, event) in events.iter().enumerate() {
         let member = match event {
             AuditEvent::ShardsAssigned { member_id, .. }
             | AuditEvent::ShardsRevokeRequested { member_id, .. } => member_id.as_str(),
             _ => continue,
         };
-        if !answered.iter().any(|a| a == member) && !wake.contains(&member) {
+        let told = answered
+            .iter()
+            .any(|(id, seen)| id == member && index < *seen);
+        if !told && !wake.contains(&member) {
             wake.push(member);
         }
     }
@@ -165,7 +170,17 @@ mod tests {
                 shards: vec![3],
             },
         ];
-        assert_eq!(to_wake(&events, &["a".to_owned()]), vec!["b", "c"]);
+        assert_eq!(to_wake(&events, &[("a".to_owned(), 5)]), vec!["b", "c"]);
         assert!(to_wake(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn rule_a_member_answered_early_in_a_batch_is_woken_by_a_later_grant() {
+        // a was answered after the first event; the batch then granted it more.
+        let events = vec![assigned("a"), assigned("b"), assigned("a")];
+        assert_eq!(
+            to_wake(&events, &[("a".to_owned(), 1), ("b".to_owned(), 2)]),
+            vec!["a"]
+        );
     }
 }
