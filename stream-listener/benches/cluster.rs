@@ -65,21 +65,37 @@ async fn produce_raw(conn: &Connection, prefix: &str, per_shard: u64) -> Duratio
     started.elapsed()
 }
 
-/// The library's producer: `send_batch` of 1000 keyed messages at a time (routed, split per slot).
+/// The library's producer: as many concurrent `send_batch` callers as the hand-written loop has shard
+/// tasks, each sending batches of the same size (keyed messages, routed, split per slot), so both sides
+/// keep the same number of pipelines in flight.
 async fn produce_lib(conn: &Connection, prefix: &str, total: u64) -> Duration {
     let mut c = conn.clone();
     Topology::ensure(&mut c, prefix, SHARDS)
         .await
         .expect("topology");
-    let producer = Producer::new(conn.clone(), prefix).await.expect("producer");
+    let producer = Arc::new(Producer::new(conn.clone(), prefix).await.expect("producer"));
+    let (tasks, batch) = (u64::from(SHARDS), SEND_BATCH / u64::from(SHARDS));
     let started = Instant::now();
-    let mut n = 0;
-    while n < total {
-        let batch: Vec<(String, String)> = (n..(n + SEND_BATCH).min(total))
-            .map(|i| (format!("customer-{}", i % 1000), payload(i)))
-            .collect();
-        producer.send_batch_bytes(&batch).await.expect("send_batch");
-        n += SEND_BATCH;
+    let mut running = Vec::new();
+    for task in 0..tasks {
+        let producer = producer.clone();
+        let (from, to) = (total * task / tasks, total * (task + 1) / tasks);
+        running.push(tokio::spawn(async move {
+            let mut n = from;
+            while n < to {
+                let messages: Vec<(String, String)> = (n..(n + batch).min(to))
+                    .map(|i| (format!("customer-{}", i % 1000), payload(i)))
+                    .collect();
+                producer
+                    .send_batch_bytes(&messages)
+                    .await
+                    .expect("send_batch");
+                n += batch;
+            }
+        }));
+    }
+    for task in running {
+        task.await.expect("producer task");
     }
     started.elapsed()
 }
