@@ -23,11 +23,15 @@ pub struct MemberSpec {
 /// Computes the new target assignment: for each member (same order as `members`), its shards, ascending.
 pub fn assign(shard_count: u32, members: &[MemberSpec]) -> Vec<Vec<u32>> {
     let n = shard_count as usize;
-    let mut result: Vec<Vec<u32>> = vec![Vec::new(); members.len()];
     if members.is_empty() || n == 0 {
-        return result;
+        return vec![Vec::new(); members.len()];
     }
     let quotas = quotas(shard_count, members);
+    // One allocation per member: a member's list never outgrows its quota.
+    let mut result: Vec<Vec<u32>> = quotas
+        .iter()
+        .map(|&quota| Vec::with_capacity(quota as usize))
+        .collect();
 
     // Steps 1 and 5: keep up to quota of each member's current shards.
     let mut taken = vec![false; n];
