@@ -48,6 +48,7 @@
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod connection;
 pub mod consumer;
 pub mod coordinator;

@@ -506,7 +506,7 @@ impl Runtime {
             member_id: plan.member_id,
             probe,
             pause,
-            lease: health_deadline,
+            deadline: health_deadline,
             status,
             heartbeat_task,
             consumer_task,
@@ -520,7 +520,7 @@ struct RunningMember {
     member_id: String,
     probe: crate::health::Probe,
     pause: PauseHandle,
-    lease: std::sync::Arc<OwnershipDeadline>,
+    deadline: std::sync::Arc<OwnershipDeadline>,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
     consumer_task: JoinHandle<()>,
@@ -591,7 +591,7 @@ impl RunningRuntime {
                     m.probe.member_health(
                         &m.member_id,
                         !m.heartbeat_task.is_finished(),
-                        status.phase == Phase::Member && m.lease.is_valid(),
+                        status.phase == Phase::Member && m.deadline.is_valid(),
                         status.failures,
                     )
                 })
@@ -609,7 +609,7 @@ impl RunningRuntime {
                 .map(|m| crate::health::MemberWatch {
                     member_id: m.member_id.clone(),
                     probe: m.probe.clone(),
-                    lease: m.lease.clone(),
+                    deadline: m.deadline.clone(),
                     status: m.status.clone(),
                 })
                 .collect(),

@@ -1,4 +1,6 @@
-//! The Redis side of consumption: connections, reply parsing, reads, claims, acks, dead letters, cleanup.
+//! The Redis side of consumption ([`ShardIo`]): connections, reply parsing, and every command a consumer
+//! sends to its shard streams (reads, claims, acks, dead letters, cleanup), with the cached topology that
+//! the moved-key rule reads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,8 +20,8 @@ use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
 /// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
 /// moved-key rule detects (see [`Topology::placement`]).
 pub(crate) const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
-/// Retry delay of a shard held behind a moved key whose old shard is not consumed yet.
-pub(crate) const HOLD_RETRY: Duration = Duration::from_millis(50);
+/// Retry delay of a shard whose entries wait for a moved key whose old shard is not consumed yet.
+pub(crate) const MOVED_KEY_RETRY: Duration = Duration::from_millis(50);
 
 /// The stream's topology as this consumer last read it.
 #[derive(Clone)]
@@ -169,8 +171,10 @@ async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig)
     }
 }
 
-/// State shared by the scheduler, its jobs and manual ackers of one consumer.
-pub(crate) struct Shared {
+/// One consumer's way to its shard streams, shared (`Arc`) by its scheduler, jobs, idle wait and manual
+/// ackers: the connections, the Redis commands on shards, the cached topology, and what those commands
+/// need to know (config, handler, server version, probe).
+pub(crate) struct ShardIo {
     pub(crate) config: ConsumerConfig,
     pub(crate) client: RedisTarget,
     /// Non-blocking commands only: reads without BLOCK, claims, acks, dead letters, scripts.
@@ -190,7 +194,7 @@ pub(crate) struct Shared {
     pub(crate) probe: crate::health::Probe,
 }
 
-impl Shared {
+impl ShardIo {
     pub(crate) async fn connect(
         client: RedisTarget,
         config: ConsumerConfig,
@@ -279,7 +283,7 @@ impl Shared {
     }
 
     /// Whether the group consumed old shard `from` below `before_ms` (see
-    /// [`crate::topology::consumed_before`]): `None` if so, else how long to hold the entry waiting on it.
+    /// [`crate::topology::consumed_before`]): `None` if so, else how long to defer the entry waiting on it.
     /// Positive answers are cached for the topology `version`.
     pub(crate) async fn old_shard_consumed(
         &self,
@@ -324,7 +328,7 @@ impl Shared {
                 Duration::from_millis(before_ms.saturating_sub(now_ms))
                     .clamp(Duration::from_millis(10), Duration::from_secs(1)),
             )),
-            ConsumedBefore::No { .. } => Ok(Some(HOLD_RETRY)),
+            ConsumedBefore::No { .. } => Ok(Some(MOVED_KEY_RETRY)),
         }
     }
 
@@ -448,7 +452,7 @@ impl Shared {
 
     /// Claims entries that other consumers of the group have left pending for longer than
     /// `reclaim_idle` (a zombie owner that read after it lost the shard, an ack that never arrived): so
-    /// nothing stays pending for good. Our own pending entries are left alone (held or left on purpose).
+    /// nothing stays pending for good. Our own pending entries are left alone (deferred or left on purpose).
     pub(crate) async fn reclaim_stale(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let idle = self.config.reclaim_idle.as_millis() as u64;
         let mut conn = self.conn.clone();
@@ -493,9 +497,9 @@ impl Shared {
         &self,
         key: &str,
         shard: u32,
-        lease: &super::message::Lease,
+        ownership: &super::message::ShardOwnership,
     ) -> RedisResult<()> {
-        if !lease.is_active() {
+        if !ownership.is_active() {
             return Ok(());
         }
         let created: RedisResult<()> = redis::cmd("XGROUP")
@@ -707,7 +711,7 @@ pub(crate) struct Entry {
     pub(crate) delivery_count: u32,
     /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
     pub(crate) deleted: bool,
-    /// Local retries so far (a failed entry held for its backoff carries them to its next attempt).
+    /// Local retries so far (a failed entry deferred for its backoff carries them to its next attempt).
     pub(crate) retries: u32,
 }
 
