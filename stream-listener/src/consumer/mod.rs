@@ -61,6 +61,7 @@ mod wait;
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
+pub(crate) use message::panic_message;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };
@@ -116,7 +117,7 @@ pub struct PauseHandle {
 }
 
 impl PauseHandle {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             paused: Arc::new(watch::channel(false).0),
         }
