@@ -400,24 +400,29 @@ impl ShardIo {
         Ok((conn, id))
     }
 
-    /// `XREADGROUP` without blocking.
-    fn read_cmd(&self, key: &str) -> redis::Cmd {
+    /// `XREADGROUP ... [BLOCK ms] STREAMS keys.. > ..`: new entries of `keys`, blocking only with
+    /// `block_ms`.
+    fn read_cmd(&self, keys: &[&str], block_ms: Option<u64>) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("STREAMS")
-            .arg(key)
-            .arg(">");
+            .arg(self.config.batch_size);
+        if let Some(ms) = block_ms {
+            cmd.arg("BLOCK").arg(ms);
+        }
+        cmd.arg("STREAMS").arg(keys);
+        for _ in keys {
+            cmd.arg(">");
+        }
         cmd
     }
 
     /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
     pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let reply: Value = self
-            .read_cmd(key)
+            .read_cmd(&[key], None)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(parse_read_reply(reply))
@@ -433,20 +438,7 @@ impl ShardIo {
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.config.group)
-            .arg(&self.config.consumer_name)
-            .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("BLOCK")
-            .arg(ms)
-            .arg("STREAMS")
-            .arg(keys);
-        for _ in keys {
-            cmd.arg(">");
-        }
-        let reply: Value = cmd.query_async(conn).await?;
+        let reply: Value = self.read_cmd(keys, Some(ms)).query_async(conn).await?;
         Ok(parse_read_reply_by_stream(reply))
     }
 
@@ -545,7 +537,7 @@ impl ShardIo {
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(key));
+        pipe.add_command(self.read_cmd(&[key], None));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
