@@ -897,8 +897,44 @@ mod tests {
         }
     }
 
+    /// Records the ERROR events of the current thread as `field=value` lines.
+    #[derive(Default, Clone)]
+    struct Errors(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl tracing::Subscriber for Errors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(
+                    &mut self,
+                    field: &tracing::field::Field,
+                    value: &dyn std::fmt::Debug,
+                ) {
+                    self.0.push_str(&format!("{}={:?} ", field.name(), value));
+                }
+            }
+            if *event.metadata().level() == tracing::Level::ERROR {
+                let mut fields = Fields(String::new());
+                event.record(&mut fields);
+                self.0.lock().unwrap().push(fields.0);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
     #[tokio::test]
     async fn run_fails_naming_the_member_whose_heartbeat_loop_panicked() {
+        let errors = Errors::default();
+        let _guard = tracing::subscriber::set_default(errors.clone());
         let running = one_member(async { panic!("boom") });
         let result = tokio::time::timeout(
             Duration::from_secs(10),
@@ -913,6 +949,13 @@ mod tests {
             "{error:?}"
         );
         assert!(error.to_string().contains("member pod-1-m0"), "{error}");
+        let errors = errors.0.lock().unwrap();
+        assert!(
+            errors.iter().any(|e| e.contains("owner=member pod-1-m0")
+                && e.contains("task=\"heartbeat loop\"")
+                && e.contains("reason=panicked: boom")),
+            "an ERROR names the member and the task: {errors:?}"
+        );
     }
 
     #[tokio::test]
