@@ -2,6 +2,7 @@
 //! Redis time plus, per shard stream, the group's lag, pending count and last delivered id.
 
 use serde::Serialize;
+use stream_listener::clock::StoreMillis;
 use stream_listener::coordinator::metadata::MemberState;
 use stream_listener::coordinator::projection::{GroupProjection, MemberView};
 use stream_listener::routing::shard_stream_key;
@@ -70,7 +71,7 @@ impl GroupSnapshot {
         let mut store = ctx.existing_group(stream, group).await?;
         let (revision, coordinator) = store.load().await?;
         let now_ms = ctx.now_ms().await?;
-        let view = coordinator.projection(now_ms);
+        let view = coordinator.projection(StoreMillis(now_ms));
         let topology_count = match Topology::load(&mut ctx.conn, stream).await {
             Ok(topology) => Some(topology.shard_count()),
             Err(TopologyError::Missing { .. }) => None,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use stream_listener::clock::{LocalMillis, StoreMillis};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::{GroupProjection, GroupState};
 use stream_listener::coordinator::AdminCommand;
@@ -127,7 +128,11 @@ impl Fixture {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
             for s in sessions.iter_mut() {
-                let response = self.store.heartbeat(&s.heartbeat(0, 2)).await.unwrap();
+                let response = self
+                    .store
+                    .heartbeat(&s.heartbeat(LocalMillis(0), 2))
+                    .await
+                    .unwrap();
                 for command in s.on_response(&response) {
                     if let ShardCommand::Revoke { shard } = command {
                         s.on_revoked(shard);
@@ -156,7 +161,11 @@ impl Fixture {
         }
         for _ in 0..50 {
             for s in sessions.iter_mut() {
-                let response = self.store.heartbeat(&s.heartbeat(0, 2)).await.unwrap();
+                let response = self
+                    .store
+                    .heartbeat(&s.heartbeat(LocalMillis(0), 2))
+                    .await
+                    .unwrap();
                 for command in s.on_response(&response) {
                     if let ShardCommand::Revoke { shard } = command {
                         s.on_revoked(shard);
@@ -171,7 +180,12 @@ impl Fixture {
     }
 
     async fn view(&mut self) -> GroupProjection {
-        self.store.load().await.unwrap().1.projection(0)
+        self.store
+            .load()
+            .await
+            .unwrap()
+            .1
+            .projection(StoreMillis(0))
     }
 
     /// Reads and acknowledges everything in `shards` as the group, as a consumer would.

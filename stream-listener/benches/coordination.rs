@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::Script;
+use stream_listener::clock::{LocalMillis, StoreMillis};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::{GroupProjection, GroupState};
 use stream_listener::coordinator::wire::{HeartbeatResponse, HeartbeatStatus};
@@ -297,7 +298,7 @@ async fn converge_sequentially(
     observer: &mut GroupStore,
 ) -> usize {
     let start = Instant::now();
-    let local = || start.elapsed().as_millis() as i64;
+    let local = || LocalMillis(start.elapsed().as_millis() as i64);
     // Bounded by time too: a new group pauses its grants for two heartbeat intervals, which a few quick
     // rounds do not cover.
     for round in 1..=2_000 {
@@ -319,7 +320,9 @@ async fn converge_sequentially(
             apply(session, &response);
         }
         let (rev_after, coordinator) = observer.load().await.expect("load");
-        if all_ok && rev_after == rev_before && converged(&coordinator.projection(0), members.len())
+        if all_ok
+            && rev_after == rev_before
+            && converged(&coordinator.projection(StoreMillis(0)), members.len())
         {
             return round;
         }
@@ -444,7 +447,8 @@ async fn run_steady(
                 tokio::time::sleep_until(start).await;
                 while tokio::time::Instant::now() < deadline {
                     let t = Instant::now();
-                    let request = session.heartbeat(local_zero.elapsed().as_millis() as i64, 1);
+                    let request =
+                        session.heartbeat(LocalMillis(local_zero.elapsed().as_millis() as i64), 1);
                     match store.heartbeat(&request).await {
                         Ok(response) => {
                             stats.latencies_us.push(t.elapsed().as_micros() as u32);
@@ -472,7 +476,7 @@ async fn run_steady(
         "a steady-state heartbeat committed metadata"
     );
     assert!(
-        converged(&coordinator.projection(0), members),
+        converged(&coordinator.projection(StoreMillis(0)), members),
         "the group is no longer converged after the steady phase"
     );
     (measured, rounds)
@@ -531,7 +535,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     let mut result = None;
     while Instant::now() < deadline {
         if let Ok((_, coordinator)) = observer.load().await {
-            if converged(&coordinator.projection(0), members) {
+            if converged(&coordinator.projection(StoreMillis(0)), members) {
                 result = Some(start.elapsed());
                 break;
             }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
+use stream_listener::clock::StoreMillis;
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::member::heartbeat::{MemberLoop, MemberStatus};
@@ -202,7 +203,7 @@ fn main() {
         let all = processes * per_process;
         loop {
             if let Ok((_, coordinator)) = observer.load().await {
-                let view = coordinator.projection(0);
+                let view = coordinator.projection(StoreMillis(0));
                 let live = view.members.iter().filter(|m| m.lease_deadline_ms > 0).count();
                 let granted: usize = view.members.iter().map(|m| m.owned.len()).sum();
                 if view.state == GroupState::Stable && live == all && granted == shards as usize {

@@ -4,7 +4,7 @@
 //!
 //! The consumer's jobs write it (a handler registers itself for the length of the attempt, a shard's
 //! read error streak is set when its job ends); the runtime reads it. Plain mutexes: a handful of
-//! updates per handled entry, never held across an `.await`.
+//! updates per handled entry, never kept across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -243,7 +243,7 @@ impl Probe {
 pub(crate) struct MemberWatch {
     pub(crate) member_id: String,
     pub(crate) probe: Probe,
-    pub(crate) lease: Arc<crate::member::lifecycle::OwnershipDeadline>,
+    pub(crate) deadline: Arc<crate::member::lifecycle::OwnershipDeadline>,
     pub(crate) status: tokio::sync::watch::Receiver<crate::member::heartbeat::MemberStatus>,
 }
 
@@ -270,7 +270,8 @@ impl HealthHandle {
                     m.probe.member_health(
                         &m.member_id,
                         heartbeating,
-                        status.phase == crate::member::session::Phase::Member && m.lease.is_valid(),
+                        status.phase == crate::member::session::Phase::Member
+                            && m.deadline.is_valid(),
                         status.failures,
                     )
                 })

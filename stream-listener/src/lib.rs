@@ -32,9 +32,19 @@
 //! `Message<T>` (JSON), [`RawMessage`], `Message<`[`Fields`]`>` (entries other clients wrote) or
 //! `Vec<Message<T>>` (a batch), and optionally a [`State<T>`] registered with [`Runtime::state`].
 //!
-//! The items re-exported at the crate root (and [`redis`], the version this crate is built with) are the
-//! user's surface; the layer modules below are public for operators' tools and tests, with less care
-//! for compatibility.
+//! # Stability
+//!
+//! Semantic versioning covers the user's surface: the items re-exported at the crate root, the
+//! [`stream_listener`] attribute and its arguments, the types those items take and return (such as
+//! [`health::Health`] from [`RunningRuntime::health`]), and the feature entry points
+//! `metrics::install_prometheus*` and `http::ProbeServer`. [`redis`] is the version this crate is built
+//! with: moving to a new major version of it is a breaking change of ours. While the crate is 0.x, a
+//! breaking change bumps the minor version (0.1 to 0.2).
+//!
+//! The layer modules below ([`coordinator`], [`store`], [`member`], [`clock`], [`names`], [`util`],
+//! [`redact`], and the other modules' items beyond that surface) are public for the admin CLI, the
+//! benchmarks, the integration tests and other tooling. They are not part of that promise and may change
+//! in any minor version. `__private` (what the attribute's expansion names) is never public API.
 //!
 //! # Layers
 //!
@@ -48,6 +58,7 @@
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod connection;
 pub mod consumer;
 pub mod coordinator;

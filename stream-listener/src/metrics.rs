@@ -10,7 +10,7 @@
 //! | `stream_listener_heartbeat_failures` | gauge | `stream`, `group`, `member` | heartbeats failed in a row |
 //! | `stream_listener_lease_remaining_seconds` | gauge | `stream`, `group`, `member` | time left before the member self-fences (0 when fenced), sampled every second |
 //! | `stream_listener_store_commits_total`, `_conflicts_total`, `_loads_total`, `_lock_waits_total` | counter | none | the process's group-metadata store operations ([`crate::store::stats`]) |
-//! | `stream_listener_pending_shards` | gauge | `stream`, `group`, `member` | shards targeted to the member, still held by their previous owner |
+//! | `stream_listener_pending_shards` | gauge | `stream`, `group`, `member` | shards targeted to the member, not yet released by their previous owner |
 //! | `stream_listener_revoking_shards` | gauge | `stream`, `group`, `member` | shards the member is giving up (draining) |
 //! | `stream_listener_member_state` | gauge | `stream`, `group`, `member`, `state` (`joining`, `member`, `leaving`, `left`) | 1 for the member's current state, 0 for the others |
 //! | `stream_listener_group_epoch`, `stream_listener_assignment_epoch` | gauge | `stream`, `group`, `member` | the group and target assignment epochs of the member's last accepted heartbeat |
@@ -83,7 +83,7 @@ pub const STORE_LOADS: &str = "stream_listener_store_loads_total";
 /// Waits for the store's writer lock.
 pub const STORE_LOCK_WAITS: &str = "stream_listener_store_lock_waits_total";
 
-/// Shards targeted to a member but still held by their previous owner.
+/// Shards targeted to a member but not yet released by their previous owner.
 pub const PENDING_SHARDS: &str = "stream_listener_pending_shards";
 /// Shards a member is giving up (draining).
 pub const REVOKING_SHARDS: &str = "stream_listener_revoking_shards";

@@ -6,11 +6,15 @@
 //! invariants hold; once the world calms down, that the group converges (every shard granted to a live
 //! member, max - min <= 1, all members STABLE).
 //!
+//! Virtual time is one number for both clocks (the store clock and every process's monotonic clock run
+//! at the same rate from the same origin here), so each use says which one it stands for.
+//!
 //! `SIM_SEEDS=n` runs n seeds (default 500); `SIM_SEED=s` replays one. A failing seed prints itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use stream_listener::clock::{LocalMillis, StoreMillis};
 use stream_listener::coordinator::events::AuditEvent;
 use stream_listener::coordinator::metadata::{GroupConfig, MemberState};
 use stream_listener::coordinator::projection::GroupState;
@@ -113,7 +117,7 @@ impl Process {
 
     /// Shards this process could touch right now.
     fn touching(&self, now: i64) -> impl Iterator<Item = u32> + '_ {
-        let live = now < self.session.valid_until();
+        let live = LocalMillis(now) < self.session.valid_until();
         self.reading
             .iter()
             .chain(self.draining.keys())
@@ -194,7 +198,7 @@ impl World {
                 let n = 1 + r.below(1024) as u32;
                 let _ = self
                     .coordinator
-                    .command(AdminCommand::SetShardCount(n), self.now);
+                    .command(AdminCommand::SetShardCount(n), StoreMillis(self.now));
             }
             27 => {
                 // The store lost the snapshot (DEL, a failover): it recreates the group from nothing.
@@ -203,7 +207,7 @@ impl World {
                     "sim",
                     meta.shard_count,
                     meta.config,
-                    self.now,
+                    StoreMillis(self.now),
                     Creation::AfterLoss,
                 );
                 self.last_epochs = (0, 0, 0);
@@ -216,7 +220,7 @@ impl World {
         self.now += STEP;
         let now = self.now;
         if self.rng.chance(300) {
-            let _ = self.coordinator.tick(now);
+            let _ = self.coordinator.tick(StoreMillis(now));
         }
         let ids: Vec<String> = self.processes.keys().cloned().collect();
         for id in ids {
@@ -229,7 +233,7 @@ impl World {
             }
             let rng = &mut self.rng;
             // Self-fencing comes first: a resumed process checks its lease before it touches anything.
-            let commands = p.session.check_lease(now);
+            let commands = p.session.check_lease(LocalMillis(now));
             p.apply(commands, rng, now, &mut self.tokens);
             let done: Vec<u32> = p
                 .draining
@@ -249,8 +253,8 @@ impl World {
                 continue;
             }
             p.next_heartbeat = now + p.session.next_heartbeat_delay_ms();
-            let request = p.session.heartbeat(now, 1);
-            let outcome = self.coordinator.heartbeat(&request, now);
+            let request = p.session.heartbeat(LocalMillis(now), 1);
+            let outcome = self.coordinator.heartbeat(&request, StoreMillis(now));
             // Every simulated member is honest: an ownership report that fences it is a coordinator bug
             // (a duplicate REVOKED after a re-grant once did exactly that).
             for event in &outcome.events {
@@ -339,7 +343,7 @@ impl World {
     }
 
     fn check_converged(&self) -> Result<(), String> {
-        let view = self.coordinator.projection(self.now);
+        let view = self.coordinator.projection(StoreMillis(self.now));
         let meta = self.coordinator.metadata();
         if self.processes.is_empty() {
             return if view.state == GroupState::Empty {

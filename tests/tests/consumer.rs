@@ -1321,7 +1321,7 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
     let (redis, mut conn) = redis_with_groups(Target::Single, "frozen", 0..2).await;
     // The last accepted heartbeat gave two seconds; no later one gets through.
     let deadline = OwnershipDeadline::new();
-    deadline.set(deadline.local_ms() + 2_000);
+    deadline.set(deadline.local_now().plus_ms(2_000));
     let log = Log::default();
     let running = Running::start_with_deadline(
         redis.url(),
@@ -1364,7 +1364,7 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
         "nothing was read"
     );
     // A renewed lease (the heartbeat got through) resumes consumption.
-    deadline.set(deadline.local_ms() + 60_000);
+    deadline.set(deadline.local_now().plus_ms(60_000));
     wait_until_async("the rest handled", Duration::from_secs(10), || async {
         log.count() == 15
     })
@@ -1449,7 +1449,7 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target
 async fn a_lost_consumer_group_is_recreated_once_ownership_is_confirmed() {
     let (redis, mut conn) = redis_with_groups(Target::Single, "flushed", 0..1).await;
     let deadline = OwnershipDeadline::new();
-    deadline.set(deadline.local_ms() + 60_000);
+    deadline.set(deadline.local_now().plus_ms(60_000));
     let log = Log::default();
     let running = Running::start_with_deadline(
         redis.url(),

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use stream_listener::clock::{LocalMillis, StoreMillis};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::coordinator::wire::HeartbeatStatus;
@@ -148,7 +149,7 @@ where
     let mut last = None;
     while start.elapsed() < deadline {
         if let Ok((_, coordinator)) = store.load().await {
-            let view = coordinator.projection(0);
+            let view = coordinator.projection(StoreMillis(0));
             if done(&view) {
                 return start.elapsed();
             }
@@ -208,7 +209,7 @@ async fn silent_member_expires_and_its_shards_move_without_overlap() {
     let mut a_store = store(&redis.url(), "gx", 4).await;
     let mut a = session("a");
     let start = Instant::now();
-    let local = || start.elapsed().as_millis() as i64;
+    let local = || LocalMillis(start.elapsed().as_millis() as i64);
     // A new group grants nothing for two heartbeat intervals (members of a lost state would show up).
     let grant_deadline = Instant::now() + Duration::from_secs(10);
     let mut granted = 0;
@@ -221,7 +222,7 @@ async fn silent_member_expires_and_its_shards_move_without_overlap() {
     assert_eq!(a.owned().len(), 4, "the first member gets everything");
     let response = a_store.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
     let _ = a.on_response(&response);
-    let a_valid_until = start + Duration::from_millis(a.valid_until() as u64);
+    let a_valid_until = start + Duration::from_millis(a.valid_until().0 as u64);
     // B joins; A falls silent now (a crash, or a process that cannot reach Redis).
     let b = spawn_member(&redis.url(), "gx", 4, "b", ledger.clone()).await;
     let mut observer = store(&redis.url(), "gx", 4).await;
@@ -321,10 +322,15 @@ async fn stale_snapshot_commit_is_rejected_and_nothing_is_lost() {
     // One reads the group, then two commits a join behind its back.
     let (rev_before, before) = one.load().await.unwrap();
     let mut b = session("b");
-    two.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
+    two.heartbeat(&b.heartbeat(LocalMillis(0), 1))
+        .await
+        .unwrap();
     // One applies a join on its stale snapshot: the compare-and-set refuses, it reloads and re-applies.
     let mut a = session("a");
-    let response = one.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+    let response = one
+        .heartbeat(&a.heartbeat(LocalMillis(0), 1))
+        .await
+        .unwrap();
     assert!(response.status.is_accepted());
     let (rev_after, coordinator) = two.load().await.unwrap();
     assert!(rev_after > rev_before);
@@ -361,7 +367,7 @@ async fn corrupt_metadata_and_unknown_schema_are_reported_and_left_untouched() {
             .await
             .unwrap();
         let err = s
-            .heartbeat(&session("a").heartbeat(0, 1))
+            .heartbeat(&session("a").heartbeat(LocalMillis(0), 1))
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Metadata { .. }), "{err}");
@@ -374,7 +380,7 @@ async fn corrupt_metadata_and_unknown_schema_are_reported_and_left_untouched() {
         assert_eq!(after, stored, "never overwritten");
     }
     assert!(s
-        .heartbeat(&session("a").heartbeat(0, 1))
+        .heartbeat(&session("a").heartbeat(LocalMillis(0), 1))
         .await
         .unwrap_err()
         .to_string()
@@ -417,12 +423,12 @@ async fn steady_state_heartbeat_is_one_script_call_and_rewrites_nothing() {
     let mut s = store(&redis.url(), "cheap", 8).await;
     let mut a = session("a");
     for _ in 0..3 {
-        let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+        let r = s.heartbeat(&a.heartbeat(LocalMillis(0), 1)).await.unwrap();
         let _ = a.on_response(&r);
     }
     let before = command_calls(&mut conn).await;
     for _ in 0..50 {
-        let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+        let r = s.heartbeat(&a.heartbeat(LocalMillis(0), 1)).await.unwrap();
         assert_eq!(r.status, HeartbeatStatus::Ok);
         let _ = a.on_response(&r);
     }
@@ -622,7 +628,7 @@ async fn a_failed_commit_writes_nothing_and_leaves_nothing_behind_in_the_cache()
         .await
         .unwrap();
     let err = s
-        .heartbeat(&session("a").heartbeat(0, 1))
+        .heartbeat(&session("a").heartbeat(LocalMillis(0), 1))
         .await
         .unwrap_err();
     assert!(
@@ -642,7 +648,7 @@ async fn a_failed_commit_writes_nothing_and_leaves_nothing_behind_in_the_cache()
         .await
         .unwrap();
     let mut b = session("b");
-    let r = s.heartbeat(&b.heartbeat(0, 1)).await.unwrap();
+    let r = s.heartbeat(&b.heartbeat(LocalMillis(0), 1)).await.unwrap();
     assert!(r.status.is_accepted());
     let (revision, coordinator) = s.load().await.unwrap();
     assert!(revision > 0);
@@ -712,7 +718,7 @@ async fn renewal_is_refused_once_the_snapshot_is_gone() {
     let mut s = store(&redis.url(), "gone", 2).await;
     let mut a = session("a");
     let start = Instant::now();
-    let local = || start.elapsed().as_millis() as i64;
+    let local = || LocalMillis(start.elapsed().as_millis() as i64);
     let deadline = Instant::now() + Duration::from_secs(10);
     while a.owned().len() < 2 {
         assert!(Instant::now() < deadline);
@@ -831,7 +837,7 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
             let mut s =
                 GroupStore::create(connect(&url).await, "orders", "batch", 8, config).unwrap();
             let mut member = session(id);
-            s.heartbeat(&member.heartbeat(0, 1)).await
+            s.heartbeat(&member.heartbeat(LocalMillis(0), 1)).await
         }));
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -871,7 +877,7 @@ async fn forged_and_expired_queue_entries_are_dropped_never_applied() {
     let redis = RedisServer::start();
     let mut conn = connect(&redis.url()).await;
     let mut s = store(&redis.url(), "forged", 4).await;
-    let ghost = serde_json::to_string(&session("ghost").heartbeat(0, 1)).unwrap();
+    let ghost = serde_json::to_string(&session("ghost").heartbeat(LocalMillis(0), 1)).unwrap();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -891,7 +897,7 @@ async fn forged_and_expired_queue_entries_are_dropped_never_applied() {
             .unwrap();
     }
     let mut a = session("a");
-    let response = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+    let response = s.heartbeat(&a.heartbeat(LocalMillis(0), 1)).await.unwrap();
     assert!(response.status.is_accepted());
     let (_, coordinator) = s.load().await.unwrap();
     let members: Vec<&String> = coordinator.metadata().members.keys().collect();

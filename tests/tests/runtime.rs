@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stream_listener::clock::StoreMillis;
 use stream_listener::coordinator::projection::GroupState;
 use stream_listener::store::GroupStore;
 use stream_listener::topology::Topology;
@@ -65,7 +66,7 @@ async fn projection(
     group: &str,
 ) -> stream_listener::coordinator::projection::GroupProjection {
     let mut store = GroupStore::create(connection(url).await, stream, group, 1, TIMING).unwrap();
-    store.load().await.unwrap().1.projection(0)
+    store.load().await.unwrap().1.projection(StoreMillis(0))
 }
 
 async fn pending(url: &str, stream: &str, group: &str, shards: u32) -> i64 {

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
+use stream_listener::clock::StoreMillis;
 use stream_listener::topology::{Topology, TopologyError};
 
 use crate::error::CliError;
@@ -166,7 +167,7 @@ async fn describe(
         };
         match loaded {
             Ok((_, coordinator)) => {
-                let view = coordinator.projection(ctx.now_ms().await?);
+                let view = coordinator.projection(StoreMillis(ctx.now_ms().await?));
                 row.state = Some(label(&view.state));
                 row.live_members = Some(view.members.iter().filter(|m| !is_tombstone(m)).count());
                 row.group_epoch = Some(view.group_epoch);

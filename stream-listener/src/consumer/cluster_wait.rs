@@ -21,7 +21,7 @@ use redis::{AsyncConnectionConfig, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::job::{is_missing_group, JobOutcome};
-use super::ops::Shared;
+use super::shard_io::ShardIo;
 use super::wait::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
 use crate::consumer::Entry;
@@ -74,8 +74,8 @@ impl ClusterWait {
     }
 }
 
-async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
-    if let Some(map) = shared
+async fn slot_map(io: &ShardIo) -> RedisResult<SlotMap> {
+    if let Some(map) = io
         .cluster_wait
         .slots
         .lock()
@@ -86,18 +86,17 @@ async fn slot_map(shared: &Shared) -> RedisResult<SlotMap> {
     }
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("SLOTS");
-    let value: Value = shared.conn.clone().query_one_node(&cmd, None).await?;
+    let value: Value = io.conn.clone().query_one_node(&cmd, None).await?;
     let map = Arc::new(parse_cluster_slots(value)?);
-    *shared
-        .cluster_wait
+    *io.cluster_wait
         .slots
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
     Ok(map)
 }
 
-async fn blocking_for(shared: &Shared, slot: u16, node: &Node) -> RedisResult<Blocking> {
-    let cached = shared
+async fn blocking_for(io: &ShardIo, slot: u16, node: &Node) -> RedisResult<Blocking> {
+    let cached = io
         .cluster_wait
         .conns
         .lock()
@@ -106,11 +105,11 @@ async fn blocking_for(shared: &Shared, slot: u16, node: &Node) -> RedisResult<Bl
     if let Some(blocking) = cached.filter(|b| b.node == *node) {
         return Ok(blocking);
     }
-    let timeout = Duration::from_millis(shared.config.block_ms) + shared.config.response_timeout;
+    let timeout = Duration::from_millis(io.config.block_ms) + io.config.response_timeout;
     let config = AsyncConnectionConfig::new()
         .set_response_timeout(Some(timeout))
-        .set_connection_timeout(Some(shared.config.response_timeout));
-    let mut conn = shared
+        .set_connection_timeout(Some(io.config.response_timeout));
+    let mut conn = io
         .client
         .node_connection(Some((&node.0, node.1)), &config)
         .await?;
@@ -128,18 +127,14 @@ async fn blocking_for(shared: &Shared, slot: u16, node: &Node) -> RedisResult<Bl
 type ReadResult = (u16, Blocking, RedisResult<Vec<(String, Vec<Entry>)>>);
 
 /// The blocking part of the idle wait on a cluster (after the reclaim phase of [`super::wait::run`]).
-pub(crate) async fn read(
-    shared: Arc<Shared>,
-    spec: WaitSpec,
-    mut outcome: JobOutcome,
-) -> JobOutcome {
-    let notified = shared.cluster_wait.interrupted.notified();
+pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutcome) -> JobOutcome {
+    let notified = io.cluster_wait.interrupted.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
     if spec.client.load(Ordering::Acquire) == INTERRUPTED {
         return outcome;
     }
-    let map = match slot_map(&shared).await {
+    let map = match slot_map(&io).await {
         Ok(map) => map,
         Err(error) => {
             outcome.error = Some(error);
@@ -156,7 +151,7 @@ pub(crate) async fn read(
     let mut connected = Vec::new();
     for (slot, keys) in groups {
         let Some((_, _, node)) = map.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)) else {
-            shared.cluster_wait.forget_slots();
+            io.cluster_wait.forget_slots();
             outcome.error = Some(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "no master serves the slot",
@@ -164,7 +159,7 @@ pub(crate) async fn read(
             )));
             return outcome;
         };
-        match blocking_for(&shared, slot, node).await {
+        match blocking_for(&io, slot, node).await {
             Ok(blocking) => connected.push((slot, keys, blocking)),
             Err(error) => {
                 outcome.error = Some(error);
@@ -176,15 +171,15 @@ pub(crate) async fn read(
         outcome.expired = true;
         return outcome;
     };
-    let block = Duration::from_millis(shared.config.block_ms).min(left);
+    let block = Duration::from_millis(io.config.block_ms).min(left);
     let mut running: HashMap<u16, (Node, i64)> = HashMap::new();
     let mut reads = tokio::task::JoinSet::new();
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
-        let shared = shared.clone();
+        let io = io.clone();
         reads.spawn(async move {
             let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
-            let result = shared.wait_new(&keys, &mut blocking.conn, block).await;
+            let result = io.wait_new(&keys, &mut blocking.conn, block).await;
             (slot, blocking, result) as ReadResult
         });
     }
@@ -193,7 +188,7 @@ pub(crate) async fn read(
         let joined = tokio::select! {
             joined = reads.join_next() => joined,
             () = &mut notified, if !unblocked => {
-                unblock(&shared, &running).await;
+                unblock(&io, &running).await;
                 unblocked = true;
                 continue;
             }
@@ -213,8 +208,7 @@ pub(crate) async fn read(
                         outcome.woke.push((*shard, entries));
                     }
                 }
-                shared
-                    .cluster_wait
+                io.cluster_wait
                     .conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -227,22 +221,22 @@ pub(crate) async fn read(
             }
             Err(error) => {
                 if error.redirect_node().is_some() {
-                    shared.cluster_wait.forget_slots();
+                    io.cluster_wait.forget_slots();
                 }
                 outcome.error = Some(error);
                 true
             }
         };
         if ended && !unblocked {
-            unblock(&shared, &running).await;
+            unblock(&io, &running).await;
             unblocked = true;
         }
     }
     outcome
 }
 
-async fn control(shared: &Shared, node: &Node) -> RedisResult<MultiplexedConnection> {
-    let cached = shared
+async fn control(io: &ShardIo, node: &Node) -> RedisResult<MultiplexedConnection> {
+    let cached = io
         .cluster_wait
         .control
         .lock()
@@ -253,14 +247,13 @@ async fn control(shared: &Shared, node: &Node) -> RedisResult<MultiplexedConnect
         return Ok(conn);
     }
     let config = AsyncConnectionConfig::new()
-        .set_response_timeout(Some(shared.config.response_timeout))
-        .set_connection_timeout(Some(shared.config.response_timeout));
-    let conn = shared
+        .set_response_timeout(Some(io.config.response_timeout))
+        .set_connection_timeout(Some(io.config.response_timeout));
+    let conn = io
         .client
         .node_connection(Some((&node.0, node.1)), &config)
         .await?;
-    shared
-        .cluster_wait
+    io.cluster_wait
         .control
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -269,9 +262,9 @@ async fn control(shared: &Shared, node: &Node) -> RedisResult<MultiplexedConnect
 }
 
 /// `CLIENT UNBLOCK` every read still blocked, on its own node.
-async fn unblock(shared: &Shared, running: &HashMap<u16, (Node, i64)>) {
+async fn unblock(io: &ShardIo, running: &HashMap<u16, (Node, i64)>) {
     for (node, id) in running.values() {
-        let done: RedisResult<i64> = match control(shared, node).await {
+        let done: RedisResult<i64> = match control(io, node).await {
             Ok(mut conn) => {
                 redis::cmd("CLIENT")
                     .arg("UNBLOCK")
@@ -283,8 +276,7 @@ async fn unblock(shared: &Shared, running: &HashMap<u16, (Node, i64)>) {
         };
         if done.is_err() {
             // A broken control connection is made again next time.
-            shared
-                .cluster_wait
+            io.cluster_wait
                 .control
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -35,7 +35,7 @@ pub struct ConsumerConfig {
     /// Response timeout of non-blocking commands. redis-rs defaults to 500 ms; we pick ours on purpose, and
     /// blocking reads get `block_ms` plus this.
     pub response_timeout: Duration,
-    /// Entries that another consumer of the group has held pending for longer than this (a zombie owner
+    /// Entries that another consumer of the group has left pending for longer than this (a zombie owner
     /// that read after it lost the shard, a lost ack) are claimed by the current owner, checked about as
     /// often. The runtime sets it to the group's session timeout: by then any earlier owner has
     /// self-fenced.
@@ -152,7 +152,7 @@ impl DeleteRef {
 /// What happens when a handler returns an error or panics.
 ///
 /// Retries keep per-key order: the failing entry and the later entries of its shard wait out the backoff
-/// (held in memory, pending in Redis), while the worker serves the member's other shards. A revoke or
+/// (deferred in memory, pending in Redis), while the worker serves the member's other shards. A revoke or
 /// shutdown cuts the retries short and leaves the entry pending for the next owner. `delivery_count` counts Redis deliveries (takeovers included) plus local
 /// retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

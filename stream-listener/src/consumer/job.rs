@@ -4,7 +4,7 @@
 //! # Order across a resize
 //!
 //! Before an entry is handled, its key is placed with [`Topology::placement`](crate::topology::Topology::placement)
-//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`](super::ops::LAYOUT_REFRESH), and
+//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`](super::shard_io::LAYOUT_REFRESH), and
 //! at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
 //! that moved here with the last resize waits until the group has consumed the key's old shard below
 //! `min(entry id, cut)`. Until then the job stops at that entry (later entries of the shard wait too, so
@@ -17,7 +17,7 @@
 //! A key that moved out of a shard a shrink removed waits the same way, for that shard's entries older than
 //! its own while the shard drains (see [`Topology::placement`](crate::topology::Topology::placement)). An
 //! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
-//! (`Shared::note_stale_write`).
+//! (`ShardIo::note_stale_write`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,13 +30,13 @@ use tracing::Instrument;
 use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
-use super::message::{Acker, CatchUnwind, Delivery, HandlerError, Lease};
-use super::ops::{Entry, Layout, Shared, HOLD_RETRY};
+use super::message::{Acker, CatchUnwind, Delivery, HandlerError, ShardOwnership};
+use super::shard_io::{Entry, Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
 
-/// Where a shard's reads are.
+/// Where a shard's reads are: claiming what was left pending, or reading new entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Phase {
+pub(crate) enum ReadMode {
     /// Claiming entries earlier owners (or an earlier life of this member) left pending, from `cursor`.
     Claim { cursor: String },
     /// Reading new entries (`>`).
@@ -48,8 +48,8 @@ pub(crate) struct JobSpec {
     pub(crate) shard: u32,
     pub(crate) key: Arc<str>,
     pub(crate) token: FencingToken,
-    pub(crate) lease: Arc<Lease>,
-    pub(crate) phase: Phase,
+    pub(crate) ownership: Arc<ShardOwnership>,
+    pub(crate) read_mode: ReadMode,
     /// Set on revoke / shutdown: finish the running handler, ack, leave the rest pending.
     pub(crate) stop: Arc<AtomicBool>,
     /// Entries of the batch not finished yet, for `Draining` reports.
@@ -58,8 +58,8 @@ pub(crate) struct JobSpec {
     pub(crate) waiting: Arc<AtomicUsize>,
     /// The listener is paused: finish this batch, then hand the shard back.
     pub(crate) paused: Arc<AtomicBool>,
-    /// Entries an earlier job held back (a moved key waiting for its old shard): handled first.
-    pub(crate) held: Vec<Entry>,
+    /// Entries an earlier job deferred (a failed attempt's backoff, or a moved key waiting for its old shard): handled first.
+    pub(crate) deferred: Vec<Entry>,
     /// Look for entries other consumers of the group have left pending too long, and claim them first.
     pub(crate) reclaim: bool,
     /// The shard's consumer group was found missing and the member's ownership was confirmed since:
@@ -70,7 +70,7 @@ pub(crate) struct JobSpec {
 /// What came of a job.
 #[derive(Default)]
 pub(crate) struct JobOutcome {
-    pub(crate) next_phase: Option<Phase>,
+    pub(crate) next_read_mode: Option<ReadMode>,
     pub(crate) fetched: usize,
     pub(crate) last_delivered: Option<String>,
     pub(crate) last_acked: Option<String>,
@@ -79,10 +79,10 @@ pub(crate) struct JobOutcome {
     pub(crate) error: Option<RedisError>,
     /// The idle wait's blocking connection and its client id, handed back.
     pub(crate) conn: Option<(MultiplexedConnection, i64)>,
-    /// Entries held back, in order, from the first one whose key waits for its old shard.
-    pub(crate) held: Vec<Entry>,
-    /// Set with `held`: when to try the shard again.
-    pub(crate) hold_for: Option<Duration>,
+    /// Entries deferred, in order, from the first one that must wait (its backoff, or its moved key's old shard).
+    pub(crate) deferred: Vec<Entry>,
+    /// Set with `deferred`: when to try the shard again.
+    pub(crate) defer_for: Option<Duration>,
     /// The job stopped because the member's self-fencing deadline had passed.
     pub(crate) expired: bool,
     /// The shard's consumer group (or the stream) is missing: the store lost it.
@@ -103,7 +103,7 @@ enum Fate {
     Done,
     /// Stopped before or during its retries: leave it and the rest of the batch pending.
     Stopped,
-    /// Failed with deliveries left: hold it (and the rest of the batch) for the backoff, then retry. The
+    /// Failed with deliveries left: defer it (and the rest of the batch) for the backoff, then retry. The
     /// worker serves other shards meanwhile.
     Retry {
         after: Duration,
@@ -114,21 +114,21 @@ enum Fate {
 /// scheduler, even when no other shard is waiting (so progress and commands are looked at).
 const MAX_TURNS: u32 = 64;
 
-pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
+pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
     let mut outcome = JobOutcome::default();
     // Acks of the previous batch, to go out in one pipeline with the next read.
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
     let mut refreshed = false;
     if spec.recreate_group {
-        match shared
-            .recreate_group(&spec.key, spec.shard, &spec.lease)
+        match io
+            .recreate_group(&spec.key, spec.shard, &spec.ownership)
             .await
         {
             Ok(()) => {}
             Err(error) => {
                 outcome.error = Some(error);
-                outcome.next_phase = Some(spec.phase.clone());
+                outcome.next_read_mode = Some(spec.read_mode.clone());
                 return outcome;
             }
         }
@@ -137,33 +137,32 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         turns += 1;
         // The deadline is read right before every command this job sends: a process frozen past its
         // lease sends nothing when it resumes.
-        if !spec.lease.is_active() {
+        if !spec.ownership.is_active() {
             outcome.expired = true;
             // If the lease comes back (the heartbeat got through late), start over from our own pending
             // entries: some may have been read and then stopped at the deadline.
-            outcome.next_phase = Some(Phase::Claim {
+            outcome.next_read_mode = Some(ReadMode::Claim {
                 cursor: crate::names::START_ID.to_owned(),
             });
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
-        let fetched = if !spec.held.is_empty() {
-            Ok((std::mem::take(&mut spec.held), spec.phase.clone()))
+        let fetched = if !spec.deferred.is_empty() {
+            Ok((std::mem::take(&mut spec.deferred), spec.read_mode.clone()))
         } else if carried.is_empty() {
-            fetch(&shared, &mut spec).await
+            fetch(&io, &mut spec).await
         } else {
             let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
-            shared
-                .ack_and_read_new(&spec.key, &ids)
+            io.ack_and_read_new(&spec.key, &ids)
                 .await
-                .map(|entries| (entries, Phase::Live))
+                .map(|entries| (entries, ReadMode::Live))
         };
-        let (mut entries, next_phase) = match fetched {
+        let (mut entries, next_read_mode) = match fetched {
             Ok(fetched) => fetched,
             Err(error) if is_missing_group(&error) => {
-                shared.warn_missing_group(&spec.key);
+                io.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
-                outcome.next_phase = Some(Phase::Claim {
+                outcome.next_read_mode = Some(ReadMode::Claim {
                     cursor: crate::names::START_ID.to_owned(),
                 });
                 return outcome;
@@ -171,10 +170,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             Err(error) => {
                 outcome.error = Some(error);
                 // Unknown whether carried acks went through: re-deliver our own pending entries.
-                outcome.next_phase = Some(if carried.is_empty() {
-                    spec.phase.clone()
+                outcome.next_read_mode = Some(if carried.is_empty() {
+                    spec.read_mode.clone()
                 } else {
-                    Phase::Claim {
+                    ReadMode::Claim {
                         cursor: crate::names::START_ID.to_owned(),
                     }
                 });
@@ -196,11 +195,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
         let mut last_done: Option<&str> = None;
         let mut stopped = false;
-        let mut hold: Option<(usize, Duration)> = None;
+        let mut defer: Option<(usize, Duration)> = None;
         let mut retry_at: Option<usize> = None;
         // A batch handler's entries are gated and handled together first (`handle_batch`).
-        let mut batch_fates = if shared.handler.is_batch() {
-            handle_batch(&shared, &spec, &entries, &mut refreshed).await
+        let mut batch_fates = if io.handler.is_batch() {
+            handle_batch(&io, &spec, &entries, &mut refreshed).await
         } else {
             Vec::new()
         }
@@ -209,17 +208,17 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             let fate = if let Some(fate) = batch_fates.next() {
                 fate
             } else {
-                if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+                if spec.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
                     stopped = true;
                     break;
                 }
-                if let Some(delay) = gate(&shared, spec.shard, &mut refreshed, entry).await {
+                if let Some(delay) = gate(&io, spec.shard, &mut refreshed, entry).await {
                     tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
-                    hold = Some((index, delay));
+                    defer = Some((index, delay));
                     break;
                 }
-                shared.note_stale_write(spec.shard, entry).await;
-                handle(&shared, &spec, entry).await
+                io.note_stale_write(spec.shard, entry).await;
+                handle(&io, &spec, entry).await
             };
             spec.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
@@ -229,7 +228,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                     letters.push((entry, deliveries, error));
                 }
                 Fate::LeavePending => {
-                    crate::metrics::messages(&shared.config, "left_pending", 1);
+                    crate::metrics::messages(&io.config, "left_pending", 1);
                     outcome.left_pending += 1
                 }
                 Fate::Done => {}
@@ -238,7 +237,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
                     break;
                 }
                 Fate::Retry { after } => {
-                    hold = Some((index, after));
+                    defer = Some((index, after));
                     retry_at = Some(index);
                     break;
                 }
@@ -250,15 +249,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         // Keep the shard while it is busy and no other shard waits for a worker: saves the hand-back and
         // lets the acks ride along with the next read.
         let keep = !stopped
-            && hold.is_none()
+            && defer.is_none()
             && letters.is_empty()
-            && next_phase == Phase::Live
-            && entries.len() >= shared.config.batch_size
+            && next_read_mode == ReadMode::Live
+            && entries.len() >= io.config.batch_size
             && turns < MAX_TURNS
             && spec.waiting.load(Ordering::Acquire) == 0
             && !spec.paused.load(Ordering::Acquire)
-            && spec.lease.is_active();
-        spec.phase = next_phase;
+            && spec.ownership.is_active();
+        spec.read_mode = next_read_mode;
         if keep {
             carried = acks.iter().map(|id| (*id).to_owned()).collect();
             if carried.is_empty() {
@@ -267,13 +266,13 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
             continue;
         }
 
-        let finished = finish(&shared, &spec, &acks, &letters).await;
+        let finished = finish(&io, &spec, &acks, &letters).await;
         let last_done = last_done.map(str::to_owned);
         if let Err(error) = finished {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
-            outcome.next_phase = Some(Phase::Claim {
+            outcome.next_read_mode = Some(ReadMode::Claim {
                 cursor: crate::names::START_ID.to_owned(),
             });
             return outcome;
@@ -281,31 +280,26 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: JobSpec) -> JobOutcome {
         if let Some(last) = last_done {
             outcome.last_acked = Some(last);
         }
-        if let Some((index, delay)) = hold {
-            outcome.held = entries.split_off(index);
-            outcome.hold_for = Some(delay);
+        if let Some((index, delay)) = defer {
+            outcome.deferred = entries.split_off(index);
+            outcome.defer_for = Some(delay);
             if retry_at == Some(index) {
-                outcome.held[0].retries += 1;
+                outcome.deferred[0].retries += 1;
             }
         }
-        outcome.next_phase = Some(spec.phase.clone());
+        outcome.next_read_mode = Some(spec.read_mode.clone());
         return outcome;
     }
 }
 
-/// The order barrier of a resize: `None` if `entry` may be handled now, else how long to hold it (see the
+/// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
 /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
 /// entry is placed; `refreshed` limits forced re-reads to one per job.
-async fn gate(
-    shared: &Shared,
-    shard: u32,
-    refreshed: &mut bool,
-    entry: &Entry,
-) -> Option<Duration> {
+async fn gate(io: &ShardIo, shard: u32, refreshed: &mut bool, entry: &Entry) -> Option<Duration> {
     let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
         return None;
     };
-    let mut layout: Option<Layout> = shared.layout(false).await;
+    let mut layout: Option<Layout> = io.layout(false).await;
     loop {
         let view = layout.as_ref()?;
         // Routed with a newer topology than ours: re-read it once.
@@ -315,7 +309,7 @@ async fn gate(
                 .is_some_and(|v| v > view.topology.version())
         {
             *refreshed = true;
-            layout = shared.layout(true).await;
+            layout = io.layout(true).await;
             continue;
         }
         match view.topology.placement(key, shard, entry_ms) {
@@ -326,15 +320,15 @@ async fn gate(
                     return None;
                 }
                 *refreshed = true;
-                layout = shared.layout(true).await;
+                layout = io.layout(true).await;
             }
             Placement::Moved { from, before_ms } => {
                 let version = view.topology.version();
-                return match shared.old_shard_consumed(version, from, before_ms).await {
+                return match io.old_shard_consumed(version, from, before_ms).await {
                     Ok(wait) => wait,
                     Err(error) => {
-                        tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; holding");
-                        Some(HOLD_RETRY)
+                        tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; deferring");
+                        Some(MOVED_KEY_RETRY)
                     }
                 };
             }
@@ -342,20 +336,20 @@ async fn gate(
     }
 }
 
-async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase), RedisError> {
+async fn fetch(io: &ShardIo, spec: &mut JobSpec) -> Result<(Vec<Entry>, ReadMode), RedisError> {
     if spec.reclaim {
         spec.reclaim = false;
-        let entries = shared.reclaim_stale(&spec.key).await?;
+        let entries = io.reclaim_stale(&spec.key).await?;
         if !entries.is_empty() {
             tracing::warn!(shard = spec.shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
-            return Ok((entries, spec.phase.clone()));
+            return Ok((entries, spec.read_mode.clone()));
         }
     }
-    match &spec.phase {
-        Phase::Claim { cursor } => {
-            let (next, entries) = shared.claim(&spec.key, cursor).await?;
+    match &spec.read_mode {
+        ReadMode::Claim { cursor } => {
+            let (next, entries) = io.claim(&spec.key, cursor).await?;
             if next == crate::names::START_ID {
-                match shared.cleanup_consumers(&spec.key).await {
+                match io.cleanup_consumers(&spec.key).await {
                     Ok(deleted) if !deleted.is_empty() => {
                         tracing::debug!(
                             shard = spec.shard,
@@ -368,27 +362,27 @@ async fn fetch(shared: &Shared, spec: &mut JobSpec) -> Result<(Vec<Entry>, Phase
                         tracing::warn!(shard = spec.shard, %error, "consumer cleanup failed")
                     }
                 }
-                Ok((entries, Phase::Live))
+                Ok((entries, ReadMode::Live))
             } else {
-                Ok((entries, Phase::Claim { cursor: next }))
+                Ok((entries, ReadMode::Claim { cursor: next }))
             }
         }
-        Phase::Live => Ok((shared.read_new(&spec.key).await?, Phase::Live)),
+        ReadMode::Live => Ok((io.read_new(&spec.key).await?, ReadMode::Live)),
     }
 }
 
 /// Run one attempt of the handler on one entry (the entry's `retries`-th retry), per the failure policy.
-/// A failure with deliveries left is `Fate::Retry`: the job holds the entry for the backoff instead of
+/// A failure with deliveries left is `Fate::Retry`: the job defers the entry for the backoff instead of
 /// sleeping on its worker.
-async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
-    let policy = shared.config.failure_policy;
+async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
+    let policy = io.config.failure_policy;
     let max = policy.max_deliveries.max(1);
     // A dead letter replayed to another group only (see `crate::replay`): acknowledged, not handled.
     let fields = entry
         .fields
         .iter()
         .map(|(n, v)| (n.as_slice(), v.as_slice()));
-    if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
+    if crate::replay::addressed_to_other_group(fields, &io.config.group) {
         return Fate::Ack;
     }
     if entry.delivery_count > max {
@@ -398,14 +392,14 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         );
         return exhausted(policy.on_exhausted, entry.delivery_count, error);
     }
-    let manual = shared.config.ack_policy == AckPolicy::Manual;
+    let manual = io.config.ack_policy == AckPolicy::Manual;
     let retry = entry.retries;
     let deliveries = entry.delivery_count + retry;
     let acked = Arc::new(AtomicBool::new(false));
     let acker = manual.then(|| Acker {
-        shared: shared.clone(),
+        io: io.clone(),
         stream_key: spec.key.clone(),
-        lease: spec.lease.clone(),
+        ownership: spec.ownership.clone(),
         acked: acked.clone(),
     });
     let delivery = Delivery {
@@ -417,17 +411,16 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         token: &spec.token,
         acker,
     };
-    let _running =
-        shared
-            .probe
-            .handler_started(spec.shard, &entry.id, shared.config.handler_timeout);
+    let _running = io
+        .probe
+        .handler_started(spec.shard, &entry.id, io.config.handler_timeout);
     let started = std::time::Instant::now();
     let mut timed_out = false;
     // The handler runs inside the message's span, so its own logs carry where the entry came from.
     let span = tracing::info_span!(
         "message",
-        stream = %shared.config.stream_prefix,
-        group = %shared.config.group,
+        stream = %io.config.stream_prefix,
+        group = %io.config.group,
         shard = spec.shard,
         entry_id = %entry.id,
         key = entry.key(),
@@ -436,12 +429,10 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
         delivery_count = deliveries,
     );
     let called = span.in_scope(|| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.handler.call(delivery)
-        }))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.handler.call(delivery)))
     });
     let result = match called {
-        Ok(Ok(future)) => match shared.config.handler_timeout {
+        Ok(Ok(future)) => match io.config.handler_timeout {
             None => CatchUnwind { future }.instrument(span).await,
             Some(limit) => {
                 match tokio::time::timeout(limit, CatchUnwind { future }.instrument(span)).await {
@@ -468,7 +459,7 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
             super::message::panic_message(&*panic)
         ))),
     };
-    let config = &shared.config;
+    let config = &io.config;
     let outcome = match (&result, timed_out) {
         (Ok(()), _) => "ok",
         (Err(_), true) => "timeout",
@@ -497,35 +488,35 @@ async fn handle(shared: &Arc<Shared>, spec: &JobSpec, entry: &Entry) -> Fate {
 
 /// A batch handler's turn (see [`BoxedHandler::json_batch`](super::BoxedHandler::json_batch)): the
 /// entries up to the first one that must wait for its old shard (or a stop) go to the handler in one call,
-/// and every one of them gets the batch's fate, in order: the job loop then acks, dead-letters or holds
-/// them exactly as single entries. The batch's retry count is its first entry's (a held batch carries it
+/// and every one of them gets the batch's fate, in order: the job loop then acks, dead-letters or defers
+/// them exactly as single entries. The batch's retry count is its first entry's (a deferred batch carries it
 /// there); an entry that does not decode, or is addressed to another group, or was delivered too often,
 /// gets its own fate and does not go to the handler.
 async fn handle_batch(
-    shared: &Arc<Shared>,
+    io: &Arc<ShardIo>,
     spec: &JobSpec,
     entries: &[Entry],
     refreshed: &mut bool,
 ) -> Vec<Fate> {
-    let policy = shared.config.failure_policy;
+    let policy = io.config.failure_policy;
     let max = policy.max_deliveries.max(1);
-    let manual = shared.config.ack_policy == AckPolicy::Manual;
+    let manual = io.config.ack_policy == AckPolicy::Manual;
     let retry = entries.first().map_or(0, |e| e.retries);
     let mut fates: Vec<Option<Fate>> = Vec::new();
     let mut handed = Vec::new();
     for entry in entries {
-        if spec.stop.load(Ordering::Acquire) || !spec.lease.is_active() {
+        if spec.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
             break;
         }
-        if gate(shared, spec.shard, refreshed, entry).await.is_some() {
+        if gate(io, spec.shard, refreshed, entry).await.is_some() {
             break;
         }
-        shared.note_stale_write(spec.shard, entry).await;
+        io.note_stale_write(spec.shard, entry).await;
         let fields = entry
             .fields
             .iter()
             .map(|(n, v)| (n.as_slice(), v.as_slice()));
-        fates.push(if crate::replay::addressed_to_other_group(fields, &shared.config.group) {
+        fates.push(if crate::replay::addressed_to_other_group(fields, &io.config.group) {
             Some(Fate::Ack)
         } else if entry.delivery_count > max {
             let error = format!(
@@ -562,23 +553,22 @@ async fn handle_batch(
             delivery_count: entries[i].delivery_count + retry,
             token: &spec.token,
             acker: manual.then(|| Acker {
-                shared: shared.clone(),
+                io: io.clone(),
                 stream_key: spec.key.clone(),
-                lease: spec.lease.clone(),
+                ownership: spec.ownership.clone(),
                 acked: acked.clone(),
             }),
         })
         .collect();
     let first_id = entries[first].id.as_str();
-    let _running =
-        shared
-            .probe
-            .handler_started(spec.shard, first_id, shared.config.handler_timeout);
+    let _running = io
+        .probe
+        .handler_started(spec.shard, first_id, io.config.handler_timeout);
     let started = std::time::Instant::now();
     let span = tracing::info_span!(
         "batch",
-        stream = %shared.config.stream_prefix,
-        group = %shared.config.group,
+        stream = %io.config.stream_prefix,
+        group = %io.config.group,
         shard = spec.shard,
         first_entry_id = %first_id,
         entries = handed.len(),
@@ -588,7 +578,7 @@ async fn handle_batch(
     );
     let called = span.in_scope(|| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.handler.call_batch(batch)
+            io.handler.call_batch(batch)
         }))
     });
     let mut timed_out = false;
@@ -606,7 +596,7 @@ async fn handle_batch(
                 return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
             };
             let run = CatchUnwind { future }.instrument(span);
-            match shared.config.handler_timeout {
+            match io.config.handler_timeout {
                 None => run.await,
                 Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
                     timed_out = true;
@@ -627,7 +617,7 @@ async fn handle_batch(
         .copied()
         .filter(|&i| fates[i].is_none())
         .collect();
-    let config = &shared.config;
+    let config = &io.config;
     let outcome = match (&result, timed_out) {
         (Ok(()), _) => "ok",
         (Err(_), true) => "timeout",
@@ -677,7 +667,7 @@ fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate 
 
 /// Dead-letter, then acknowledge, retrying transient errors a few times.
 async fn finish(
-    shared: &Shared,
+    io: &ShardIo,
     spec: &JobSpec,
     acks: &[&str],
     letters: &[(&Entry, u32, String)],
@@ -690,17 +680,17 @@ async fn finish(
     let mut attempt = 0u32;
     let mut lettered = false;
     loop {
-        if !spec.lease.is_active() {
+        if !spec.ownership.is_active() {
             // Fenced: acknowledging now could ack entries the next owner is handling.
             return Ok(());
         }
         let result = async {
             if !lettered {
-                shared.dead_letter(&spec.key, spec.shard, letters).await?;
+                io.dead_letter(&spec.key, spec.shard, letters).await?;
                 lettered = true;
-                crate::metrics::messages(&shared.config, "dead_lettered", letters.len() as u64);
+                crate::metrics::messages(&io.config, "dead_lettered", letters.len() as u64);
             }
-            shared.ack(&spec.key, &all).await
+            io.ack(&spec.key, &all).await
         }
         .await;
         match result {

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
 use super::fields::Fields;
-use super::ops::{Shared, PAYLOAD_FIELD};
+use super::shard_io::{ShardIo, PAYLOAD_FIELD};
 
 /// A boxed, sendable future: handlers are stored as trait objects, so they return one of these.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -50,16 +50,16 @@ impl<T> Message<T> {
         let Some(acker) = &self.acker else {
             return Ok(());
         };
-        if !acker.lease.is_active() {
+        if !acker.ownership.is_active() {
             return Err(AckError::NotOwner);
         }
         if acker.acked.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut conn = acker.shared.conn.clone();
+        let mut conn = acker.io.conn.clone();
         redis::cmd("XACK")
             .arg(&*acker.stream_key)
-            .arg(&acker.shared.config.group)
+            .arg(&acker.io.config.group)
             .arg(&self.id)
             .query_async::<i64>(&mut conn)
             .await?;
@@ -102,12 +102,12 @@ pub enum AckError {
 /// Ownership ends when the shard is revoked or fenced, and also, read at the moment of asking, when the
 /// member's self-fencing deadline has passed.
 #[derive(Debug)]
-pub(crate) struct Lease {
+pub(crate) struct ShardOwnership {
     active: AtomicBool,
     deadline: Arc<OwnershipDeadline>,
 }
 
-impl Lease {
+impl ShardOwnership {
     pub(crate) fn new(deadline: Arc<OwnershipDeadline>) -> Arc<Self> {
         Arc::new(Self {
             active: AtomicBool::new(true),
@@ -126,9 +126,9 @@ impl Lease {
 
 /// The right to acknowledge one entry by hand.
 pub(crate) struct Acker {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) io: Arc<ShardIo>,
     pub(crate) stream_key: Arc<str>,
-    pub(crate) lease: Arc<Lease>,
+    pub(crate) ownership: Arc<ShardOwnership>,
     pub(crate) acked: Arc<AtomicBool>,
 }
 

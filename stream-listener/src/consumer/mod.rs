@@ -54,17 +54,18 @@ mod fields;
 mod hooks;
 mod job;
 mod message;
-mod ops;
 pub mod scheduler;
+mod shard_io;
 mod wait;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
+pub(crate) use message::panic_message;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };
-pub use ops::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
+pub use shard_io::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -76,13 +77,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use crate::clock::LocalMillis;
 use crate::coordinator::wire::{ShardId, ShardProgress};
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline, ShardCommand, ShardReport};
 
-use job::{JobOutcome, JobSpec, Phase};
-use message::Lease;
-use ops::{Entry, Shared, HOLD_RETRY};
+use job::{JobOutcome, JobSpec, ReadMode};
+use message::ShardOwnership;
 use scheduler::{JobEnd, JobId, JobKind, Millis, Output, ShardScheduler};
+use shard_io::{Entry, ShardIo, MOVED_KEY_RETRY};
 
 /// Why a consumer could not start.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +102,7 @@ pub enum ConsumerError {
 /// Create it with [`Consumer::connect`], then drive it with [`Consumer::run`].
 #[derive(Clone)]
 pub struct Consumer {
-    shared: Arc<Shared>,
+    io: Arc<ShardIo>,
     deadline: Arc<OwnershipDeadline>,
     hooks: LifecycleHooks,
     pause: PauseHandle,
@@ -115,7 +117,7 @@ pub struct PauseHandle {
 }
 
 impl PauseHandle {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             paused: Arc::new(watch::channel(false).0),
         }
@@ -140,8 +142,8 @@ impl PauseHandle {
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("config", &self.shared.config)
-            .field("server", &self.shared.version)
+            .field("config", &self.io.config)
+            .field("server", &self.io.version)
             .finish()
     }
 }
@@ -170,8 +172,8 @@ impl Consumer {
                 "group and consumer_name must not be empty".into(),
             ));
         }
-        let shared = Shared::connect(client.into(), config, handler).await?;
-        let version = shared.version;
+        let io = ShardIo::connect(client.into(), config, handler).await?;
+        let version = io.version;
         if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
             return Err(ConsumerError::Config(format!(
                 "Redis {}.{}.{} is too old: taking over shards needs XAUTOCLAIM (Redis >= 6.2)",
@@ -179,7 +181,7 @@ impl Consumer {
             )));
         }
         Ok(Self {
-            shared: Arc::new(shared),
+            io: Arc::new(io),
             deadline: OwnershipDeadline::unbounded(),
             hooks: LifecycleHooks::default(),
             pause: PauseHandle::new(),
@@ -207,22 +209,22 @@ impl Consumer {
 
     /// The configuration in effect.
     pub fn config(&self) -> &ConsumerConfig {
-        &self.shared.config
+        &self.io.config
     }
 
     /// What the consumer is doing now: running handlers, failing reads (see [`crate::health`]).
     pub fn probe(&self) -> crate::health::Probe {
-        self.shared.probe.clone()
+        self.io.probe.clone()
     }
 
     /// The Redis server version detected at connect time.
     pub fn server_version(&self) -> ServerVersion {
-        self.shared.version
+        self.io.version
     }
 
     /// Whether acknowledge-and-delete uses `XACKDEL` (true) or the `XACK` + `XDEL` script (false).
     pub fn uses_xackdel(&self) -> bool {
-        self.shared.version.has_xackdel()
+        self.io.version.has_xackdel()
     }
 
     /// Serve commands until `commands` is closed, then stop reading, let running handlers finish and
@@ -233,7 +235,7 @@ impl Consumer {
         commands: mpsc::UnboundedReceiver<ShardCommand>,
         reports: mpsc::UnboundedSender<ShardReport>,
     ) {
-        Scheduler::new(self.shared, self.deadline, self.hooks, self.pause, reports)
+        Scheduler::new(self.io, self.deadline, self.hooks, self.pause, reports)
             .run(commands)
             .await;
     }
@@ -241,16 +243,16 @@ impl Consumer {
 
 /// What one owned shard's jobs need and what its progress reports say. Which job runs when is the
 /// [`ShardScheduler`]'s decision, not this.
-struct ShardIo {
+struct OwnedShard {
     /// Tells this ownership from an earlier one of the same index (a job of a fenced ownership may still
     /// end and must not touch this one).
     generation: u64,
     key: Arc<str>,
     token: FencingToken,
-    lease: Arc<Lease>,
+    ownership: Arc<ShardOwnership>,
     revoking: bool,
     /// Where the shard's reads are (a claim's cursor is carried from job to job).
-    phase: Phase,
+    read_mode: ReadMode,
     running: bool,
     stop: Arc<AtomicBool>,
     in_flight: Arc<AtomicU32>,
@@ -261,8 +263,8 @@ struct ShardIo {
     last_acked: Option<String>,
     pending: u64,
     dirty: bool,
-    /// Entries a job (or the idle wait) held back, for the next job.
-    held: Vec<Entry>,
+    /// Entries a job (or the idle wait) deferred, for the next job.
+    deferred: Vec<Entry>,
     /// The shard's consumer group was missing: the next job creates it again.
     missing_group: bool,
 }
@@ -278,10 +280,10 @@ struct JobMeta {
 /// The async shell around the pure [`ShardScheduler`]: turns commands, job ends, pause changes, the
 /// deadline and time into its inputs, and executes its outputs.
 struct Scheduler {
-    shared: Arc<Shared>,
+    io: Arc<ShardIo>,
     deadline: Arc<OwnershipDeadline>,
     machine: ShardScheduler,
-    shards: HashMap<u32, ShardIo>,
+    shards: HashMap<u32, OwnedShard>,
     meta: HashMap<tokio::task::Id, JobMeta>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<(MultiplexedConnection, i64)>,
@@ -296,7 +298,7 @@ struct Scheduler {
     /// zero.
     waiting: Arc<AtomicUsize>,
     /// The deadline and the heartbeat confirmations last given to the machine.
-    fed_until: i64,
+    fed_until: LocalMillis,
     fed_confirmations: u64,
     /// The machine was told the lease is lost, and not renewed since.
     lease_lost: bool,
@@ -320,30 +322,29 @@ struct Scheduler {
     paused: Arc<AtomicBool>,
 }
 
-fn claim_from_start() -> Phase {
-    Phase::Claim {
+fn claim_from_start() -> ReadMode {
+    ReadMode::Claim {
         cursor: crate::names::START_ID.to_owned(),
     }
 }
 
 impl Scheduler {
     fn new(
-        shared: Arc<Shared>,
+        io: Arc<ShardIo>,
         deadline: Arc<OwnershipDeadline>,
         hooks: LifecycleHooks,
         pause: PauseHandle,
         reports: mpsc::UnboundedSender<ShardReport>,
     ) -> Self {
-        let workers = shared.config.runtime_max_concurrency;
-        let reclaim_every =
-            u64::try_from(shared.config.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
+        let workers = io.config.runtime_max_concurrency;
+        let reclaim_every = u64::try_from(io.config.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
         let (done_tx, hooks_done) = mpsc::unbounded_channel();
         let revoke_waits_for_hook = hooks.has_revoked();
         let hook_calls = (!hooks.is_empty()).then(|| hooks::spawn_runner(hooks, done_tx));
         let pause_rx = pause.paused.subscribe();
         let paused = Arc::new(AtomicBool::new(false));
         Self {
-            shared,
+            io,
             deadline,
             machine: ShardScheduler::new(workers, reclaim_every),
             shards: HashMap::new(),
@@ -354,7 +355,7 @@ impl Scheduler {
             reports,
             next_generation: 0,
             waiting: Arc::new(AtomicUsize::new(0)),
-            fed_until: i64::MIN,
+            fed_until: LocalMillis::MIN,
             fed_confirmations: 0,
             lease_lost: false,
             hook_calls,
@@ -372,15 +373,7 @@ impl Scheduler {
 
     /// The member's monotonic clock, as the machine counts it.
     fn now(&self) -> Millis {
-        Millis(u64::try_from(self.deadline.local_ms()).unwrap_or(0))
-    }
-
-    fn millis(until: i64) -> Millis {
-        if until == i64::MAX {
-            Millis(u64::MAX)
-        } else {
-            Millis(u64::try_from(until).unwrap_or(0))
-        }
+        Millis::from(self.deadline.local_now())
     }
 
     /// When a point of the machine's clock is, for the timer.
@@ -390,19 +383,19 @@ impl Scheduler {
 
     /// Tells the machine what the heartbeat loop did to the deadline since it was last looked at.
     fn sync_lease(&mut self, jobs: &mut JoinSet<JobOutcome>) {
-        let until = self.deadline.until_ms();
+        let until = self.deadline.until();
         let confirmations = self.deadline.confirmations();
         if until > self.fed_until || confirmations > self.fed_confirmations {
             self.fed_until = until;
             self.fed_confirmations = confirmations;
             self.lease_lost = false;
-            let out = self.machine.lease_renewed(self.now(), Self::millis(until));
+            let out = self.machine.lease_renewed(self.now(), Millis::from(until));
             self.execute(out, jobs);
         }
         // Withdrawn (or lowered) before the machine's own deadline.
         self.fed_until = until;
         let now = self.now();
-        if !self.lease_lost && Self::millis(until) <= now {
+        if !self.lease_lost && Millis::from(until) <= now {
             self.lease_lost = true;
             let out = self.machine.lease_lost(now);
             self.execute(out, jobs);
@@ -486,7 +479,7 @@ impl Scheduler {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ShardCommand>) {
         // Aborts every job when `run` is dropped.
         let mut jobs: JoinSet<JobOutcome> = JoinSet::new();
-        let mut progress = tokio::time::interval(self.shared.config.progress_interval);
+        let mut progress = tokio::time::interval(self.io.config.progress_interval);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closing = false;
         self.sync_lease(&mut jobs);
@@ -500,7 +493,7 @@ impl Scheduler {
             // again shortly (the heartbeat loop moves the deadline without a word).
             let mut wake = self.machine.next_wake().and_then(|at| self.instant(at));
             if self.machine.awaits_renewal() {
-                let soon = Instant::now() + HOLD_RETRY;
+                let soon = Instant::now() + MOVED_KEY_RETRY;
                 wake = Some(wake.map_or(soon, |at| at.min(soon)));
             }
             tokio::select! {
@@ -576,13 +569,13 @@ impl Scheduler {
         self.next_generation += 1;
         self.shards.insert(
             shard,
-            ShardIo {
+            OwnedShard {
                 generation: self.next_generation,
-                key: self.shared.config.shard_key(shard).into(),
+                key: self.io.config.shard_key(shard).into(),
                 token,
-                lease: Lease::new(self.deadline.clone()),
+                ownership: ShardOwnership::new(self.deadline.clone()),
                 revoking: false,
-                phase: claim_from_start(),
+                read_mode: claim_from_start(),
                 running: false,
                 stop: Arc::new(AtomicBool::new(false)),
                 in_flight: Arc::new(AtomicU32::new(0)),
@@ -592,7 +585,7 @@ impl Scheduler {
                 last_acked: None,
                 pending: 0,
                 dirty: true,
-                held: Vec::new(),
+                deferred: Vec::new(),
                 missing_group: false,
             },
         );
@@ -608,7 +601,7 @@ impl Scheduler {
             None => self.new_shard(shard, token),
         }
         let now = self.now();
-        let until = Self::millis(self.fed_until);
+        let until = Millis::from(self.fed_until);
         let out = self.machine.assign(now, shard, epoch, until);
         self.execute(out, jobs);
     }
@@ -649,8 +642,8 @@ impl Scheduler {
         let Some(state) = self.shards.remove(&shard) else {
             return;
         };
-        state.lease.end();
-        self.shared.probe.forget_shard(shard);
+        state.ownership.end();
+        self.io.probe.forget_shard(shard);
         if self.revoke_waits_for_hook {
             self.newly_revoked.push(shard);
         } else {
@@ -673,9 +666,9 @@ impl Scheduler {
             lost.sort_unstable();
             let _ = calls.send(hooks::HookCall::Fenced(lost));
         }
-        self.shared.probe.aborting();
+        self.io.probe.aborting();
         for state in self.shards.values() {
-            state.lease.end();
+            state.ownership.end();
             state.stop.store(true, Ordering::Release);
         }
         self.shards.clear();
@@ -694,29 +687,29 @@ impl Scheduler {
         let Some(state) = self.shards.get_mut(&shard) else {
             return false;
         };
-        let phase = match (kind, &state.phase) {
-            (JobKind::ClaimOwn, Phase::Live) => claim_from_start(),
-            (_, phase) => phase.clone(),
+        let read_mode = match (kind, &state.read_mode) {
+            (JobKind::ClaimOwn, ReadMode::Live) => claim_from_start(),
+            (_, read_mode) => read_mode.clone(),
         };
         state.running = true;
         let spec = JobSpec {
             shard,
             key: state.key.clone(),
             token: state.token.clone(),
-            lease: state.lease.clone(),
-            phase,
+            ownership: state.ownership.clone(),
+            read_mode,
             stop: state.stop.clone(),
             in_flight: state.in_flight.clone(),
             waiting: self.waiting.clone(),
             paused: self.paused.clone(),
             // Handled first whatever the job's kind (a claim would deliver them again anyway).
-            held: std::mem::take(&mut state.held),
+            deferred: std::mem::take(&mut state.deferred),
             reclaim: kind == JobKind::ReclaimZombies,
             recreate_group: std::mem::take(&mut state.missing_group),
         };
         let generation = state.generation;
         let abort = jobs.spawn(tracing::Instrument::in_current_span(job::run(
-            self.shared.clone(),
+            self.io.clone(),
             spec,
         )));
         self.meta.insert(
@@ -754,7 +747,7 @@ impl Scheduler {
             deadline: self.deadline.clone(),
         };
         let abort = jobs.spawn(tracing::Instrument::in_current_span(wait::run(
-            self.shared.clone(),
+            self.io.clone(),
             spec,
         )));
         self.wait = Some((job, abort.id()));
@@ -780,8 +773,8 @@ impl Scheduler {
         else {
             return;
         };
-        if self.shared.client.is_cluster() {
-            self.shared.cluster_wait.interrupt(&self.wait_client);
+        if self.io.client.is_cluster() {
+            self.io.cluster_wait.interrupt(&self.wait_client);
             return;
         }
         let client = self.wait_client.load(Ordering::Acquire);
@@ -790,7 +783,7 @@ impl Scheduler {
             meta.abort.abort();
             return;
         }
-        let mut conn = self.shared.conn.clone();
+        let mut conn = self.io.conn.clone();
         tokio::spawn(async move {
             let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
                 .arg("UNBLOCK")
@@ -857,7 +850,7 @@ impl Scheduler {
             }
             state.last_delivered = entries.last().map(|e| e.id.clone());
             state.dirty = true;
-            state.held.extend(entries);
+            state.deferred.extend(entries);
             woke.push(shard);
         }
         let out = self.machine.wait_ended(now, meta.job, &woke, failed);
@@ -916,16 +909,17 @@ impl Scheduler {
             state.last_acked = Some(acked);
             state.dirty = true;
         }
-        state.held = std::mem::take(&mut outcome.held);
-        state.pending = (outcome.left_pending + state.held.len()) as u64;
+        state.deferred = std::mem::take(&mut outcome.deferred);
+        state.pending = (outcome.left_pending + state.deferred.len()) as u64;
         if state.revoking {
             return JobEnd::Aborted;
         }
-        let aborted = outcome.next_phase.is_none();
-        state.phase = outcome.next_phase.take().unwrap_or_else(claim_from_start);
-        self.shared
-            .probe
-            .read_result(shard, outcome.error.is_some());
+        let aborted = outcome.next_read_mode.is_none();
+        state.read_mode = outcome
+            .next_read_mode
+            .take()
+            .unwrap_or_else(claim_from_start);
+        self.io.probe.read_result(shard, outcome.error.is_some());
         let later = |delay: Duration| {
             Millis(
                 now.0
@@ -937,9 +931,9 @@ impl Scheduler {
                 (state.error_backoff * 2).clamp(Duration::from_millis(50), Duration::from_secs(5));
             tracing::warn!(shard, %error, backoff = ?state.error_backoff, "shard read failed; backing off");
             let retry_at = later(state.error_backoff);
-            return match state.phase {
-                Phase::Claim { .. } => JobEnd::Failed { retry_at },
-                Phase::Live => JobEnd::ReadFailed { retry_at },
+            return match state.read_mode {
+                ReadMode::Claim { .. } => JobEnd::Failed { retry_at },
+                ReadMode::Live => JobEnd::ReadFailed { retry_at },
             };
         }
         state.error_backoff = Duration::ZERO;
@@ -951,23 +945,23 @@ impl Scheduler {
             // Not before a heartbeat sent after the loss confirmed that the shard is still ours.
             state.missing_group = true;
             return JobEnd::MissingGroup {
-                retry_at: later(HOLD_RETRY),
+                retry_at: later(MOVED_KEY_RETRY),
             };
         }
-        if let Some(delay) = outcome.hold_for {
+        if let Some(delay) = outcome.defer_for {
             // A moved key waits for its old shard (or a failed entry for its backoff): try again later,
-            // starting with the held entries.
-            return JobEnd::Held {
+            // starting with the deferred entries.
+            return JobEnd::Deferred {
                 retry_at: later(delay),
             };
         }
         if aborted {
             return JobEnd::Aborted;
         }
-        match (&state.phase, outcome.fetched) {
-            (Phase::Claim { .. }, _) => JobEnd::Claiming,
-            (Phase::Live, 0) => JobEnd::Empty,
-            (Phase::Live, _) => JobEnd::Data,
+        match (&state.read_mode, outcome.fetched) {
+            (ReadMode::Claim { .. }, _) => JobEnd::Claiming,
+            (ReadMode::Live, 0) => JobEnd::Empty,
+            (ReadMode::Live, _) => JobEnd::Data,
         }
     }
 

@@ -19,8 +19,8 @@
 //!   checks the deadline again at every command: this is the scheduler's half of that rule);
 //! * a revoked shard's running job drains, then the shard is reported REVOKED; an idle one at once; a shard
 //!   the member does not own is reported at once too;
-//! * a shard in retry backoff (a failed attempt, a moved key) waits off the queue and holds no worker; its
-//!   next job starts with the held entries (per-key order);
+//! * a shard in retry backoff (a failed attempt, a moved key) waits off the queue and takes no worker; its
+//!   next job starts with the deferred entries (per-key order);
 //! * every shard looks for entries other consumers left pending too long once per `reclaim_every` (the
 //!   session timeout);
 //! * a shard's first job after an assignment, after its deadline lapsed, after a failed or aborted job, is a
@@ -28,16 +28,29 @@
 //!   reads on;
 //! * a shard whose consumer group was found missing starts again only after its backoff and after a
 //!   renewed lease (a heartbeat the coordinator accepted after the loss confirms that it is still ours);
-//! * after a rotation of empty reads, one idle wait holds every idle shard, never the last worker a held
+//! * after a rotation of empty reads, one idle wait covers every idle shard, never the last worker a deferred
 //!   shard needs; an assignment, a revocation, pause, shutdown or a deadline lapse interrupts it. A shard
 //!   whose job comes back empty while the wait runs is parked for the next wait (not polled again by a
-//!   free worker) and the wait is interrupted, once, so that the next one holds it too.
+//!   free worker) and the wait is interrupted, once, so that the next one covers it too.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// A point on the member's monotonic clock, in milliseconds.
+use crate::clock::LocalMillis;
+
+/// A point on the member's monotonic clock, in milliseconds: a [`LocalMillis`] clamped to the machine's
+/// unsigned range (never a store time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Millis(pub u64);
+
+impl From<LocalMillis> for Millis {
+    fn from(local: LocalMillis) -> Self {
+        if local == LocalMillis::MAX {
+            Millis(u64::MAX)
+        } else {
+            Millis(u64::try_from(local.0).unwrap_or(0))
+        }
+    }
+}
 
 impl Millis {
     fn plus(self, ms: u64) -> Self {
@@ -54,11 +67,11 @@ pub struct JobId(pub u64);
 pub enum JobKind {
     /// Claim the shard's pending entries (left by earlier owners or an earlier life of this member).
     ClaimOwn,
-    /// Claim entries other consumers held pending past the session timeout (zombies, lost acks), then read.
+    /// Claim entries other consumers left pending past the session timeout (zombies, lost acks), then read.
     ReclaimZombies,
     /// Read new entries.
     Read,
-    /// Handle the entries an earlier job held back (backoff over, or a moved key's old shard caught up).
+    /// Handle the entries an earlier job deferred (backoff over, or a moved key's old shard caught up).
     Retry,
 }
 
@@ -71,8 +84,8 @@ pub enum JobEnd {
     Claiming,
     /// Nothing to read.
     Empty,
-    /// Entries held back until `retry_at` (a failed attempt's backoff, a moved key): per-key order.
-    Held {
+    /// Entries deferred until `retry_at` (a failed attempt's backoff, a moved key): per-key order.
+    Deferred {
         /// When the shard may run again.
         retry_at: Millis,
     },
@@ -159,7 +172,7 @@ struct Shard {
     reassign: Option<i64>,
     running: bool,
     next: Next,
-    /// The next job claims the shard's own pending entries first (takes precedence over held entries,
+    /// The next job claims the shard's own pending entries first (takes precedence over deferred entries,
     /// which the claim delivers again from Redis).
     claim_owed: bool,
     retry_at: Option<Millis>,
@@ -167,7 +180,7 @@ struct Shard {
     /// In the ready queue.
     queued: bool,
     /// Found nothing while the idle wait runs: waits for it to end (the wait is interrupted so that the
-    /// next one holds this shard too) instead of polling on its own.
+    /// next one covers this shard too) instead of polling on its own.
     parked: bool,
     /// Waiting for a job of an earlier ownership of the same index to end.
     waiting_for_old: bool,
@@ -298,7 +311,7 @@ impl ShardScheduler {
                     state.queued = false;
                 }
                 if running {
-                    if self.wait_holds(shard) {
+                    if self.wait_covers(shard) {
                         self.interrupt_wait(&mut out);
                     }
                 } else if !waiting_for_old {
@@ -394,7 +407,7 @@ impl ShardScheduler {
         } else if let Some(&(shard, generation)) = ended.shards.first() {
             let (next, retry_at) = match end {
                 JobEnd::Data | JobEnd::Empty => (NextJob::Read, None),
-                JobEnd::Held { retry_at } => (NextJob::Retry, Some(retry_at)),
+                JobEnd::Deferred { retry_at } => (NextJob::Retry, Some(retry_at)),
                 JobEnd::Claiming | JobEnd::Expired | JobEnd::Aborted => (NextJob::ClaimOwn, None),
                 JobEnd::Failed { retry_at } | JobEnd::MissingGroup { retry_at } => {
                     (NextJob::ClaimOwn, Some(retry_at))
@@ -558,7 +571,7 @@ impl ShardScheduler {
             .any(|job| job.shards.iter().any(|(s, _)| *s == shard))
     }
 
-    fn wait_holds(&self, shard: u32) -> bool {
+    fn wait_covers(&self, shard: u32) -> bool {
         self.wait
             .and_then(|id| self.jobs.get(&id))
             .is_some_and(|job| job.shards.iter().any(|(s, _)| *s == shard))

@@ -5,7 +5,7 @@
 //!
 //! The wait never blocks past the member's self-fencing deadline (Redis could otherwise hand entries to a
 //! read that outlived it). Whatever it returns is pending under this member and goes to the shards' next
-//! jobs as held entries, in order. The scheduler aborts the wait when ownership changes (an assignment, a
+//! jobs as deferred entries, in order. The scheduler aborts the wait when ownership changes (an assignment, a
 //! revocation, a fence, shutdown): entries a cancelled read still took stay pending under this member, and
 //! the next owner (or this member's own claim phase) delivers them.
 
@@ -18,7 +18,7 @@ use redis::aio::MultiplexedConnection;
 use crate::member::lifecycle::OwnershipDeadline;
 
 use super::job::{is_missing_group, JobOutcome};
-use super::ops::Shared;
+use super::shard_io::ShardIo;
 
 /// The shards to wait on, by index and stream key.
 pub(crate) struct WaitSpec {
@@ -32,11 +32,11 @@ pub(crate) struct WaitSpec {
     pub(crate) deadline: Arc<OwnershipDeadline>,
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
+pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
     let mut outcome = JobOutcome::default();
-    let cluster = shared.client.is_cluster();
+    let cluster = io.client.is_cluster();
     if spec.conn.is_none() && !cluster {
-        match shared.blocking_connection().await {
+        match io.blocking_connection().await {
             Ok(conn) => {
                 spec.client.store(conn.1, Ordering::Release);
                 spec.conn = Some(conn);
@@ -54,7 +54,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
         if !spec.deadline.is_valid() {
             break;
         }
-        match shared.reclaim_stale(key).await {
+        match io.reclaim_stale(key).await {
             Ok(entries) if entries.is_empty() => {}
             Ok(entries) => {
                 tracing::warn!(shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
@@ -72,7 +72,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
         return outcome;
     }
     if cluster {
-        return super::cluster_wait::read(shared, spec, outcome).await;
+        return super::cluster_wait::read(io, spec, outcome).await;
     }
     // Read at the last moment: connecting may have taken a while.
     let Some(left) = spec.deadline.remaining() else {
@@ -80,10 +80,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut spec: WaitSpec) -> JobOutcome {
         outcome.conn = spec.conn;
         return outcome;
     };
-    let block = Duration::from_millis(shared.config.block_ms).min(left);
+    let block = Duration::from_millis(io.config.block_ms).min(left);
     let keys: Vec<&str> = spec.shards.iter().map(|(_, key)| &**key).collect();
     let (conn, _) = spec.conn.as_mut().expect("connected above");
-    match shared.wait_new(&keys, conn, block).await {
+    match io.wait_new(&keys, conn, block).await {
         Ok(by_key) => {
             for (key, entries) in by_key {
                 if let Some((shard, _)) = spec.shards.iter().find(|(_, k)| **k == *key) {

@@ -64,7 +64,7 @@ pub enum AuditEvent {
         /// Its lease deadline (store clock, ms).
         lease_deadline_ms: i64,
     },
-    /// A member was fenced; its shards stay held until `lease_deadline_ms`.
+    /// A member was fenced; its shards stay in a fenced hold until `lease_deadline_ms`.
     MemberFenced {
         /// The member concerned.
         member_id: String,
@@ -105,7 +105,7 @@ pub enum AuditEvent {
         /// The shards.
         shards: Vec<u32>,
     },
-    /// A fenced member's lease passed: its held shards are free.
+    /// A fenced member's lease passed: its fenced holds end: the shards are free.
     HoldsReleased {
         /// The member concerned.
         member_id: String,

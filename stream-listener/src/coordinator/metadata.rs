@@ -118,7 +118,7 @@ pub struct MemberRecord {
     pub target: BTreeSet<u32>,
     /// Shards granted: the member may read them now.
     pub assigned: BTreeSet<u32>,
-    /// Shards removed from `assigned`, still held until the member reports REVOKED.
+    /// Shards removed from `assigned`, still the member's until it reports REVOKED.
     pub revoking: BTreeMap<u32, Revocation>,
     /// Current assignment as last reported by the member (`ownedShards`).
     pub owned: BTreeSet<u32>,
@@ -131,8 +131,9 @@ pub struct MemberRecord {
 }
 
 impl MemberRecord {
-    /// Shards this member holds: it may be reading them, so nobody else may get them.
-    pub fn held(&self) -> impl Iterator<Item = u32> + '_ {
+    /// Shards assigned to this member or revoking from it: it may be reading them, so nobody else may get
+    /// them.
+    pub fn assigned_or_revoking(&self) -> impl Iterator<Item = u32> + '_ {
         self.assigned
             .iter()
             .copied()
@@ -156,9 +157,9 @@ impl MemberRecord {
     }
 }
 
-/// A shard held back after its owner was fenced while its lease was still running: the fenced process may
-/// still be reading until its lease passes (it self-fences strictly inside the lease), so nobody gets the
-/// shard before then.
+/// A fenced hold: a shard kept from everyone after its owner was fenced while its lease was still running.
+/// The fenced process may still be reading until its lease passes (it self-fences strictly inside the
+/// lease), so nobody gets the shard before then.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FencedHold {
@@ -248,7 +249,7 @@ pub struct GroupMetadata {
     pub last_member_epoch: i64,
     /// Live members (JOINING, STABLE, LEAVING) by memberId.
     pub members: BTreeMap<String, MemberRecord>,
-    /// Shards held back after a fence, by shard.
+    /// Fenced holds, by shard.
     #[serde(default)]
     pub holds: BTreeMap<u32, FencedHold>,
     /// Recently expired or fenced members, oldest first.
@@ -309,11 +310,11 @@ impl GroupMetadata {
         serde_json::to_vec(self).expect("group metadata always serializes")
     }
 
-    /// The live member holding `shard` (assigned or revoking), if any.
-    pub fn holder(&self, shard: u32) -> Option<&str> {
+    /// The live member `shard` is assigned to or revoking from (its owner), if any.
+    pub fn owner(&self, shard: u32) -> Option<&str> {
         self.members
             .iter()
-            .find(|(_, m)| m.assigned.contains(&shard) || m.revoking.contains_key(&shard))
+            .find(|(_, m)| m.assigned_or_revoking().any(|s| s == shard))
             .map(|(id, _)| id.as_str())
     }
 }

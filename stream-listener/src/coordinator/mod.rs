@@ -1,6 +1,7 @@
 //! The coordinator core: a pure, deterministic state machine that decides who owns every shard.
 //!
-//! No IO, no clock, no tokio: every input carries `now` (milliseconds of the store's clock) and returns an
+//! No IO, no clock, no tokio: every input carries `now` on the store clock ([`StoreMillis`]; never a
+//! member's local clock) and returns an
 //! [`Outcome`] (the response, how much of the metadata changed, and the audit events it implies). The Redis
 //! store persists the result; a test or the seeded simulation drives it directly. Same inputs, same outputs.
 //!
@@ -16,6 +17,7 @@ pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::clock::StoreMillis;
 use assignor::MemberSpec;
 use events::AuditEvent;
 use metadata::{
@@ -107,9 +109,10 @@ pub struct Coordinator {
     meta: GroupMetadata,
 }
 
-/// Bookkeeping of one input.
+/// What one input has done so far (metadata changed, the sender's lease renewed, a rebalance due, the
+/// commit's writes, audit events); `finish` turns it into the `Outcome`.
 #[derive(Default)]
-struct Cx {
+struct Effects {
     changed: bool,
     lease: bool,
     rebalance: bool,
@@ -117,7 +120,7 @@ struct Cx {
     events: Vec<AuditEvent>,
 }
 
-impl Cx {
+impl Effects {
     fn event(&mut self, event: AuditEvent) {
         self.changed = true;
         self.events.push(event);
@@ -150,7 +153,7 @@ impl std::fmt::Display for Violation {
                 "claimed shard {s}, which is not assigned or pending for it"
             ),
             Self::OwnedByOther(s, other) => {
-                write!(f, "claimed shard {s}, which is held by {other}")
+                write!(f, "claimed shard {s}, which is owned by {other}")
             }
             Self::RevokingNotRemoved(s) => {
                 write!(
@@ -177,9 +180,10 @@ impl Coordinator {
         group: impl Into<String>,
         shard_count: u32,
         config: GroupConfig,
-        now: i64,
+        now: StoreMillis,
         creation: Creation,
     ) -> Self {
+        let now = now.0;
         let mut c = Self::new(group, shard_count, config);
         c.meta.created_at_ms = now;
         c.meta.last_member_epoch = epoch_floor(now);
@@ -227,13 +231,17 @@ impl Coordinator {
 
     /// The earliest time at which a [`tick`](Self::tick) would change something (a lease, a rebalance
     /// timeout, or a fenced hold running out), if any.
-    pub fn next_deadline(&self) -> Option<i64> {
-        let leases = self.meta.members.values().map(|m| m.lease_deadline_ms);
+    pub fn next_deadline(&self) -> Option<StoreMillis> {
+        let leases = self
+            .meta
+            .members
+            .values()
+            .map(|m| StoreMillis(m.lease_deadline_ms));
         leases.chain(self.next_timer()).min()
     }
 
     /// Like [`next_deadline`](Self::next_deadline) but without leases, which the store tracks on its own.
-    pub fn next_timer(&self) -> Option<i64> {
+    pub fn next_timer(&self) -> Option<StoreMillis> {
         let revocations = self
             .meta
             .members
@@ -242,35 +250,42 @@ impl Coordinator {
         let holds = self.meta.holds.values().map(|h| h.until_ms);
         let pause =
             (self.meta.grants_paused_until_ms > 0).then_some(self.meta.grants_paused_until_ms);
-        revocations.chain(holds).chain(pause).min()
+        revocations.chain(holds).chain(pause).min().map(StoreMillis)
     }
 
     /// Applies expiry, rebalance timeouts and fenced holds that are due at `now`.
-    pub fn tick(&mut self, now: i64) -> Outcome<()> {
-        let mut cx = Cx::default();
-        self.run_timers(now, &mut cx);
-        self.reconcile(now, &mut cx, None);
-        self.finish((), cx)
+    pub fn tick(&mut self, now: StoreMillis) -> Outcome<()> {
+        let now = now.0;
+        let mut effects = Effects::default();
+        self.run_timers(now, &mut effects);
+        self.reconcile(now, &mut effects, None);
+        self.finish((), effects)
     }
 
     /// Applies an operator command.
     pub fn command(
         &mut self,
         command: AdminCommand,
-        now: i64,
+        now: StoreMillis,
     ) -> Outcome<Result<(), CommandError>> {
-        let mut cx = Cx::default();
-        self.run_timers(now, &mut cx);
-        let result = self.apply_command(command, now, &mut cx);
-        self.reconcile(now, &mut cx, None);
-        self.finish(result, cx)
+        let now = now.0;
+        let mut effects = Effects::default();
+        self.run_timers(now, &mut effects);
+        let result = self.apply_command(command, now, &mut effects);
+        self.reconcile(now, &mut effects, None);
+        self.finish(result, effects)
     }
 
     /// Applies one heartbeat.
-    pub fn heartbeat(&mut self, req: &HeartbeatRequest, now: i64) -> Outcome<HeartbeatResponse> {
-        let mut cx = Cx::default();
-        self.run_timers(now, &mut cx);
-        let verdict = self.handle(req, now, &mut cx);
+    pub fn heartbeat(
+        &mut self,
+        req: &HeartbeatRequest,
+        now: StoreMillis,
+    ) -> Outcome<HeartbeatResponse> {
+        let now = now.0;
+        let mut effects = Effects::default();
+        self.run_timers(now, &mut effects);
+        let verdict = self.handle(req, now, &mut effects);
         let sender = matches!(verdict, Verdict::Accepted { .. }).then_some(req.member_id.as_str());
         // A heartbeat that changed nothing cannot change the outcome of the last reconciliation, except
         // for a sender whose epoch is unacknowledged (it may get grants only in answer to itself). This
@@ -278,27 +293,30 @@ impl Coordinator {
         let sender_settled = sender
             .and_then(|id| self.meta.members.get(id))
             .is_none_or(|m| m.confirmed_epoch == m.member_epoch);
-        if cx.changed || cx.rebalance || !sender_settled {
-            self.reconcile(now, &mut cx, sender);
+        if effects.changed || effects.rebalance || !sender_settled {
+            self.reconcile(now, &mut effects, sender);
         }
         let mut response = self.response(req, verdict);
-        if cx.changed {
+        if effects.changed {
             // The response describes the metadata as committed.
             response.metadata_version += 1;
             response.assignment.metadata_version += 1;
         }
-        self.finish(response, cx)
+        self.finish(response, effects)
     }
 
-    fn finish<R>(&mut self, response: R, mut cx: Cx) -> Outcome<R> {
+    fn finish<R>(&mut self, response: R, mut effects: Effects) -> Outcome<R> {
         // A member removed and rejoined within the same input keeps its lease entry.
         let members = &self.meta.members;
-        cx.writes.removed.retain(|id| !members.contains_key(id));
-        cx.writes.removed.dedup();
-        let change = if cx.changed {
+        effects
+            .writes
+            .removed
+            .retain(|id| !members.contains_key(id));
+        effects.writes.removed.dedup();
+        let change = if effects.changed {
             self.meta.metadata_version += 1;
             Change::Metadata
-        } else if cx.lease {
+        } else if effects.lease {
             Change::Lease
         } else {
             Change::None
@@ -306,24 +324,24 @@ impl Coordinator {
         Outcome {
             response,
             change,
-            writes: cx.writes,
-            events: cx.events,
+            writes: effects.writes,
+            events: effects.events,
         }
     }
 
     // ---- heartbeat handling ----
 
-    fn handle(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+    fn handle(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
         if req.protocol_version != PROTOCOL_VERSION {
             return Verdict::Rejected(HeartbeatStatus::UnsupportedProtocol);
         }
         if !is_well_formed(req) {
             return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
         }
-        self.detect_loss(req, now, cx);
+        self.detect_loss(req, now, effects);
         match req.member_epoch {
-            LEAVE_EPOCH => self.leave(req, now, cx),
-            JOIN_EPOCH => self.join(req, now, cx),
+            LEAVE_EPOCH => self.leave(req, now, effects),
+            JOIN_EPOCH => self.join(req, now, effects),
             epoch => {
                 let Some(member) = self.meta.members.get(&req.member_id) else {
                     let tombstoned = self
@@ -347,7 +365,7 @@ impl Coordinator {
                     return Verdict::Rejected(HeartbeatStatus::FencedMemberEpoch);
                 }
                 if let Err(violation) = self.validate(req, false) {
-                    self.fence(&req.member_id, now, &violation.to_string(), cx);
+                    self.fence(&req.member_id, now, &violation.to_string(), effects);
                     return Verdict::Rejected(HeartbeatStatus::FencedMemberEpoch);
                 }
                 let member = self
@@ -357,9 +375,9 @@ impl Coordinator {
                     .expect("checked above");
                 if current && member.confirmed_epoch != epoch {
                     member.confirmed_epoch = epoch;
-                    cx.changed = true;
+                    effects.changed = true;
                 }
-                self.apply_report(req, now, cx);
+                self.apply_report(req, now, effects);
                 Verdict::Accepted {
                     stale: req.metadata_version < self.meta.metadata_version,
                 }
@@ -372,7 +390,7 @@ impl Coordinator {
     /// an epoch from before this metadata was created. Whatever that member, or any other member of the
     /// lost state, was granted may still be read until its lease passes: grants pause for a session
     /// timeout, and epochs and versions move above what was reported so they never go backwards.
-    fn detect_loss(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) {
+    fn detect_loss(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) {
         let known = self.meta.members.contains_key(&req.member_id)
             || self
                 .meta
@@ -406,16 +424,16 @@ impl Coordinator {
         let until = now + meta.config.session_timeout_ms;
         if until > meta.grants_paused_until_ms {
             meta.grants_paused_until_ms = until;
-            cx.event(AuditEvent::MetadataLossDetected {
+            effects.event(AuditEvent::MetadataLossDetected {
                 reason,
                 grants_paused_until_ms: until,
             });
         } else {
-            cx.changed = true;
+            effects.changed = true;
         }
     }
 
-    fn join(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+    fn join(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
         let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
         if owns_something || !req.revoking_shards.is_empty() {
             // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
@@ -429,7 +447,7 @@ impl Coordinator {
             if existing.join_request_id == req.request_id {
                 // A replayed join whose response was lost: same epoch, same assignment, no bumps.
                 existing.lease_deadline_ms = now + session;
-                cx.lease = true;
+                effects.lease = true;
                 return Verdict::Accepted { stale: false };
             }
             // The spec's rejoin: a new incarnation of a known memberId. The old one is fenced first.
@@ -440,7 +458,7 @@ impl Coordinator {
                 &req.member_id,
                 now,
                 "replaced by a rejoin of the same memberId",
-                cx,
+                effects,
             );
         }
         if let Some(pos) = self
@@ -463,7 +481,7 @@ impl Coordinator {
             rejoins.push(now);
             if rejoins.len() >= FLAP_REJOINS && !duplicate_suspected {
                 duplicate_suspected = true;
-                cx.event(AuditEvent::DuplicateMemberIdSuspected {
+                effects.event(AuditEvent::DuplicateMemberIdSuspected {
                     member_id: req.member_id.clone(),
                     rejoins: rejoins.len() as u32,
                     window_ms: window,
@@ -471,13 +489,13 @@ impl Coordinator {
             } else if rejoins.len() < FLAP_REJOINS {
                 duplicate_suspected = false;
             }
-            cx.event(AuditEvent::MemberRejoined {
+            effects.event(AuditEvent::MemberRejoined {
                 member_id: req.member_id.clone(),
                 member_epoch: epoch,
                 previous_epoch,
             });
         } else {
-            cx.event(AuditEvent::MemberJoined {
+            effects.event(AuditEvent::MemberJoined {
                 member_id: req.member_id.clone(),
                 member_epoch: epoch,
             });
@@ -503,11 +521,11 @@ impl Coordinator {
             },
         );
         self.meta.group_epoch += 1;
-        cx.rebalance = true;
+        effects.rebalance = true;
         Verdict::Accepted { stale: false }
     }
 
-    fn leave(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) -> Verdict {
+    fn leave(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
         let Some(member) = self.meta.members.get_mut(&req.member_id) else {
             // Leaving twice, or after expiry: nothing to do.
             return Verdict::Left;
@@ -516,18 +534,18 @@ impl Coordinator {
             member.state = MemberState::Leaving;
             member.target.clear();
             self.meta.group_epoch += 1;
-            cx.rebalance = true;
-            cx.event(AuditEvent::MemberLeaving {
+            effects.rebalance = true;
+            effects.event(AuditEvent::MemberLeaving {
                 member_id: req.member_id.clone(),
             });
             // Everything it holds is now being revoked, so REVOKED reports in this request are valid.
-            self.revoke_untargeted(&req.member_id, now, cx);
+            self.revoke_untargeted(&req.member_id, now, effects);
         }
         if let Err(violation) = self.validate(req, true) {
-            self.fence(&req.member_id, now, &violation.to_string(), cx);
+            self.fence(&req.member_id, now, &violation.to_string(), effects);
             return Verdict::Left;
         }
-        self.apply_report(req, now, cx);
+        self.apply_report(req, now, effects);
         Verdict::Accepted { stale: false }
     }
 
@@ -541,7 +559,7 @@ impl Coordinator {
                 continue;
             }
             // Rule 3: a live member cannot claim a shard another live member (or a fenced hold) has.
-            if let Some(other) = self.meta.holder(shard) {
+            if let Some(other) = self.meta.owner(shard) {
                 return Err(Violation::OwnedByOther(shard, other.to_string()));
             }
             if let Some(hold) = self.meta.holds.get(&shard) {
@@ -565,7 +583,7 @@ impl Coordinator {
                 return Err(Violation::RevokingNotRemoved(shard));
             }
             if report.state != RevokeState::Revoked {
-                // Still draining a shard the coordinator no longer counts as held by it.
+                // Still draining a shard the coordinator no longer counts as revoking from it.
                 return Err(Violation::RevokingNotRemoved(shard));
             }
             // Rule 6: a terminal REVOKED already accepted is a duplicate, ignored.
@@ -574,7 +592,7 @@ impl Coordinator {
     }
 
     /// Takes a validated report: lease, capacity, ownership, revocation progress.
-    fn apply_report(&mut self, req: &HeartbeatRequest, now: i64, cx: &mut Cx) {
+    fn apply_report(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) {
         let session = self.meta.config.session_timeout_ms;
         let member = self
             .meta
@@ -582,19 +600,19 @@ impl Coordinator {
             .get_mut(&req.member_id)
             .expect("validated member");
         member.lease_deadline_ms = now + session;
-        cx.lease = true;
+        effects.lease = true;
         member.capacity = req.runtime_consumer_capacity;
         if let Some(owned) = &req.owned_shards {
             let owned: BTreeSet<u32> = owned.iter().map(|s| s.shard_index).collect();
             if owned != member.owned {
                 member.owned = owned;
-                cx.changed = true;
+                effects.changed = true;
             }
         }
         let mut revoked = Vec::new();
         if let Some(owned) = &req.owned_shards {
             // A full heartbeat names everything the member touches: a revoking shard it does not mention
-            // (granted and taken back before it ever saw it) is not held by it any more.
+            // (granted and taken back before it ever saw it) is not revoking from it any more.
             let mentioned = |s: &u32| {
                 owned.iter().any(|o| o.shard_index == *s)
                     || req
@@ -626,7 +644,7 @@ impl Coordinator {
             }
         }
         if !revoked.is_empty() {
-            cx.event(AuditEvent::ShardsRevoked {
+            effects.event(AuditEvent::ShardsRevoked {
                 member_id: req.member_id.clone(),
                 shards: revoked,
             });
@@ -682,10 +700,10 @@ impl Coordinator {
 
     // ---- timers ----
 
-    fn run_timers(&mut self, now: i64, cx: &mut Cx) {
+    fn run_timers(&mut self, now: i64, effects: &mut Effects) {
         if self.meta.grants_paused_until_ms > 0 && self.meta.grants_paused_until_ms <= now {
             self.meta.grants_paused_until_ms = 0;
-            cx.changed = true;
+            effects.changed = true;
         }
         let expired: Vec<String> = self
             .meta
@@ -696,11 +714,12 @@ impl Coordinator {
             .collect();
         for member_id in expired {
             let member = self.meta.members.remove(&member_id).expect("listed above");
-            cx.writes
+            effects
+                .writes
                 .lease_checks
                 .push((member_id.clone(), member.lease_deadline_ms));
-            cx.writes.removed.push(member_id.clone());
-            cx.event(AuditEvent::MemberExpired {
+            effects.writes.removed.push(member_id.clone());
+            effects.event(AuditEvent::MemberExpired {
                 member_id: member_id.clone(),
                 member_epoch: member.member_epoch,
                 lease_deadline_ms: member.lease_deadline_ms,
@@ -714,7 +733,7 @@ impl Coordinator {
                 "lease expired".into(),
             );
             self.meta.group_epoch += 1;
-            cx.rebalance = true;
+            effects.rebalance = true;
         }
         let timed_out: Vec<String> = self
             .meta
@@ -728,7 +747,7 @@ impl Coordinator {
                 &member_id,
                 now,
                 "did not report REVOKED within the rebalance timeout",
-                cx,
+                effects,
             );
         }
         let mut released: BTreeMap<String, Vec<u32>> = BTreeMap::new();
@@ -743,21 +762,22 @@ impl Coordinator {
             keep
         });
         for (member_id, shards) in released {
-            cx.event(AuditEvent::HoldsReleased { member_id, shards });
+            effects.event(AuditEvent::HoldsReleased { member_id, shards });
         }
     }
 
     /// Removes a live member and keeps its shards from anyone else until its lease has passed.
-    fn fence(&mut self, member_id: &str, now: i64, reason: &str, cx: &mut Cx) {
+    fn fence(&mut self, member_id: &str, now: i64, reason: &str, effects: &mut Effects) {
         let Some(member) = self.meta.members.remove(member_id) else {
             return;
         };
-        cx.writes
+        effects
+            .writes
             .lease_checks
             .push((member_id.to_string(), member.lease_deadline_ms));
-        cx.writes.removed.push(member_id.to_string());
+        effects.writes.removed.push(member_id.to_string());
         if member.lease_deadline_ms > now {
-            for shard in member.held() {
+            for shard in member.assigned_or_revoking() {
                 self.meta.holds.insert(
                     shard,
                     FencedHold {
@@ -768,7 +788,7 @@ impl Coordinator {
                 );
             }
         }
-        cx.event(AuditEvent::MemberFenced {
+        effects.event(AuditEvent::MemberFenced {
             member_id: member_id.to_string(),
             member_epoch: member.member_epoch,
             lease_deadline_ms: member.lease_deadline_ms,
@@ -782,7 +802,7 @@ impl Coordinator {
             reason.to_string(),
         );
         self.meta.group_epoch += 1;
-        cx.rebalance = true;
+        effects.rebalance = true;
     }
 
     fn bury(
@@ -815,7 +835,7 @@ impl Coordinator {
         &mut self,
         command: AdminCommand,
         now: i64,
-        cx: &mut Cx,
+        effects: &mut Effects,
     ) -> Result<(), CommandError> {
         match command {
             AdminCommand::SetShardCount(0) => Err(CommandError::ZeroShards),
@@ -831,15 +851,15 @@ impl Coordinator {
                     group_epoch: self.meta.group_epoch,
                     started_at_ms: now,
                 });
-                cx.rebalance = true;
-                cx.event(AuditEvent::ShardCountChanged { from, to: n });
+                effects.rebalance = true;
+                effects.event(AuditEvent::ShardCountChanged { from, to: n });
                 Ok(())
             }
             AdminCommand::FenceMember(member_id) => {
                 if !self.meta.members.contains_key(&member_id) {
                     return Err(CommandError::UnknownMember(member_id));
                 }
-                self.fence(&member_id, now, "fenced by an operator", cx);
+                self.fence(&member_id, now, "fenced by an operator", effects);
                 Ok(())
             }
         }
@@ -849,39 +869,39 @@ impl Coordinator {
 
     /// Recomputes the target if membership changed, revokes what left a member's target, grants what is
     /// free (revoke-before-assign), and moves members and resharding forward.
-    fn reconcile(&mut self, now: i64, cx: &mut Cx, sender: Option<&str>) {
-        if cx.rebalance {
-            self.recompute_target(cx);
+    fn reconcile(&mut self, now: i64, effects: &mut Effects, sender: Option<&str>) {
+        if effects.rebalance {
+            self.recompute_target(effects);
         }
         let ids: Vec<String> = self.meta.members.keys().cloned().collect();
         for id in &ids {
-            self.revoke_untargeted(id, now, cx);
+            self.revoke_untargeted(id, now, effects);
         }
         // Leaving members that gave everything back are done.
         for id in &ids {
             let m = &self.meta.members[id];
             if m.state == MemberState::Leaving && m.assigned.is_empty() && m.revoking.is_empty() {
                 self.meta.members.remove(id);
-                cx.writes.removed.push(id.clone());
-                cx.event(AuditEvent::MemberLeft {
+                effects.writes.removed.push(id.clone());
+                effects.event(AuditEvent::MemberLeft {
                     member_id: id.clone(),
                 });
             }
         }
-        self.grant(now, cx, sender);
+        self.grant(now, effects, sender);
         for (id, m) in self.meta.members.iter_mut() {
             if m.state == MemberState::Joining && m.is_reconciled() {
                 m.state = MemberState::Stable;
-                cx.event(AuditEvent::MemberStable {
+                effects.event(AuditEvent::MemberStable {
                     member_id: id.clone(),
                     member_epoch: m.member_epoch,
                 });
             }
         }
-        self.advance_resharding(cx);
+        self.advance_resharding(effects);
     }
 
-    fn recompute_target(&mut self, cx: &mut Cx) {
+    fn recompute_target(&mut self, effects: &mut Effects) {
         let live: Vec<&String> = self
             .meta
             .members
@@ -918,7 +938,7 @@ impl Coordinator {
         }
         if differs {
             self.meta.assignment_epoch += 1;
-            cx.event(AuditEvent::TargetAssignmentChanged {
+            effects.event(AuditEvent::TargetAssignmentChanged {
                 assignment_epoch: self.meta.assignment_epoch,
                 moved_shards: moved,
             });
@@ -927,7 +947,7 @@ impl Coordinator {
 
     /// Revoke-before-assign steps 1 and 2: a granted shard that left the member's target is removed from
     /// its assignment and awaits its REVOKED report.
-    fn revoke_untargeted(&mut self, member_id: &str, now: i64, cx: &mut Cx) {
+    fn revoke_untargeted(&mut self, member_id: &str, now: i64, effects: &mut Effects) {
         let timeout = self.meta.config.rebalance_timeout_ms;
         let m = self.meta.members.get_mut(member_id).expect("live member");
         let gone: Vec<u32> = m
@@ -950,23 +970,24 @@ impl Coordinator {
                 },
             );
         }
-        cx.event(AuditEvent::ShardsRevokeRequested {
+        effects.event(AuditEvent::ShardsRevokeRequested {
             member_id: member_id.to_string(),
             shards: gone,
         });
     }
 
-    /// Revoke-before-assign step 6: a targeted shard that nobody holds is granted. A member still revoking
+    /// Revoke-before-assign step 6: a targeted shard that is free (assigned to nobody, revoking
+    /// from nobody, in no fenced hold) is granted. A member still revoking
     /// shards gets nothing new until it has finished (as Kafka's reconciliation does), so it is never more
     /// than one member epoch behind what it acted on. Each grant gives the member a fresh epoch, so fencing
     /// tokens of successive owners of a shard only grow.
-    fn grant(&mut self, now: i64, cx: &mut Cx, sender: Option<&str>) {
+    fn grant(&mut self, now: i64, effects: &mut Effects, sender: Option<&str>) {
         if now < self.meta.grants_paused_until_ms {
             return;
         }
-        let mut held: BTreeSet<u32> = self.meta.holds.keys().copied().collect();
+        let mut taken: BTreeSet<u32> = self.meta.holds.keys().copied().collect();
         for m in self.meta.members.values() {
-            held.extend(m.held());
+            taken.extend(m.assigned_or_revoking());
         }
         let mut grants: Vec<(String, Vec<u32>)> = Vec::new();
         for (id, m) in &self.meta.members {
@@ -977,7 +998,7 @@ impl Coordinator {
             if m.confirmed_epoch != m.member_epoch && sender != Some(id.as_str()) {
                 continue;
             }
-            let free: Vec<u32> = m.pending().filter(|s| !held.contains(s)).collect();
+            let free: Vec<u32> = m.pending().filter(|s| !taken.contains(s)).collect();
             if !free.is_empty() {
                 grants.push((id.clone(), free));
             }
@@ -987,7 +1008,7 @@ impl Coordinator {
             let m = self.meta.members.get_mut(&id).expect("live member");
             m.assigned.extend(shards.iter().copied());
             m.member_epoch = epoch;
-            cx.event(AuditEvent::ShardsAssigned {
+            effects.event(AuditEvent::ShardsAssigned {
                 member_id: id,
                 member_epoch: epoch,
                 shards,
@@ -995,7 +1016,7 @@ impl Coordinator {
         }
     }
 
-    fn advance_resharding(&mut self, cx: &mut Cx) {
+    fn advance_resharding(&mut self, effects: &mut Effects) {
         let Some(r) = &self.meta.resharding else {
             return;
         };
@@ -1006,7 +1027,11 @@ impl Coordinator {
             return;
         }
         let n = self.meta.shard_count;
-        let outside_held = self.meta.members.values().any(|m| m.held().any(|s| s >= n))
+        let outside_held = self
+            .meta
+            .members
+            .values()
+            .any(|m| m.assigned_or_revoking().any(|s| s >= n))
             || self.meta.holds.keys().any(|&s| s >= n);
         if !outside_held {
             let r = self.meta.resharding.as_mut().expect("checked above");
@@ -1015,7 +1040,7 @@ impl Coordinator {
             } else {
                 MigrationState::RolledBack
             };
-            cx.changed = true;
+            effects.changed = true;
         }
     }
 
@@ -1032,10 +1057,10 @@ impl Coordinator {
     /// The spec's invariants, checked on the metadata; empty when all hold.
     pub fn invariant_violations(&self) -> Vec<String> {
         let mut violations = Vec::new();
-        let mut holders: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+        let mut takers: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
         for (id, m) in &self.meta.members {
-            for s in m.held() {
-                holders.entry(s).or_default().push(id);
+            for s in m.assigned_or_revoking() {
+                takers.entry(s).or_default().push(id);
             }
             if let Some(s) = m
                 .owned
@@ -1054,11 +1079,11 @@ impl Coordinator {
             }
         }
         for (s, hold) in &self.meta.holds {
-            holders.entry(*s).or_default().push(&hold.member_id);
+            takers.entry(*s).or_default().push(&hold.member_id);
         }
-        for (s, who) in holders {
+        for (s, who) in takers {
             if who.len() > 1 {
-                violations.push(format!("shard {s} is held by {}", who.join(", ")));
+                violations.push(format!("shard {s} is taken by {}", who.join(", ")));
             }
         }
         violations

@@ -94,8 +94,9 @@ pub struct ShardView {
 }
 
 impl Coordinator {
-    /// The monitoring projection at `now`.
-    pub fn projection(&self, now: i64) -> GroupProjection {
+    /// The monitoring projection at store time `now`.
+    pub fn projection(&self, now: crate::clock::StoreMillis) -> GroupProjection {
+        let now = now.0;
         let meta = self.metadata();
         let n = meta.shard_count as usize;
         let mut shards: Vec<ShardView> = (0..meta.shard_count)

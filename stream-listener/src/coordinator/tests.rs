@@ -60,7 +60,7 @@ fn shards(list: &[ShardId]) -> Vec<u32> {
 /// Joins `member` and confirms its first assignment; returns its epoch.
 fn join_and_settle(c: &mut Coordinator, member: &str, now: i64) -> i64 {
     let r = c
-        .heartbeat(&req(member, 0, &format!("{member}-join")), now)
+        .heartbeat(&req(member, 0, &format!("{member}-join")), StoreMillis(now))
         .response;
     assert_eq!(r.status, HeartbeatStatus::Ok);
     let assigned = shards(&r.assignment.assigned_shards);
@@ -69,7 +69,7 @@ fn join_and_settle(c: &mut Coordinator, member: &str, now: i64) -> i64 {
             req(member, r.member_epoch, &format!("{member}-c")),
             &assigned,
         ),
-        now,
+        StoreMillis(now),
     );
     assert!(r2.response.status.is_accepted(), "{:?}", r2.response.status);
     r2.response.member_epoch
@@ -82,7 +82,7 @@ fn member<'a>(c: &'a Coordinator, id: &str) -> &'a MemberRecord {
 #[test]
 fn join_bumps_group_epoch_and_assigns_all_shards_to_the_first_member() {
     let mut c = group(4);
-    let out = c.heartbeat(&req("a", 0, "j1"), 0);
+    let out = c.heartbeat(&req("a", 0, "j1"), StoreMillis(0));
     assert_eq!(out.response.status, HeartbeatStatus::Ok);
     assert!(out.response.member_epoch > 0);
     assert_eq!(out.response.group_epoch, 1);
@@ -98,8 +98,8 @@ fn join_bumps_group_epoch_and_assigns_all_shards_to_the_first_member() {
 #[test]
 fn replayed_join_does_not_bump_epochs_twice() {
     let mut c = group(4);
-    let first = c.heartbeat(&req("a", 0, "j1"), 0).response;
-    let replay = c.heartbeat(&req("a", 0, "j1"), 100);
+    let first = c.heartbeat(&req("a", 0, "j1"), StoreMillis(0)).response;
+    let replay = c.heartbeat(&req("a", 0, "j1"), StoreMillis(100));
     assert_eq!(replay.response.member_epoch, first.member_epoch);
     assert_eq!(replay.response.group_epoch, first.group_epoch);
     assert_eq!(replay.response.assignment, first.assignment);
@@ -112,7 +112,7 @@ fn rejoin_of_known_member_drops_old_ownership_and_issues_fresh_epoch() {
     let e1 = join_and_settle(&mut c, "a", 0);
     let group_epoch = c.metadata().group_epoch;
     // The process restarted (same memberId, new request): a new incarnation.
-    let out = c.heartbeat(&req("a", 0, "restart-join"), 1_000);
+    let out = c.heartbeat(&req("a", 0, "restart-join"), StoreMillis(1_000));
     assert!(out.response.member_epoch > e1);
     assert_eq!(
         c.metadata().group_epoch,
@@ -123,18 +123,21 @@ fn rejoin_of_known_member_drops_old_ownership_and_issues_fresh_epoch() {
         .events
         .iter()
         .any(|e| matches!(e, AuditEvent::MemberRejoined { .. })));
-    // The old incarnation may still read until its lease passes: its shards are held, only pending.
+    // The old incarnation may still read until its lease passes: its shards are not free, only pending.
     assert!(out.response.assignment.assigned_shards.is_empty());
     assert_eq!(shards(&out.response.assignment.pending_shards), [0, 1]);
     // Its old epoch is fenced.
     let stale = c
-        .heartbeat(&owned(req("a", e1, "old"), &[0, 1]), 1_500)
+        .heartbeat(&owned(req("a", e1, "old"), &[0, 1]), StoreMillis(1_500))
         .response;
     assert_eq!(stale.status, HeartbeatStatus::FencedMemberEpoch);
     // Once the old lease has passed, the new incarnation gets the shards.
-    let _ = c.tick(SESSION + 1);
+    let _ = c.tick(StoreMillis(SESSION + 1));
     let now = c
-        .heartbeat(&req("a", out.response.member_epoch, "n1"), SESSION + 1)
+        .heartbeat(
+            &req("a", out.response.member_epoch, "n1"),
+            StoreMillis(SESSION + 1),
+        )
         .response;
     assert_eq!(shards(&now.assignment.assigned_shards), [0, 1]);
 }
@@ -144,7 +147,7 @@ fn stale_member_epoch_is_fenced_without_touching_the_live_member() {
     let mut c = group(2);
     let e = join_and_settle(&mut c, "a", 0);
     let before = c.clone();
-    let out = c.heartbeat(&req("a", e - 1, "x"), 10);
+    let out = c.heartbeat(&req("a", e - 1, "x"), StoreMillis(10));
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
     assert_eq!(out.change, Change::None);
     assert_eq!(c, before);
@@ -155,7 +158,7 @@ fn future_member_epoch_is_rejected() {
     let mut c = group(2);
     let e = join_and_settle(&mut c, "a", 0);
     let before = member(&c, "a").clone();
-    let out = c.heartbeat(&owned(req("a", e + 1, "x"), &[0, 1]), 10);
+    let out = c.heartbeat(&owned(req("a", e + 1, "x"), &[0, 1]), StoreMillis(10));
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
     // The live member is untouched; an epoch nobody issued is also evidence of lost writes.
     assert_eq!(member(&c, "a"), &before);
@@ -174,7 +177,7 @@ fn handed_over_to_b() -> (Coordinator, i64, Vec<u32>, Vec<u32>) {
     let mut c = group(4);
     let ea = join_and_settle(&mut c, "a", 0);
     let eb = join_and_settle(&mut c, "b", 0);
-    let a_resp = c.heartbeat(&req("a", ea, "a1"), 10).response;
+    let a_resp = c.heartbeat(&req("a", ea, "a1"), StoreMillis(10)).response;
     let a_keeps = shards(&a_resp.assignment.assigned_shards);
     let gone: Vec<u32> = (0..4).filter(|s| !a_keeps.contains(s)).collect();
     let revoke = revoked(
@@ -182,7 +185,7 @@ fn handed_over_to_b() -> (Coordinator, i64, Vec<u32>, Vec<u32>) {
         &gone,
         RevokeState::Revoked,
     );
-    let _ = c.heartbeat(&revoke, 20);
+    let _ = c.heartbeat(&revoke, StoreMillis(20));
     (c, eb, a_keeps, gone)
 }
 
@@ -193,7 +196,7 @@ fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
     let grant = member(&c, "b").member_epoch;
     assert!(grant > eb);
     let out = c
-        .heartbeat(&owned(req("b", eb, "b-lagging"), &[]), 30)
+        .heartbeat(&owned(req("b", eb, "b-lagging"), &[]), StoreMillis(30))
         .response;
     assert!(out.status.is_accepted(), "{:?}", out.status);
     assert_eq!(out.member_epoch, grant);
@@ -204,7 +207,10 @@ fn lost_response_previous_epoch_with_valid_ownership_is_accepted() {
 fn lost_response_previous_epoch_claiming_foreign_shard_is_fenced() {
     let (mut c, eb, a_keeps, _gone) = handed_over_to_b();
     let out = c
-        .heartbeat(&owned(req("b", eb, "b-lagging"), &[a_keeps[0]]), 30)
+        .heartbeat(
+            &owned(req("b", eb, "b-lagging"), &[a_keeps[0]]),
+            StoreMillis(30),
+        )
         .response;
     assert_eq!(out.status, HeartbeatStatus::FencedMemberEpoch);
 }
@@ -214,7 +220,7 @@ fn unknown_member_with_positive_epoch_gets_unknown_member_id() {
     let mut c = group(2);
     join_and_settle(&mut c, "a", 0);
     let issued = c.metadata().last_member_epoch;
-    let out = c.heartbeat(&req("ghost", issued, "x"), 0);
+    let out = c.heartbeat(&req("ghost", issued, "x"), StoreMillis(0));
     assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
     assert_eq!(out.change, Change::None);
 }
@@ -233,15 +239,19 @@ fn ownership_rule_6_duplicate_revoked_after_the_shard_was_granted_back_is_ignore
         &moving,
         RevokeState::Revoked,
     );
-    assert!(c.heartbeat(&report, 10).response.status.is_accepted());
+    assert!(c
+        .heartbeat(&report, StoreMillis(10))
+        .response
+        .status
+        .is_accepted());
     // The response is lost. b expires, so the shard goes back to a at an epoch a has not seen yet.
-    let _ = c.tick(SESSION);
+    let _ = c.tick(StoreMillis(SESSION));
     assert!(!c.metadata().members.contains_key("b"));
     let regranted = member(&c, "a").member_epoch;
     assert!(regranted > ea);
     assert!(moving.iter().all(|s| member(&c, "a").assigned.contains(s)));
     // a repeats its report under its previous epoch: a duplicate, not a violation.
-    let out = c.heartbeat(&report, SESSION + 5);
+    let out = c.heartbeat(&report, StoreMillis(SESSION + 5));
     assert!(out.response.status.is_accepted(), "{:?}", out.events);
     assert_eq!(out.response.member_epoch, regranted);
     assert_eq!(shards(&out.response.assignment.assigned_shards), vec![0, 1]);
@@ -256,24 +266,29 @@ fn created(creation: Creation, now: i64) -> Coordinator {
         session_timeout_ms: SESSION,
         rebalance_timeout_ms: REBALANCE,
     };
-    Coordinator::create("g", 4, config, now, creation)
+    Coordinator::create("g", 4, config, StoreMillis(now), creation)
 }
 
 #[test]
 fn recovery_a_group_recreated_after_loss_grants_nothing_for_a_session_timeout() {
     let t0 = 1_000_000;
     let mut c = created(Creation::AfterLoss, t0);
-    let r = c.heartbeat(&req("a", 0, "a-join"), t0).response;
+    let r = c
+        .heartbeat(&req("a", 0, "a-join"), StoreMillis(t0))
+        .response;
     assert!(r.status.is_accepted());
     assert!(r.assignment.assigned_shards.is_empty());
     assert_eq!(r.assignment.pending_shards.len(), 4);
-    assert_eq!(c.next_timer(), Some(t0 + SESSION));
+    assert_eq!(c.next_timer(), Some(StoreMillis(t0 + SESSION)));
     let before = c.heartbeat(
         &owned(req("a", r.member_epoch, "a1"), &[]),
-        t0 + SESSION - 1,
+        StoreMillis(t0 + SESSION - 1),
     );
     assert!(before.response.assignment.assigned_shards.is_empty());
-    let after = c.heartbeat(&owned(req("a", r.member_epoch, "a2"), &[]), t0 + SESSION);
+    let after = c.heartbeat(
+        &owned(req("a", r.member_epoch, "a2"), &[]),
+        StoreMillis(t0 + SESSION),
+    );
     assert_eq!(after.response.assignment.assigned_shards.len(), 4);
     assert_eq!(c.metadata().grants_paused_until_ms, 0);
     assert_eq!(c.next_timer(), None);
@@ -283,9 +298,14 @@ fn recovery_a_group_recreated_after_loss_grants_nothing_for_a_session_timeout() 
 fn recovery_a_fresh_group_waits_two_heartbeat_intervals_before_its_first_grant() {
     let t0 = 1_000_000;
     let mut c = created(Creation::Fresh, t0);
-    let r = c.heartbeat(&req("a", 0, "a-join"), t0).response;
+    let r = c
+        .heartbeat(&req("a", 0, "a-join"), StoreMillis(t0))
+        .response;
     assert!(r.assignment.assigned_shards.is_empty());
-    let out = c.heartbeat(&owned(req("a", r.member_epoch, "a1"), &[]), t0 + 2 * HB);
+    let out = c.heartbeat(
+        &owned(req("a", r.member_epoch, "a1"), &[]),
+        StoreMillis(t0 + 2 * HB),
+    );
     assert_eq!(out.response.assignment.assigned_shards.len(), 4);
 }
 
@@ -301,7 +321,9 @@ fn recovery_epochs_of_a_recreated_group_are_above_its_predecessors() {
     let last_old = old.metadata().last_member_epoch;
     assert!(last_old > e_old);
     let mut new = created(Creation::AfterLoss, t + 1);
-    let r = new.heartbeat(&req("b", 0, "b-join"), t + 1).response;
+    let r = new
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(t + 1))
+        .response;
     assert!(
         r.member_epoch > last_old,
         "{} <= {last_old}",
@@ -320,19 +342,27 @@ fn recovery_a_member_of_the_lost_state_reveals_the_loss_and_extends_the_pause() 
     let mut c = created(Creation::Fresh, t1);
     let mut hb = owned(req("a", e, "a-old"), &[0, 1, 2, 3]);
     hb.metadata_version = version;
-    let out = c.heartbeat(&hb, t1 + HB);
+    let out = c.heartbeat(&hb, StoreMillis(t1 + HB));
     assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
     assert!(loss_detected(&out.events));
     assert_eq!(out.change, Change::Metadata);
     assert_eq!(c.metadata().grants_paused_until_ms, t1 + HB + SESSION);
     assert!(c.metadata().metadata_version > version);
     // A new member that joins meanwhile gets nothing until a's lease has surely run out.
-    let r = c.heartbeat(&req("b", 0, "b-join"), t1 + 2 * HB).response;
+    let r = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(t1 + 2 * HB))
+        .response;
     let eb = r.member_epoch;
     assert!(eb > e);
-    let early = c.heartbeat(&owned(req("b", eb, "b1"), &[]), t1 + HB + SESSION - 1);
+    let early = c.heartbeat(
+        &owned(req("b", eb, "b1"), &[]),
+        StoreMillis(t1 + HB + SESSION - 1),
+    );
     assert!(early.response.assignment.assigned_shards.is_empty());
-    let late = c.heartbeat(&owned(req("b", eb, "b2"), &[]), t1 + HB + SESSION);
+    let late = c.heartbeat(
+        &owned(req("b", eb, "b2"), &[]),
+        StoreMillis(t1 + HB + SESSION),
+    );
     assert_eq!(late.response.assignment.assigned_shards.len(), 4);
 }
 
@@ -342,7 +372,7 @@ fn recovery_a_metadata_version_the_store_never_wrote_pauses_grants() {
     let e = join_and_settle(&mut c, "a", 0);
     let mut hb = owned(req("a", e, "a-ahead"), &[0, 1]);
     hb.metadata_version = c.metadata().metadata_version + 5;
-    let out = c.heartbeat(&hb, 100);
+    let out = c.heartbeat(&hb, StoreMillis(100));
     assert!(loss_detected(&out.events));
     assert_eq!(c.metadata().grants_paused_until_ms, 100 + SESSION);
     // The member itself keeps what it has: only new grants wait.
@@ -356,25 +386,31 @@ fn unsupported_protocol_and_malformed_requests_change_nothing() {
     let mut r = req("a", 0, "j");
     r.protocol_version = 2;
     assert_eq!(
-        c.heartbeat(&r, 0).response.status,
+        c.heartbeat(&r, StoreMillis(0)).response.status,
         HeartbeatStatus::UnsupportedProtocol
     );
     let dup = owned(req("a", 3, "j"), &[1, 1]);
     assert_eq!(
-        c.heartbeat(&dup, 0).response.status,
+        c.heartbeat(&dup, StoreMillis(0)).response.status,
         HeartbeatStatus::InvalidRequest
     );
     let joining_with_shards = owned(req("a", 0, "j"), &[0]);
     assert_eq!(
-        c.heartbeat(&joining_with_shards, 0).response.status,
+        c.heartbeat(&joining_with_shards, StoreMillis(0))
+            .response
+            .status,
         HeartbeatStatus::InvalidRequest
     );
     assert_eq!(
-        c.heartbeat(&req("", 0, "j"), 0).response.status,
+        c.heartbeat(&req("", 0, "j"), StoreMillis(0))
+            .response
+            .status,
         HeartbeatStatus::InvalidRequest
     );
     assert_eq!(
-        c.heartbeat(&req("a", -2, "j"), 0).response.status,
+        c.heartbeat(&req("a", -2, "j"), StoreMillis(0))
+            .response
+            .status,
         HeartbeatStatus::InvalidRequest
     );
     assert!(c.metadata().members.is_empty());
@@ -385,10 +421,10 @@ fn leave_revokes_then_removes_after_revoked() {
     let mut c = group(2);
     let e = join_and_settle(&mut c, "a", 0);
     join_and_settle(&mut c, "b", 0);
-    let a_owned: Vec<u32> = member(&c, "a").held().collect();
+    let a_owned: Vec<u32> = member(&c, "a").assigned_or_revoking().collect();
     let group_epoch = c.metadata().group_epoch;
     // Leave while still owning: LEAVING, shards revoking, b gets them as pending only.
-    let out = c.heartbeat(&req("a", LEAVE_EPOCH, "l1"), 100);
+    let out = c.heartbeat(&req("a", LEAVE_EPOCH, "l1"), StoreMillis(100));
     assert_eq!(out.response.member_epoch, e);
     assert_eq!(member(&c, "a").state, MemberState::Leaving);
     assert_eq!(c.metadata().group_epoch, group_epoch + 1);
@@ -400,7 +436,7 @@ fn leave_revokes_then_removes_after_revoked() {
             &a_owned,
             RevokeState::Revoked,
         ),
-        200,
+        StoreMillis(200),
     );
     assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
     assert!(!c.metadata().members.contains_key("a"));
@@ -421,11 +457,14 @@ fn leave_of_drained_member_removes_it_at_once() {
             &[0, 1],
             RevokeState::Revoked,
         ),
-        10,
+        StoreMillis(10),
     );
     assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
     assert!(c.metadata().members.is_empty());
-    assert_eq!(c.projection(10).state, projection::GroupState::Empty);
+    assert_eq!(
+        c.projection(StoreMillis(10)).state,
+        projection::GroupState::Empty
+    );
 }
 
 #[test]
@@ -435,9 +474,9 @@ fn expiry_fences_member_and_frees_its_shards() {
     join_and_settle(&mut c, "b", 0);
     // Only b keeps heartbeating.
     let eb = member(&c, "b").member_epoch;
-    let _ = c.heartbeat(&req("b", eb, "b0"), SESSION - 1);
+    let _ = c.heartbeat(&req("b", eb, "b0"), StoreMillis(SESSION - 1));
     let group_epoch = c.metadata().group_epoch;
-    let out = c.tick(SESSION);
+    let out = c.tick(StoreMillis(SESSION));
     assert!(out
         .events
         .iter()
@@ -447,14 +486,18 @@ fn expiry_fences_member_and_frees_its_shards() {
         c.metadata().holds.is_empty(),
         "an expired lease leaves nothing to hold"
     );
-    let b = c.heartbeat(&req("b", eb, "b"), SESSION).response;
+    let b = c
+        .heartbeat(&req("b", eb, "b"), StoreMillis(SESSION))
+        .response;
     assert_eq!(
         b.assignment.assigned_shards.len() + b.assignment.pending_shards.len(),
         4
     );
     // a comes back: fenced, must rejoin.
     assert_eq!(
-        c.heartbeat(&req("a", ea, "a"), SESSION + 1).response.status,
+        c.heartbeat(&req("a", ea, "a"), StoreMillis(SESSION + 1))
+            .response
+            .status,
         HeartbeatStatus::FencedMemberEpoch
     );
 }
@@ -468,9 +511,9 @@ fn rebalance_timeout_fences_stuck_member() {
     let mut t = 0;
     while t < REBALANCE {
         t += HB;
-        let _ = c.heartbeat(&req("a", ea, &format!("a{t}")), t);
+        let _ = c.heartbeat(&req("a", ea, &format!("a{t}")), StoreMillis(t));
         let eb = member(&c, "b").member_epoch;
-        let _ = c.heartbeat(&req("b", eb, &format!("b{t}")), t);
+        let _ = c.heartbeat(&req("b", eb, &format!("b{t}")), StoreMillis(t));
     }
     assert!(
         !c.metadata().members.contains_key("a"),
@@ -481,7 +524,7 @@ fn rebalance_timeout_fences_stuck_member() {
         .tombstones
         .iter()
         .any(|t| t.state == MemberState::Fenced));
-    // Its held shard is released when its lease passes, then b gets it.
+    // Its shard in a fenced hold is released when its lease passes, then b gets it.
     assert_eq!(
         c.metadata().holds.len(),
         2,
@@ -490,7 +533,10 @@ fn rebalance_timeout_fences_stuck_member() {
     let mut b = None;
     for t in (t..=t + SESSION).step_by(HB as usize) {
         let eb = member(&c, "b").member_epoch;
-        b = Some(c.heartbeat(&req("b", eb, &format!("b{t}")), t).response);
+        b = Some(
+            c.heartbeat(&req("b", eb, &format!("b{t}")), StoreMillis(t))
+                .response,
+        );
     }
     assert!(c.metadata().holds.is_empty());
     assert_eq!(b.unwrap().assignment.assigned_shards.len(), 2);
@@ -500,13 +546,13 @@ fn rebalance_timeout_fences_stuck_member() {
 fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
     let mut c = group(2);
     let ea = join_and_settle(&mut c, "a", 0);
-    let out = c.heartbeat(&req("b", 0, "bj"), 10).response;
+    let out = c.heartbeat(&req("b", 0, "bj"), StoreMillis(10)).response;
     // Step 1-2: shard removed from a, b sees it pending.
     assert!(out.assignment.assigned_shards.is_empty());
     assert_eq!(out.assignment.pending_shards.len(), 1);
     let moving = out.assignment.pending_shards[0].shard_index;
     let a = c
-        .heartbeat(&owned(req("a", ea, "a1"), &[0, 1]), 20)
+        .heartbeat(&owned(req("a", ea, "a1"), &[0, 1]), StoreMillis(20))
         .response;
     assert_eq!(a.status, HeartbeatStatus::RevokePending);
     assert!(!shards(&a.assignment.assigned_shards).contains(&moving));
@@ -518,7 +564,7 @@ fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
             &[moving],
             RevokeState::Draining,
         ),
-        30,
+        StoreMillis(30),
     );
     assert!(member(&c, "b").assigned.is_empty());
     // Step 4-6: REVOKED, b gets it as assigned.
@@ -528,9 +574,11 @@ fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
             &[moving],
             RevokeState::Revoked,
         ),
-        40,
+        StoreMillis(40),
     );
-    let b = c.heartbeat(&req("b", out.member_epoch, "b1"), 50).response;
+    let b = c
+        .heartbeat(&req("b", out.member_epoch, "b1"), StoreMillis(50))
+        .response;
     assert_eq!(shards(&b.assignment.assigned_shards), [moving]);
     assert!(
         b.member_epoch > out.member_epoch,
@@ -542,12 +590,15 @@ fn revoke_before_assign_new_owner_gets_shard_only_after_revoked() {
 fn revoke_before_assign_expiry_of_old_owner_releases_shard() {
     let mut c = group(2);
     join_and_settle(&mut c, "a", 0);
-    let b = c.heartbeat(&req("b", 0, "bj"), 10).response;
+    let b = c.heartbeat(&req("b", 0, "bj"), StoreMillis(10)).response;
     let eb = b.member_epoch;
-    let _ = c.heartbeat(&req("b", eb, "b1"), SESSION - 1);
-    let _ = c.tick(SESSION);
+    let _ = c.heartbeat(&req("b", eb, "b1"), StoreMillis(SESSION - 1));
+    let _ = c.tick(StoreMillis(SESSION));
     let out = c
-        .heartbeat(&req("b", member(&c, "b").member_epoch, "b2"), SESSION)
+        .heartbeat(
+            &req("b", member(&c, "b").member_epoch, "b2"),
+            StoreMillis(SESSION),
+        )
         .response;
     assert_eq!(out.assignment.assigned_shards.len(), 2);
 }
@@ -556,11 +607,11 @@ fn revoke_before_assign_expiry_of_old_owner_releases_shard() {
 fn ownership_rule_1_owned_must_be_assigned_or_pending() {
     let mut c = group(4);
     let ea = join_and_settle(&mut c, "a", 0);
-    let _ = c.command(AdminCommand::SetShardCount(6), 0);
-    let a = c.heartbeat(&req("a", ea, "a1"), 1).response;
+    let _ = c.command(AdminCommand::SetShardCount(6), StoreMillis(0));
+    let a = c.heartbeat(&req("a", ea, "a1"), StoreMillis(1)).response;
     let e = a.member_epoch;
     // Shard 9 does not exist; a claims it.
-    let out = c.heartbeat(&owned(req("a", e, "a2"), &[0, 9]), 2);
+    let out = c.heartbeat(&owned(req("a", e, "a2"), &[0, 9]), StoreMillis(2));
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
     assert!(out.events.iter().any(
         |e| matches!(e, AuditEvent::MemberFenced { reason, .. } if reason.contains("shard 9"))
@@ -573,10 +624,10 @@ fn ownership_rule_2_revoking_must_match_removed_shards() {
     let ea = join_and_settle(&mut c, "a", 0);
     let out = c.heartbeat(
         &revoked(owned(req("a", ea, "a1"), &[1]), &[0], RevokeState::Revoking),
-        1,
+        StoreMillis(1),
     );
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
-    // Nothing it claimed is granted: its shards are held until its lease passes.
+    // Nothing it claimed is granted: its shards are in a fenced hold until its lease passes.
     assert_eq!(c.metadata().holds.len(), 2);
 }
 
@@ -586,8 +637,8 @@ fn ownership_rule_3_cannot_claim_shard_of_other_live_member() {
     join_and_settle(&mut c, "a", 0);
     let eb = join_and_settle(&mut c, "b", 0);
     // b claims shard 0 while a still holds it (revoking or assigned).
-    let a_holds: Vec<u32> = member(&c, "a").held().collect();
-    let out = c.heartbeat(&owned(req("b", eb, "b1"), &[a_holds[0]]), 2);
+    let a_holds: Vec<u32> = member(&c, "a").assigned_or_revoking().collect();
+    let out = c.heartbeat(&owned(req("b", eb, "b1"), &[a_holds[0]]), StoreMillis(2));
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
     assert!(c.metadata().members.contains_key("a"));
     assert!(!c.metadata().members.contains_key("b"));
@@ -598,7 +649,9 @@ fn ownership_rule_4_stale_member_epochs_are_rejected() {
     let mut c = group(2);
     let e = join_and_settle(&mut c, "a", 0);
     assert_eq!(
-        c.heartbeat(&req("a", e - 1, "x"), 1).response.status,
+        c.heartbeat(&req("a", e - 1, "x"), StoreMillis(1))
+            .response
+            .status,
         HeartbeatStatus::FencedMemberEpoch
     );
 }
@@ -609,12 +662,15 @@ fn ownership_rule_5_stale_metadata_version_triggers_reconciliation() {
     let e = join_and_settle(&mut c, "a", 0);
     let mut r = owned(req("a", e, "x"), &[0, 1]);
     r.metadata_version = 0;
-    let out = c.heartbeat(&r, 1).response;
+    let out = c.heartbeat(&r, StoreMillis(1)).response;
     assert_eq!(out.status, HeartbeatStatus::SyncMetadata);
     assert_eq!(shards(&out.assignment.assigned_shards), [0, 1]);
     let mut r = req("a", e, "y");
     r.metadata_version = out.metadata_version;
-    assert_eq!(c.heartbeat(&r, 2).response.status, HeartbeatStatus::Ok);
+    assert_eq!(
+        c.heartbeat(&r, StoreMillis(2)).response.status,
+        HeartbeatStatus::Ok
+    );
 }
 
 #[test]
@@ -630,7 +686,7 @@ fn ownership_rule_6_duplicate_revoked_reports_are_ignored() {
             &moving,
             RevokeState::Revoked,
         ),
-        10,
+        StoreMillis(10),
     );
     let ea = member(&c, "a").member_epoch;
     // The same report again (its response was lost), even after b got the shard.
@@ -640,7 +696,7 @@ fn ownership_rule_6_duplicate_revoked_reports_are_ignored() {
             &moving,
             RevokeState::Revoked,
         ),
-        20,
+        StoreMillis(20),
     );
     assert!(out.response.status.is_accepted());
     assert!(c.invariant_violations().is_empty());
@@ -650,13 +706,13 @@ fn ownership_rule_6_duplicate_revoked_reports_are_ignored() {
 fn invalid_report_fences_reporter_and_grants_nothing() {
     let mut c = group(2);
     let ea = join_and_settle(&mut c, "a", 0);
-    let out = c.heartbeat(&owned(req("a", ea, "a1"), &[0, 1, 7]), 5);
+    let out = c.heartbeat(&owned(req("a", ea, "a1"), &[0, 1, 7]), StoreMillis(5));
     assert_eq!(out.response.status, HeartbeatStatus::FencedMemberEpoch);
     assert!(out.response.assignment.assigned_shards.is_empty());
-    let b = c.heartbeat(&req("b", 0, "bj"), 6).response;
+    let b = c.heartbeat(&req("b", 0, "bj"), StoreMillis(6)).response;
     assert!(
         b.assignment.assigned_shards.is_empty(),
-        "held until a's lease passes"
+        "in a fenced hold until a's lease passes"
     );
 }
 
@@ -669,14 +725,17 @@ fn two_members_with_same_member_id_are_detected() {
     for i in 0..4 {
         t += HB;
         events.extend(
-            c.heartbeat(&req("twin", 0, &format!("p{}-join-{i}", i % 2)), t)
-                .events,
+            c.heartbeat(
+                &req("twin", 0, &format!("p{}-join-{i}", i % 2)),
+                StoreMillis(t),
+            )
+            .events,
         );
     }
     assert!(events
         .iter()
         .any(|e| matches!(e, AuditEvent::DuplicateMemberIdSuspected { .. })));
-    let view = c.projection(t);
+    let view = c.projection(StoreMillis(t));
     assert!(view
         .members
         .iter()
@@ -692,7 +751,7 @@ fn sticky_assignment_balanced_group_moves_nothing_on_heartbeats() {
     let assignment_epoch = c.metadata().assignment_epoch;
     for m in ["a", "b", "c"] {
         let e = member(&c, m).member_epoch;
-        let _ = c.heartbeat(&req(m, e, "x"), 1);
+        let _ = c.heartbeat(&req(m, e, "x"), StoreMillis(1));
     }
     assert_eq!(c.metadata().assignment_epoch, assignment_epoch);
 }
@@ -704,7 +763,7 @@ fn assignment_epoch_stays_when_group_epoch_changes_without_new_target() {
     join_and_settle(&mut c, "b", 0);
     // A third member joins a 2-shard group: group epoch moves, target does not.
     let before = c.metadata().assignment_epoch;
-    let _ = c.heartbeat(&req("c", 0, "cj"), 1);
+    let _ = c.heartbeat(&req("c", 0, "cj"), StoreMillis(1));
     assert_eq!(c.metadata().assignment_epoch, before);
 }
 
@@ -713,13 +772,13 @@ fn weights_are_static_configuration_not_reported_concurrency() {
     let mut c = group(8);
     let mut heavy = req("a", 0, "aj");
     heavy.weight = Some(3);
-    let _ = c.heartbeat(&heavy, 0);
+    let _ = c.heartbeat(&heavy, StoreMillis(0));
     let mut busy = req("b", 0, "bj");
     busy.runtime_consumer_capacity = RuntimeConsumerCapacity {
         runtime_max_concurrency: 64,
         available_concurrency: 64,
     };
-    let _ = c.heartbeat(&busy, 0);
+    let _ = c.heartbeat(&busy, StoreMillis(0));
     assert_eq!(member(&c, "a").target.len(), 6);
     assert_eq!(member(&c, "b").target.len(), 2);
 }
@@ -730,7 +789,8 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
     let e = join_and_settle(&mut c, "a", 0);
     let ge = c.metadata().group_epoch;
     assert_eq!(
-        c.command(AdminCommand::SetShardCount(2), 1).response,
+        c.command(AdminCommand::SetShardCount(2), StoreMillis(1))
+            .response,
         Ok(())
     );
     assert_eq!(c.metadata().group_epoch, ge + 1);
@@ -739,7 +799,7 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
         MigrationState::Draining
     );
     let out = c
-        .heartbeat(&owned(req("a", e, "a1"), &[0, 1, 2, 3]), 2)
+        .heartbeat(&owned(req("a", e, "a1"), &[0, 1, 2, 3]), StoreMillis(2))
         .response;
     assert_eq!(shards(&out.assignment.assigned_shards), [0, 1]);
     let _ = c.heartbeat(
@@ -748,17 +808,17 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
             &[2, 3],
             RevokeState::Revoked,
         ),
-        3,
+        StoreMillis(3),
     );
     assert_eq!(
         c.metadata().resharding.as_ref().unwrap().state,
         MigrationState::Active
     );
-    let _ = c.command(AdminCommand::SetShardCount(3), 4);
+    let _ = c.command(AdminCommand::SetShardCount(3), StoreMillis(4));
     let e = member(&c, "a").member_epoch;
     assert_eq!(
         shards(
-            &c.heartbeat(&req("a", e, "a3"), 5)
+            &c.heartbeat(&req("a", e, "a3"), StoreMillis(5))
                 .response
                 .assignment
                 .assigned_shards
@@ -766,7 +826,8 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
         [0, 1, 2]
     );
     assert_eq!(
-        c.command(AdminCommand::SetShardCount(0), 6).response,
+        c.command(AdminCommand::SetShardCount(0), StoreMillis(6))
+            .response,
         Err(CommandError::ZeroShards)
     );
 }
@@ -777,9 +838,9 @@ fn shard_count_shrink_revokes_out_of_range_shards_and_grow_assigns_new_ones() {
 fn resharding_back_to_the_previous_count_is_an_ordinary_shard_count_change() {
     let mut c = group(4);
     join_and_settle(&mut c, "a", 0);
-    let _ = c.command(AdminCommand::SetShardCount(8), 1);
+    let _ = c.command(AdminCommand::SetShardCount(8), StoreMillis(1));
     let ge = c.metadata().group_epoch;
-    let out = c.command(AdminCommand::SetShardCount(4), 2);
+    let out = c.command(AdminCommand::SetShardCount(4), StoreMillis(2));
     assert_eq!(out.response, Ok(()));
     assert_eq!(c.metadata().shard_count, 4);
     assert_eq!(c.metadata().group_epoch, ge + 1);
@@ -796,7 +857,7 @@ fn steady_state_heartbeat_only_renews_the_lease() {
     let v = c.metadata().metadata_version;
     let mut r = req("a", e, "s");
     r.metadata_version = v;
-    let out = c.heartbeat(&r, 500);
+    let out = c.heartbeat(&r, StoreMillis(500));
     assert_eq!(out.change, Change::Lease);
     assert_eq!(out.response.status, HeartbeatStatus::Ok);
     assert!(out.events.is_empty());
@@ -808,23 +869,39 @@ fn next_deadline_reports_leases_timeouts_and_holds() {
     let mut c = group(2);
     assert_eq!(c.next_deadline(), None);
     join_and_settle(&mut c, "a", 0);
-    assert_eq!(c.next_deadline(), Some(SESSION));
+    assert_eq!(c.next_deadline(), Some(StoreMillis(SESSION)));
     join_and_settle(&mut c, "b", 0);
-    assert_eq!(c.next_timer(), Some(REBALANCE), "a's revocation");
+    assert_eq!(
+        c.next_timer(),
+        Some(StoreMillis(REBALANCE)),
+        "a's revocation"
+    );
 }
 
 #[test]
 fn member_states_and_group_states_follow_the_lifecycle() {
     let mut c = group(2);
-    let r = c.heartbeat(&req("a", 0, "j"), 0).response;
+    let r = c.heartbeat(&req("a", 0, "j"), StoreMillis(0)).response;
     assert_eq!(member(&c, "a").state, MemberState::Joining);
-    assert_eq!(c.projection(0).state, projection::GroupState::Reconciling);
-    let _ = c.heartbeat(&owned(req("a", r.member_epoch, "c"), &[0, 1]), 1);
+    assert_eq!(
+        c.projection(StoreMillis(0)).state,
+        projection::GroupState::Reconciling
+    );
+    let _ = c.heartbeat(
+        &owned(req("a", r.member_epoch, "c"), &[0, 1]),
+        StoreMillis(1),
+    );
     assert_eq!(member(&c, "a").state, MemberState::Stable);
-    assert_eq!(c.projection(1).state, projection::GroupState::Stable);
-    let _ = c.heartbeat(&req("b", 0, "bj"), 2);
-    assert_eq!(c.projection(2).state, projection::GroupState::Assigning);
-    let json = serde_json::to_value(c.projection(2)).unwrap();
+    assert_eq!(
+        c.projection(StoreMillis(1)).state,
+        projection::GroupState::Stable
+    );
+    let _ = c.heartbeat(&req("b", 0, "bj"), StoreMillis(2));
+    assert_eq!(
+        c.projection(StoreMillis(2)).state,
+        projection::GroupState::Assigning
+    );
+    let json = serde_json::to_value(c.projection(StoreMillis(2))).unwrap();
     assert_eq!(json["state"], "ASSIGNING");
     assert_eq!(json["members"][0]["state"], "STABLE");
 }
@@ -835,7 +912,7 @@ fn same_inputs_same_outputs() {
         let mut c = group(16);
         let mut outs = Vec::new();
         for (i, m) in ["a", "b", "c"].iter().enumerate() {
-            outs.push(c.heartbeat(&req(m, 0, "j"), i as i64));
+            outs.push(c.heartbeat(&req(m, 0, "j"), StoreMillis(i as i64)));
         }
         (c, outs)
     };

@@ -209,7 +209,7 @@ pub struct HeartbeatResponse {
 pub struct Assignment {
     /// Shards the member may read now.
     pub assigned_shards: Vec<ShardId>,
-    /// Shards targeted to the member but still held by their previous owner.
+    /// Shards targeted to the member but not yet released by their previous owner (revoke-before-assign).
     pub pending_shards: Vec<ShardId>,
     /// The metadata version this assignment belongs to.
     pub metadata_version: i64,

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use std::sync::Arc;
 
+use crate::clock::LocalMillis;
 use crate::coordinator::projection::GroupState;
 use crate::coordinator::wire::HeartbeatStatus;
 use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
@@ -33,7 +34,7 @@ pub struct MemberStatus {
     pub owned: Vec<u32>,
     /// Heartbeats that failed in a row.
     pub failures: u32,
-    /// Shards targeted to it but still held by their previous owner (last accepted response).
+    /// Shards targeted to it but not yet released by their previous owner (last accepted response).
     pub pending: u32,
     /// Shards it is giving up and may still touch (draining).
     pub revoking: u32,
@@ -150,7 +151,7 @@ impl MemberLoop {
     pub async fn run(mut self) {
         let start = Instant::from_std(self.deadline.origin());
         let deadline = self.deadline.clone();
-        let local = move || deadline.local_ms();
+        let local = move || deadline.local_now();
         let mut next_heartbeat = Instant::now();
         let mut failures = 0u32;
         let mut counts = Counts::default();
@@ -196,17 +197,17 @@ impl MemberLoop {
             while let Ok(report) = self.reports.try_recv() {
                 self.apply_report(report);
             }
-            let held: Vec<u32> = self.session.owned().iter().copied().collect();
+            let owned: Vec<u32> = self.session.owned().iter().copied().collect();
             let commands = self.session.check_lease(local());
             if !commands.is_empty() {
                 counts.self_fences += 1;
-                tracing::warn!(member = %self.session.member_id(), shards = ?held, "lease could not be renewed in time: self-fenced");
+                tracing::warn!(member = %self.session.member_id(), shards = ?owned, "lease could not be renewed in time: self-fenced");
                 self.send(commands);
             }
             if let Some(deadline) = leave_deadline {
                 if Instant::now() >= deadline {
                     tracing::warn!(member = %self.session.member_id(), "shutdown deadline passed before the leave completed");
-                    self.deadline.set(i64::MIN);
+                    self.deadline.set(LocalMillis::MIN);
                     let _ = self.commands.send(ShardCommand::Fence);
                     break;
                 }
@@ -294,13 +295,13 @@ impl MemberLoop {
 
     fn lease_instant(&self, start: Instant) -> Instant {
         let until = self.session.valid_until();
-        if until == i64::MIN
+        if until == LocalMillis::MIN
             || self.session.owned().is_empty() && self.session.draining().next().is_none()
         {
             // Nothing to give up: wake for heartbeats only.
             return Instant::now() + Duration::from_secs(3600);
         }
-        start + Duration::from_millis(until.max(0) as u64)
+        start + Duration::from_millis(until.0.max(0) as u64)
     }
 
     /// Folds a report into the session; `true` if a heartbeat should go out now.
@@ -324,7 +325,7 @@ impl MemberLoop {
     /// Leaves with nothing to drain: the consumption layer is gone, so no job of it may touch Redis
     /// again (the deadline stays passed) and every shard counts as revoked at once.
     fn leave_without_consumer(&mut self) {
-        self.deadline.set(i64::MIN);
+        self.deadline.set(LocalMillis::MIN);
         let _ = self.session.begin_leave();
         let draining: Vec<u32> = self.session.draining().collect();
         for shard in draining {
@@ -336,7 +337,7 @@ impl MemberLoop {
     /// then hands the commands down. Without a consumption layer the deadline stays passed.
     fn send(&self, commands: Vec<ShardCommand>) {
         if self.reports.is_closed() {
-            self.deadline.set(i64::MIN);
+            self.deadline.set(LocalMillis::MIN);
             return;
         }
         self.deadline.set(self.session.valid_until());

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::clock::LocalMillis;
 use crate::coordinator::wire::ShardProgress;
 
 /// Proof of ownership given to every message: the member and the member epoch that owned the shard when
@@ -107,20 +108,20 @@ impl OwnershipDeadline {
         self.origin
     }
 
-    /// Local time now, in milliseconds after [`origin`](Self::origin).
-    pub fn local_ms(&self) -> i64 {
-        self.origin.elapsed().as_millis() as i64
+    /// Local time now, on this deadline's monotonic clock.
+    pub fn local_now(&self) -> LocalMillis {
+        LocalMillis(self.origin.elapsed().as_millis() as i64)
     }
 
-    /// Moves the deadline to local time `until_ms` (the session's `valid_until`).
-    pub fn set(&self, until_ms: i64) {
+    /// Moves the deadline to local time `until` (the session's `valid_until`).
+    pub fn set(&self, until: LocalMillis) {
         self.until_ms
-            .store(until_ms, std::sync::atomic::Ordering::Release);
+            .store(until.0, std::sync::atomic::Ordering::Release);
     }
 
-    /// The deadline in local milliseconds (`i64::MIN`: none, `i64::MAX`: unbounded).
-    pub(crate) fn until_ms(&self) -> i64 {
-        self.until_ms.load(std::sync::atomic::Ordering::Acquire)
+    /// The deadline ([`LocalMillis::MIN`]: none, [`LocalMillis::MAX`]: unbounded).
+    pub(crate) fn until(&self) -> LocalMillis {
+        LocalMillis(self.until_ms.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Counts a heartbeat the coordinator accepted.
@@ -141,7 +142,7 @@ impl OwnershipDeadline {
         if until == i64::MAX {
             return Some(std::time::Duration::MAX);
         }
-        let left = until.saturating_sub(self.local_ms());
+        let left = until.saturating_sub(self.local_now().0);
         (left > 0).then(|| std::time::Duration::from_millis(left as u64))
     }
 

@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::clock::LocalMillis;
 use crate::coordinator::wire::{
     HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, RevokingShard,
     RuntimeConsumerCapacity, ShardId, ShardProgress, JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
@@ -60,7 +61,7 @@ pub struct MemberSession {
     /// Shards being given up, with their progress. REVOKED ones stay until a response confirms the report.
     revoking: BTreeMap<u32, (RevokeState, u32)>,
     /// The request awaiting its response, and the local time it was sent.
-    in_flight: Option<(String, i64)>,
+    in_flight: Option<(String, LocalMillis)>,
     request_seq: u64,
     incarnation: u64,
     /// Whether the next heartbeat must carry `ownedShards` (join, rejoin, ownership changed).
@@ -70,7 +71,7 @@ pub struct MemberSession {
     /// Whether ownership changed since the last heartbeat was built (report it promptly).
     dirty: bool,
     /// Local time until which ownership may be trusted.
-    valid_until: i64,
+    valid_until: LocalMillis,
     session_timeout_ms: i64,
     heartbeat_interval_ms: i64,
     progress: BTreeMap<u32, ShardProgress>,
@@ -94,7 +95,7 @@ impl MemberSession {
             full: true,
             awaiting: false,
             dirty: false,
-            valid_until: i64::MIN,
+            valid_until: LocalMillis::MIN,
             session_timeout_ms,
             heartbeat_interval_ms: 1_000,
             progress: BTreeMap::new(),
@@ -149,12 +150,12 @@ impl MemberSession {
     }
 
     /// Local time until which ownership may be trusted.
-    pub fn valid_until(&self) -> i64 {
+    pub fn valid_until(&self) -> LocalMillis {
         self.valid_until
     }
 
     /// Whether the member may read or acknowledge `shard` at local time `now`.
-    pub fn may_touch(&self, shard: u32, now: i64) -> bool {
+    pub fn may_touch(&self, shard: u32, now: LocalMillis) -> bool {
         now < self.valid_until
             && (self.owned.contains(&shard)
                 || self
@@ -172,7 +173,7 @@ impl MemberSession {
 
     /// Builds the next heartbeat, sent at local time `now`; it replaces any request still awaiting a
     /// response.
-    pub fn heartbeat(&mut self, now: i64, available_concurrency: u32) -> HeartbeatRequest {
+    pub fn heartbeat(&mut self, now: LocalMillis, available_concurrency: u32) -> HeartbeatRequest {
         // A join is retried under its first requestId, so the coordinator recognises a replay; every other
         // attempt gets a new one, so a late response to an abandoned attempt is never mistaken for current.
         // (A retried join keeps its first send time: that attempt may be the one that renewed the lease.)
@@ -251,7 +252,7 @@ impl MemberSession {
             self.session_timeout_ms = resp.session_timeout_ms;
         }
         self.heartbeat_interval_ms = resp.heartbeat_interval_ms.max(1);
-        self.valid_until = sent_at + self.session_timeout_ms - self.session_timeout_ms / 5;
+        self.valid_until = sent_at.plus_ms(self.session_timeout_ms - self.session_timeout_ms / 5);
         self.metadata_version = resp.metadata_version;
         // While the coordinator waits for revocations, report everything in full: shards it took back
         // before this member ever saw them are released by not being mentioned.
@@ -328,7 +329,7 @@ impl MemberSession {
 
     /// Checks the self-fencing deadline at local time `now`.
     #[must_use = "the consumption layer must carry out these shard commands"]
-    pub fn check_lease(&mut self, now: i64) -> Vec<ShardCommand> {
+    pub fn check_lease(&mut self, now: LocalMillis) -> Vec<ShardCommand> {
         let holds_something = !self.owned.is_empty() || self.draining().next().is_some();
         let active = matches!(self.phase, Phase::Member | Phase::Leaving);
         if active && now >= self.valid_until && holds_something {
@@ -380,7 +381,7 @@ impl MemberSession {
         self.revoking.clear();
         self.progress.clear();
         self.full = true;
-        self.valid_until = i64::MIN;
+        self.valid_until = LocalMillis::MIN;
         Vec::new()
     }
 }

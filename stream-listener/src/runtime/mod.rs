@@ -16,6 +16,7 @@ mod builder;
 mod follower;
 mod spec;
 mod state;
+mod supervise;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -43,7 +44,7 @@ pub use state::{MissingState, State, States};
 /// Shards of a stream created by a listener when no producer has created its topology yet.
 pub const DEFAULT_SHARD_COUNT: u32 = 16;
 
-/// Why the runtime could not start.
+/// Why the runtime could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// Redis is unreachable or failed.
@@ -86,6 +87,17 @@ pub enum RuntimeError {
         id: String,
         /// The ids this runtime has ([`RunningRuntime::listener_ids`]).
         known: Vec<String>,
+    },
+    /// A member's heartbeat loop or consumer, or a group's topology follower, ended (panicked, or gave
+    /// up) while the runtime was running; [`Runtime::run`] then shuts the rest down and returns this.
+    #[error("{owner}: the {task} stopped while running ({reason}); the runtime shut down")]
+    TaskStopped {
+        /// Whose task: `member <memberId>`, or `group <group> of stream <stream>`.
+        owner: String,
+        /// `heartbeat loop`, `consumer` or `topology follower`.
+        task: &'static str,
+        /// `ended`, or `panicked: <message>`.
+        reason: String,
     },
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
@@ -280,11 +292,10 @@ impl Runtime {
 
     /// Starts everything and runs until SIGTERM or ctrl-c, then shuts down gracefully. A shutdown that
     /// misses its deadline is an error ([`RuntimeError::ShutdownTimedOut`]), so the binary exits non-zero.
+    /// A member task that stops while running (a panic, a heartbeat loop that left) is logged at ERROR
+    /// naming the member, the rest is shut down, and `run` fails with [`RuntimeError::TaskStopped`].
     pub async fn run(self) -> Result<(), RuntimeError> {
-        let running = self.start().await?;
-        wait_for_signal().await;
-        tracing::info!("shutting down");
-        running.stop().await
+        self.start().await?.run_until(wait_for_signal()).await
     }
 
     /// Starts everything and returns a handle (for embedding and tests).
@@ -300,6 +311,7 @@ impl Runtime {
         let client = RedisTarget::open(self.redis_url.expose())?;
         crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let (exits, exits_rx) = mpsc::unbounded_channel();
         let mut groups: Vec<(String, String)> = plans
             .iter()
             .map(|p| (p.consumer.stream_prefix.clone(), p.consumer.group.clone()))
@@ -328,7 +340,7 @@ impl Runtime {
             );
             let wakeup = wakeups[&key].register(&plan.member_id);
             members.push(
-                self.start_member(&client, plan, wakeup, shutdown_rx.clone())
+                self.start_member(&client, plan, wakeup, shutdown_rx.clone(), &exits)
                     .await?,
             );
         }
@@ -338,13 +350,12 @@ impl Runtime {
             let store = GroupStore::open(conn.clone(), &stream, &group)?;
             let period =
                 Duration::from_millis(self.group_config.heartbeat_interval_ms.max(200) as u64 * 5);
-            followers.push(tokio::spawn(follower::follow_topology(
-                conn,
-                store,
-                stream,
-                group,
-                period,
-                shutdown_rx.clone(),
+            let owner = format!("group {group} of stream {stream}");
+            followers.push(tokio::spawn(supervise::supervised(
+                owner,
+                "topology follower",
+                exits.clone(),
+                follower::follow_topology(conn, store, stream, group, period, shutdown_rx.clone()),
             )));
         }
         Ok(RunningRuntime {
@@ -353,6 +364,7 @@ impl Runtime {
             followers,
             _wakeups: wakeups.into_values().collect(),
             timeout: self.shutdown_timeout,
+            exits: exits_rx,
         })
     }
 
@@ -414,7 +426,9 @@ impl Runtime {
         plan: MemberPlan,
         wakeup: std::sync::Arc<tokio::sync::Notify>,
         shutdown: watch::Receiver<bool>,
+        exits: &supervise::Exits,
     ) -> Result<RunningMember, RuntimeError> {
+        let owner = format!("member {}", plan.member_id);
         let interval = Duration::from_millis(self.group_config.heartbeat_interval_ms as u64);
         // The heartbeat connection is the member's own: never behind a blocking read. Its response timeout
         // is one heartbeat interval, so a stuck Redis shows up before the lease is at risk. Connecting may
@@ -468,13 +482,17 @@ impl Runtime {
         // Every log line of the member (heartbeats, store, consumer jobs, handlers) carries who it is. At
         // ERROR level, so it is enabled whenever any of its events is.
         let span = tracing::error_span!("member", member = %plan.member_id, stream = %stream, group = %group);
-        let consumer_task = tokio::spawn(
+        let consumer_task = tokio::spawn(supervise::supervised(
+            owner.clone(),
+            "consumer",
+            exits.clone(),
             consumer
                 .run(commands_rx, reports_tx)
                 .instrument(span.clone()),
-        );
+        ));
         let (status_tx, status) = watch::channel(MemberStatus::default());
-        tokio::spawn(
+        tokio::spawn(supervise::logged(
+            format!("metrics of {owner}"),
             crate::metrics::follow_member(
                 status.clone(),
                 deadline.clone(),
@@ -487,26 +505,29 @@ impl Runtime {
                 }),
             )
             .instrument(span.clone()),
-        );
+        ));
         let session = MemberSession::new(
             identity,
             self.group_config.session_timeout_ms,
             incarnation(),
         );
         span.in_scope(|| tracing::info!(listener = %plan.label, "member starting"));
-        let heartbeat_task = tokio::spawn(
+        let heartbeat_task = tokio::spawn(supervise::supervised(
+            owner,
+            "heartbeat loop",
+            exits.clone(),
             MemberLoop::new(session, store, deadline, commands_tx, reports_rx, shutdown)
                 .with_status(status_tx)
                 .with_shutdown_timeout(self.shutdown_timeout)
                 .with_wakeup(wakeup)
                 .run()
                 .instrument(span.clone()),
-        );
+        ));
         Ok(RunningMember {
             member_id: plan.member_id,
             probe,
             pause,
-            lease: health_deadline,
+            deadline: health_deadline,
             status,
             heartbeat_task,
             consumer_task,
@@ -520,7 +541,7 @@ struct RunningMember {
     member_id: String,
     probe: crate::health::Probe,
     pause: PauseHandle,
-    lease: std::sync::Arc<OwnershipDeadline>,
+    deadline: std::sync::Arc<OwnershipDeadline>,
     status: watch::Receiver<MemberStatus>,
     heartbeat_task: JoinHandle<()>,
     consumer_task: JoinHandle<()>,
@@ -535,6 +556,8 @@ pub struct RunningRuntime {
     /// Kept for the members' lifetime; dropping one ends its subscription.
     _wakeups: Vec<Wakeups>,
     timeout: Duration,
+    /// Member and follower tasks that ended while running (see `supervise.rs`).
+    exits: mpsc::UnboundedReceiver<supervise::TaskExit>,
 }
 
 impl RunningRuntime {
@@ -591,7 +614,7 @@ impl RunningRuntime {
                     m.probe.member_health(
                         &m.member_id,
                         !m.heartbeat_task.is_finished(),
-                        status.phase == Phase::Member && m.lease.is_valid(),
+                        status.phase == Phase::Member && m.deadline.is_valid(),
                         status.failures,
                     )
                 })
@@ -609,7 +632,7 @@ impl RunningRuntime {
                 .map(|m| crate::health::MemberWatch {
                     member_id: m.member_id.clone(),
                     probe: m.probe.clone(),
-                    lease: m.lease.clone(),
+                    deadline: m.deadline.clone(),
                     status: m.status.clone(),
                 })
                 .collect(),
@@ -622,6 +645,31 @@ impl RunningRuntime {
             .iter()
             .map(|m| (m.member_id.clone(), m.status.borrow().clone()))
             .collect()
+    }
+
+    /// Runs until `signal`, then shuts down gracefully; a supervised task that stops first is logged at
+    /// ERROR, the rest is shut down, and the result is [`RuntimeError::TaskStopped`] naming it.
+    pub(crate) async fn run_until(
+        mut self,
+        signal: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        let exit = tokio::select! {
+            () = signal => None,
+            Some(exit) = self.exits.recv() => Some(exit),
+        };
+        let Some(exit) = exit else {
+            tracing::info!("shutting down");
+            return self.stop().await;
+        };
+        tracing::error!(owner = %exit.owner, task = exit.task, reason = %exit.reason, "a task of the runtime stopped while running; shutting the runtime down");
+        if let Err(error) = self.stop().await {
+            tracing::error!(%error, "shutdown incomplete");
+        }
+        Err(RuntimeError::TaskStopped {
+            owner: exit.owner,
+            task: exit.task,
+            reason: exit.reason,
+        })
     }
 
     /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
@@ -810,6 +858,117 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "invalid environment: STREAM_LISTENER_SESSION_TIMEOUT_MS=\"10s\" is not a positive integer"
+        );
+    }
+
+    /// A runtime of one member whose heartbeat loop runs `heartbeat` (supervised as `start` does), with
+    /// a consumer that runs until shutdown.
+    fn one_member(
+        heartbeat: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> RunningRuntime {
+        let (shutdown, mut shutdown_rx) = watch::channel(false);
+        let (exits, exits_rx) = mpsc::unbounded_channel();
+        let owner = "member pod-1-m0".to_owned();
+        let consumer = async move {
+            let _ = shutdown_rx.wait_for(|stop| *stop).await;
+        };
+        RunningRuntime {
+            shutdown,
+            members: vec![RunningMember {
+                member_id: "pod-1-m0".into(),
+                probe: crate::health::Probe::default(),
+                pause: PauseHandle::new(),
+                deadline: OwnershipDeadline::new(),
+                status: watch::channel(MemberStatus::default()).1,
+                heartbeat_task: tokio::spawn(supervise::supervised(
+                    owner.clone(),
+                    "heartbeat loop",
+                    exits.clone(),
+                    heartbeat,
+                )),
+                consumer_task: tokio::spawn(supervise::supervised(
+                    owner, "consumer", exits, consumer,
+                )),
+            }],
+            followers: Vec::new(),
+            _wakeups: Vec::new(),
+            timeout: Duration::from_millis(200),
+            exits: exits_rx,
+        }
+    }
+
+    /// Records the ERROR events of the current thread as `field=value` lines.
+    #[derive(Default, Clone)]
+    struct Errors(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl tracing::Subscriber for Errors {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            struct Fields(String);
+            impl tracing::field::Visit for Fields {
+                fn record_debug(
+                    &mut self,
+                    field: &tracing::field::Field,
+                    value: &dyn std::fmt::Debug,
+                ) {
+                    self.0.push_str(&format!("{}={:?} ", field.name(), value));
+                }
+            }
+            if *event.metadata().level() == tracing::Level::ERROR {
+                let mut fields = Fields(String::new());
+                event.record(&mut fields);
+                self.0.lock().unwrap().push(fields.0);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[tokio::test]
+    async fn run_fails_naming_the_member_whose_heartbeat_loop_panicked() {
+        let errors = Errors::default();
+        let _guard = tracing::subscriber::set_default(errors.clone());
+        let running = one_member(async { panic!("boom") });
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            running.run_until(std::future::pending()),
+        )
+        .await
+        .expect("run noticed the dead member instead of running on");
+        let error = result.expect_err("a dead member fails run");
+        assert!(
+            matches!(&error, RuntimeError::TaskStopped { owner, task: "heartbeat loop", reason }
+                if owner == "member pod-1-m0" && reason == "panicked: boom"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("member pod-1-m0"), "{error}");
+        let errors = errors.0.lock().unwrap();
+        assert!(
+            errors.iter().any(|e| e.contains("owner=member pod-1-m0")
+                && e.contains("task=\"heartbeat loop\"")
+                && e.contains("reason=panicked: boom")),
+            "an ERROR names the member and the task: {errors:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn run_stops_cleanly_on_the_signal_while_every_task_runs() {
+        let running = one_member(std::future::pending());
+        let done = tokio::time::timeout(Duration::from_secs(10), running.run_until(async {}))
+            .await
+            .expect("stopped");
+        // The heartbeat loop never ends by itself here: the shutdown aborts it and reports it stuck,
+        // but no task stopped while running.
+        assert!(
+            !matches!(done, Err(RuntimeError::TaskStopped { .. })),
+            "{done:?}"
         );
     }
 }

@@ -1,4 +1,4 @@
--- Queues a heartbeat for whichever process holds the writer lock, and takes the lock if it is free.
+-- Queues a heartbeat for whichever process has the writer lock, and takes the lock if it is free.
 -- KEYS: inbox, writer. ARGV: reply id, heartbeat JSON, ttl ms (how long the sender waits for an answer),
 -- lock token, lock ms.
 -- The entry is "<deadline ms> <reply id> <heartbeat JSON>"; a writer never applies an entry past its

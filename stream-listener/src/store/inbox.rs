@@ -1,6 +1,6 @@
-//! Queued heartbeats: what a process that waits for the writer lock leaves for the holder to apply.
+//! Queued heartbeats: what a process that waits for the writer lock leaves for the writer to apply.
 //!
-//! An entry is `"<deadline ms> <reply id> <heartbeat JSON>"` in the group's inbox list. The holder applies
+//! An entry is `"<deadline ms> <reply id> <heartbeat JSON>"` in the group's inbox list. The writer applies
 //! the entries in arrival order together with its own input and commits them in one write; the commit
 //! script pushes each answer to `reply:<id>`, where its sender waits. Anything in the list may be stale,
 //! repeated or written by someone else: an entry that does not parse is skipped (and trimmed), never

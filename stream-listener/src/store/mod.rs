@@ -12,13 +12,13 @@
 //!   projection, all or nothing. It refuses if the revision moved, if the core's `now` is ahead of Redis
 //!   time, or if a member the core removed renewed its lease meanwhile (its fenced hold would be too short).
 //! * **One writer at a time.** A process that must commit first takes the group's writer lock (a short
-//!   `SET NX PX`); processes that find it taken wait in Redis (`BLPOP` on a turn list that the holder pushes
+//!   `SET NX PX`); processes that find it taken wait in Redis (`BLPOP` on a turn list that the writer pushes
 //!   to when it releases), in arrival order, instead of reloading and colliding. A join storm of `n`
 //!   members therefore costs `O(n)` loads and commits, not `O(n^2)`. The lock is for speed only: the
-//!   revision compare-and-set stays the safety guard, so a holder that paused past the lock's expiry is
+//!   revision compare-and-set stays the safety guard, so a writer that paused past the lock's expiry is
 //!   refused at commit like any stale writer.
 //! * **Batched commits.** A heartbeat that needs a real change queues itself in the group's inbox (one
-//!   script: `RPUSH` and `SET NX` of the writer lock). Whoever holds the lock applies its own input and
+//!   script: `RPUSH` and `SET NX` of the writer lock). Whoever has the lock applies its own input and
 //!   up to 512 queued heartbeats to one snapshot and commits them in **one** write; the
 //!   commit script answers each queued sender on its own reply key, after the write. Waiting senders block
 //!   in Redis on their reply key and the turn list, so a join storm of `n` members costs about `n / BATCH`
@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 
+use crate::clock::StoreMillis;
 use crate::connection::Connection;
 
 use crate::coordinator::events::AuditEvent;
@@ -55,10 +56,10 @@ use crate::coordinator::{
 const MAX_ATTEMPTS: u32 = 16;
 /// Audit entries kept (approximately).
 const AUDIT_MAX_LEN: u64 = 10_000;
-/// How long the writer lock lives if its holder never releases it (crashed or paused). The holder extends
+/// How long the writer lock lives if its writer never releases it (crashed or paused). The writer extends
 /// it before every batch.
 const WRITER_LOCK_MS: u64 = 1000;
-/// Batches one holder of the writer lock commits before letting others have a turn.
+/// Batches one writer commits before letting others have a turn.
 const MAX_BATCHES: usize = 64;
 /// A queued heartbeat whose sender stops waiting this soon is not applied: its answer would come too late.
 const DEADLINE_MARGIN_MS: i64 = 20;
@@ -69,16 +70,16 @@ const WRITER_WAIT_S: f64 = 0.05;
 
 /// The Redis keys of one group.
 ///
-/// | key | type | holds |
+/// | key | type | what it is |
 /// | --- | --- | --- |
 /// | `sl:{<stream>/<group>}:meta` | string | the group metadata snapshot (JSON, with its schema version) |
 /// | `sl:{<stream>/<group>}:rev` | string | the store revision, incremented by every commit |
 /// | `sl:{<stream>/<group>}:leases` | sorted set | memberId scored by lease deadline (Redis ms) |
 /// | `sl:{<stream>/<group>}:audit` | stream | audit events, capped at about 10,000 |
 /// | `sl:{<stream>/<group>}:projection` | string | the monitoring projection (JSON) |
-/// | `sl:{<stream>/<group>}:writer` | string | the writer lock (holder's token, expires after 500 ms) |
+/// | `sl:{<stream>/<group>}:writer` | string | the writer lock (writer's token, expires after 500 ms) |
 /// | `sl:{<stream>/<group>}:turn` | list | wakes one waiting writer when the lock is released |
-/// | `sl:{<stream>/<group>}:inbox` | list | heartbeats queued for the lock holder (see `store/inbox.rs`) |
+/// | `sl:{<stream>/<group>}:inbox` | list | heartbeats queued for the writer (see `store/inbox.rs`) |
 /// | `sl:{<stream>/<group>}:reply:<id>` | list | the answer to one queued heartbeat (short-lived) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupKeys {
@@ -183,7 +184,7 @@ pub struct StoreStats {
     pub renewals: u64,
     /// Times a writer waited for the writer lock.
     pub lock_waits: u64,
-    /// Heartbeats this process queued for the lock holder.
+    /// Heartbeats this process queued for the writer.
     pub queued: u64,
     /// Queued heartbeats of others this process applied and answered.
     pub batched: u64,
@@ -446,7 +447,7 @@ impl GroupStore {
         let give_up = Instant::now() + MAX_QUEUED_WAIT;
         loop {
             if locked {
-                // If this future is dropped (the caller's timeout) while holding the lock, release it
+                // If this future is dropped (the caller's timeout) while it has the lock, release it
                 // anyway: otherwise every other writer would wait for it to expire.
                 let guard = self.lock_guard(&token);
                 let result = self.drain(Some((&id, req)), &token, prepared.take()).await;
@@ -478,7 +479,7 @@ impl GroupStore {
             }
             stats::add(&stats::LOCK_WAITS, 1);
             if self.try_lock(&token).await? {
-                // The previous holder may have answered between the wait and the lock.
+                // The previous writer may have answered between the wait and the lock.
                 let answer: Option<Vec<u8>> = redis::cmd("LPOP")
                     .arg(&reply_key)
                     .query_async(&mut self.conn)
@@ -527,7 +528,7 @@ impl GroupStore {
         self.interval_ms.max(100)
     }
 
-    /// As the lock holder: applies `own` and the queued heartbeats, a batch per commit, until the inbox is
+    /// As the writer: applies `own` and the queued heartbeats, a batch per commit, until the inbox is
     /// empty. Returns the answer to `own`, or `None` if the lock lapsed before it was applied.
     async fn drain(
         &mut self,
@@ -583,7 +584,7 @@ impl GroupStore {
                     self.cache.take().expect("loaded above")
                 }
             };
-            let now = now.max(self.now());
+            let now = StoreMillis(now).max(self.now());
             let mut batch = Batch::default();
             let mut own_answer = None;
             if let Some((_, req)) = own {
@@ -610,7 +611,7 @@ impl GroupStore {
                     }
                 };
                 if own.is_some_and(|(id, _)| id == queued.reply_id)
-                    || queued.deadline <= now + DEADLINE_MARGIN_MS
+                    || queued.deadline <= now.0 + DEADLINE_MARGIN_MS
                 {
                     continue;
                 }
@@ -673,13 +674,13 @@ impl GroupStore {
             script: "peek.lua",
             reply: vec![what.len() as i64],
         };
-        let (Some(Value::Int(holds)), Some(Value::Int(revision)), Some(Value::Int(now))) =
+        let (Some(Value::Int(has_lock)), Some(Value::Int(revision)), Some(Value::Int(now))) =
             (values.next(), values.next(), values.next())
         else {
             return Err(shape("header"));
         };
         self.observe_time(now);
-        if holds != 1 {
+        if has_lock != 1 {
             return Ok(None);
         }
         let entries = values
@@ -739,13 +740,13 @@ impl GroupStore {
     }
 
     /// Applies an input that is not a heartbeat under the writer lock (the heartbeats others queued wait
-    /// for the next holder).
+    /// for the next writer).
     async fn apply<R>(
         &mut self,
-        mut input: impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
+        mut input: impl FnMut(&mut Coordinator, StoreMillis) -> Outcome<R>,
     ) -> Result<R, StoreError> {
         let token = self.lock().await?;
-        // If this future is dropped (the caller's timeout) while holding the lock, release it anyway.
+        // If this future is dropped (the caller's timeout) while it has the lock, release it anyway.
         let guard = self.lock_guard(&token);
         let result = async {
             for attempt in 0..MAX_ATTEMPTS {
@@ -773,7 +774,7 @@ impl GroupStore {
     /// dropped.
     async fn attempt<R>(
         &mut self,
-        input: &mut impl FnMut(&mut Coordinator, i64) -> Outcome<R>,
+        input: &mut impl FnMut(&mut Coordinator, StoreMillis) -> Outcome<R>,
     ) -> Result<Option<R>, StoreError> {
         self.reload().await?;
         let now = self.now();
@@ -816,7 +817,7 @@ impl GroupStore {
         Ok(taken.is_some())
     }
 
-    /// Takes the writer lock, waiting in Redis for the holder to release it. Returns the token.
+    /// Takes the writer lock, waiting in Redis for the writer to release it. Returns the token.
     async fn lock(&mut self) -> Result<String, StoreError> {
         let token = format!("{:x}", crate::util::random_u64());
         loop {
@@ -824,7 +825,7 @@ impl GroupStore {
                 return Ok(token);
             }
             stats::add(&stats::LOCK_WAITS, 1);
-            // Woken by the holder's release, or after a short while to try again (a holder that died).
+            // Woken by the writer's release, or after a short while to try again (a writer that died).
             let _: Option<(String, String)> = redis::cmd("BLPOP")
                 .arg(&self.keys.turn)
                 .arg(WRITER_WAIT_S)
@@ -849,9 +850,10 @@ impl GroupStore {
         }
     }
 
-    fn now(&self) -> i64 {
+    /// The store clock: the last Redis `TIME` plus the local time elapsed since it was read.
+    fn now(&self) -> StoreMillis {
         let (redis_ms, at) = self.clock.expect("set by every script reply");
-        redis_ms + at.elapsed().as_millis() as i64
+        StoreMillis(redis_ms + at.elapsed().as_millis() as i64)
     }
 
     fn observe_time(&mut self, redis_ms: i64) {
@@ -888,7 +890,13 @@ impl GroupStore {
                 } else {
                     Creation::Fresh
                 };
-                Coordinator::create(self.group.clone(), shard_count, config, now, creation)
+                Coordinator::create(
+                    self.group.clone(),
+                    shard_count,
+                    config,
+                    StoreMillis(now),
+                    creation,
+                )
             }
             Some(bytes) => GroupMetadata::from_json(&bytes)
                 .and_then(Coordinator::from_metadata)
@@ -909,7 +917,7 @@ impl GroupStore {
     }
 
     async fn renew(&mut self, snapshot: &mut Snapshot, member: &str) -> Result<bool, StoreError> {
-        let timer = snapshot.coordinator.next_timer().unwrap_or(-1);
+        let timer = snapshot.coordinator.next_timer().map_or(-1, |t| t.0);
         let session = snapshot.coordinator.metadata().config.session_timeout_ms;
         let reply: Vec<i64> = self
             .scripts
@@ -940,7 +948,7 @@ impl GroupStore {
     async fn commit(
         &mut self,
         snapshot: &mut Snapshot,
-        now: i64,
+        now: StoreMillis,
         writes: &Writes,
         events: &[AuditEvent],
         answering: &Answering,
@@ -968,7 +976,7 @@ impl GroupStore {
         }
         invocation
             .arg(snapshot.revision)
-            .arg(now)
+            .arg(now.0)
             .arg(meta_json)
             .arg(projection)
             .arg(AUDIT_MAX_LEN);
@@ -1034,7 +1042,7 @@ struct Answering {
 /// A heartbeat computed on the cache that needs a commit, kept in case nobody else writes first.
 struct Prepared {
     snapshot: Snapshot,
-    now: i64,
+    now: StoreMillis,
     outcome: Outcome<HeartbeatResponse>,
 }
 

@@ -1,7 +1,7 @@
--- The writer's look at its next batch: whether it still holds the lock (extending it), the store revision,
+-- The writer's look at its next batch: whether it still has the lock (extending it), the store revision,
 -- the store clock and up to a batch of queued heartbeats.
 -- KEYS: writer, rev, inbox. ARGV: lock token, lock ms, batch size.
--- Returns {holds (0/1), revision, now, entry*}.
+-- Returns {has_lock (0/1), revision, now, entry*}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, 0, now} end

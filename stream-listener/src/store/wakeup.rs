@@ -80,7 +80,8 @@ impl Wakeups {
     pub fn register(&self, member_id: &str) -> Arc<Notify> {
         self.members
             .lock()
-            .expect("wake-up registry poisoned")
+            // Plain data: a panic elsewhere cannot leave it half-updated.
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(member_id.to_owned())
             .or_default()
             .clone()
@@ -111,7 +112,10 @@ async fn subscribe(
                         let Ok(payload) = message.get_payload::<String>() else {
                             continue;
                         };
-                        let members = members.lock().expect("wake-up registry poisoned");
+                        // Plain data: a panic elsewhere cannot leave it half-updated.
+                        let members = members
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
                         for id in payload.split(' ') {
                             if let Some(notify) = members.get(id) {
                                 notify.notify_one();

@@ -329,10 +329,10 @@ impl Topology {
     /// * routes to `shard` now, and routed to another shard `a` before the last resize: [`Placement::Moved`]
     ///   from `a`, to wait until the group consumed `a` below `min(entry_ms, cut)`. Waiting below the entry's
     ///   own id (rather than always the cut) keeps the wait acyclic: when keys move between old shards in
-    ///   both directions, the oldest held entry only waits for strictly older entries, which are never held.
-    ///   If a shrink removed `a` and it is still draining, the bound is `entry_ms` itself: late writes may
-    ///   land in `a` until it is frozen, and entries of a draining shard are never held, so the wait stays
-    ///   acyclic. If `a` is retired (consumed to its end, no longer writable): [`Placement::Current`].
+    ///   both directions, the oldest deferred entry only waits for strictly older entries, which are never
+    ///   deferred. If a shrink removed `a` and it is still draining, the bound is `entry_ms` itself: late
+    ///   writes may land in `a` until it is frozen, and entries of a draining shard are never deferred, so
+    ///   the wait stays acyclic. If `a` is retired (consumed to its end, no longer writable): [`Placement::Current`].
     /// * routes to `shard` now and did before (or no resize happened): [`Placement::Current`].
     /// * routed to `shard` under the previous count and is older than the cut: [`Placement::Previous`].
     /// * otherwise [`Placement::Misrouted`].
@@ -694,7 +694,7 @@ mod tests {
                 }
             );
         }
-        // In the draining shard itself its entries are the old layout's backlog (never held).
+        // In the draining shard itself its entries are the old layout's backlog (never deferred).
         assert_eq!(
             shrunk.placement(&from_removed, a, 9_000),
             Placement::Previous

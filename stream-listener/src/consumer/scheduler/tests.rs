@@ -249,7 +249,7 @@ fn rule_after_a_fence_a_regranted_shard_waits_for_its_old_job() {
 fn rule_a_shard_in_retry_backoff_holds_no_worker() {
     let (mut s, running) = claimed(1, &[0, 1], FAR);
     let (job, shard, _) = running[0];
-    let out = s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
+    let out = s.job_ended(t(2), job, JobEnd::Deferred { retry_at: t(500) });
     let (_, other, _) = starts(&out)[0];
     assert_ne!(other, shard, "the worker serves the other shard");
     assert_eq!(s.next_wake(), Some(t(500)));
@@ -259,7 +259,7 @@ fn rule_a_shard_in_retry_backoff_holds_no_worker() {
 fn rule_a_shard_in_backoff_retries_its_held_entries_when_the_backoff_ends() {
     let (mut s, running) = claimed(2, &[0], FAR);
     let (job, _, _) = running[0];
-    s.job_ended(t(2), job, JobEnd::Held { retry_at: t(500) });
+    s.job_ended(t(2), job, JobEnd::Deferred { retry_at: t(500) });
     assert!(starts(&s.tick(t(499))).is_empty());
     let out = s.tick(t(500));
     assert_eq!(start_of(&out, 0).1, JobKind::Retry);
@@ -331,7 +331,7 @@ fn idle(workers: usize) -> (ShardScheduler, JobId) {
     idle_until(workers, FAR)
 }
 
-/// Ends every read empty until one idle wait holds every shard.
+/// Ends every read empty until one idle wait covers every shard.
 fn idle_until(workers: usize, deadline: Millis) -> (ShardScheduler, JobId) {
     let (mut s, mut running) = claimed(workers, &[0, 1], deadline);
     let mut wait: Option<(JobId, Vec<u32>)> = None;
@@ -370,7 +370,7 @@ fn rule_a_rotation_of_empty_reads_starts_one_idle_wait() {
     let (s, _) = idle(1);
     assert_eq!(s.running(), 1);
     let (s, _) = idle(2);
-    assert_eq!(s.running(), 1, "one wait holds both idle shards");
+    assert_eq!(s.running(), 1, "one wait covers both idle shards");
     let (s, _) = idle(3);
     assert_eq!(s.running(), 1);
 }
@@ -386,9 +386,9 @@ fn rule_the_idle_wait_wakes_shards_with_their_entries_first() {
 #[test]
 fn rule_the_idle_wait_never_takes_the_last_worker_a_held_shard_needs() {
     let (mut s, running) = claimed(1, &[0, 1], FAR);
-    // Shard 0 ends with held entries due at once (a moved key), shard 1 finds nothing.
+    // Shard 0 ends with deferred entries due at once (a moved key), shard 1 finds nothing.
     let (job, shard, _) = running[0];
-    let out = s.job_ended(t(1), job, JobEnd::Held { retry_at: t(1) });
+    let out = s.job_ended(t(1), job, JobEnd::Deferred { retry_at: t(1) });
     let mut running = starts(&out);
     let mut held_ran = false;
     for _ in 0..4 {
@@ -566,7 +566,7 @@ fn rule_shards_back_empty_while_the_wait_runs_park_and_interrupt_it_once() {
     assert_eq!(parked.len(), 2, "{parked:?}");
     assert_eq!(interrupts, 1);
     assert!(waited.iter().all(|s| !parked.contains(s)));
-    // The next wait holds the parked shards too.
+    // The next wait covers the parked shards too.
     let out = s.wait_ended(t(2), wait, &[], false);
     let (_, next) = wait_of(&out).expect("the next wait");
     assert!(
@@ -767,14 +767,14 @@ proptest! {
                             0 => JobEnd::Data,
                             1 => JobEnd::Empty,
                             2 => JobEnd::Claiming,
-                            3 => JobEnd::Held { retry_at: t(m.now + d) },
+                            3 => JobEnd::Deferred { retry_at: t(m.now + d) },
                             4 => JobEnd::Failed { retry_at: t(m.now + d) },
                             5 => JobEnd::Expired,
                             6 => JobEnd::Aborted,
                             7 => JobEnd::ReadFailed { retry_at: t(m.now + d) },
                             _ => JobEnd::MissingGroup { retry_at: t(m.now + d) },
                         };
-                        if let (JobEnd::Held { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::MissingGroup { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                        if let (JobEnd::Deferred { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::MissingGroup { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
                             m.retry_at.insert(shards[0], retry_at.0);
                         }
                         if let (JobEnd::MissingGroup { .. }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {

@@ -1,4 +1,6 @@
-//! The Redis side of consumption: connections, reply parsing, reads, claims, acks, dead letters, cleanup.
+//! The Redis side of consumption ([`ShardIo`]): connections, reply parsing, and every command a consumer
+//! sends to its shard streams (reads, claims, acks, dead letters, cleanup), with the cached topology that
+//! the moved-key rule reads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,8 +20,8 @@ use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
 /// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
 /// moved-key rule detects (see [`Topology::placement`]).
 pub(crate) const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
-/// Retry delay of a shard held behind a moved key whose old shard is not consumed yet.
-pub(crate) const HOLD_RETRY: Duration = Duration::from_millis(50);
+/// Retry delay of a shard whose entries wait for a moved key whose old shard is not consumed yet.
+pub(crate) const MOVED_KEY_RETRY: Duration = Duration::from_millis(50);
 
 /// The stream's topology as this consumer last read it.
 #[derive(Clone)]
@@ -169,8 +171,10 @@ async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig)
     }
 }
 
-/// State shared by the scheduler, its jobs and manual ackers of one consumer.
-pub(crate) struct Shared {
+/// One consumer's way to its shard streams, shared (`Arc`) by its scheduler, jobs, idle wait and manual
+/// ackers: the connections, the Redis commands on shards, the cached topology, and what those commands
+/// need to know (config, handler, server version, probe).
+pub(crate) struct ShardIo {
     pub(crate) config: ConsumerConfig,
     pub(crate) client: RedisTarget,
     /// Non-blocking commands only: reads without BLOCK, claims, acks, dead letters, scripts.
@@ -190,7 +194,7 @@ pub(crate) struct Shared {
     pub(crate) probe: crate::health::Probe,
 }
 
-impl Shared {
+impl ShardIo {
     pub(crate) async fn connect(
         client: RedisTarget,
         config: ConsumerConfig,
@@ -279,7 +283,7 @@ impl Shared {
     }
 
     /// Whether the group consumed old shard `from` below `before_ms` (see
-    /// [`crate::topology::consumed_before`]): `None` if so, else how long to hold the entry waiting on it.
+    /// [`crate::topology::consumed_before`]): `None` if so, else how long to defer the entry waiting on it.
     /// Positive answers are cached for the topology `version`.
     pub(crate) async fn old_shard_consumed(
         &self,
@@ -324,7 +328,7 @@ impl Shared {
                 Duration::from_millis(before_ms.saturating_sub(now_ms))
                     .clamp(Duration::from_millis(10), Duration::from_secs(1)),
             )),
-            ConsumedBefore::No { .. } => Ok(Some(HOLD_RETRY)),
+            ConsumedBefore::No { .. } => Ok(Some(MOVED_KEY_RETRY)),
         }
     }
 
@@ -396,24 +400,29 @@ impl Shared {
         Ok((conn, id))
     }
 
-    /// `XREADGROUP` without blocking.
-    fn read_cmd(&self, key: &str) -> redis::Cmd {
+    /// `XREADGROUP ... [BLOCK ms] STREAMS keys.. > ..`: new entries of `keys`, blocking only with
+    /// `block_ms`.
+    fn read_cmd(&self, keys: &[&str], block_ms: Option<u64>) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("STREAMS")
-            .arg(key)
-            .arg(">");
+            .arg(self.config.batch_size);
+        if let Some(ms) = block_ms {
+            cmd.arg("BLOCK").arg(ms);
+        }
+        cmd.arg("STREAMS").arg(keys);
+        for _ in keys {
+            cmd.arg(">");
+        }
         cmd
     }
 
     /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
     pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let reply: Value = self
-            .read_cmd(key)
+            .read_cmd(&[key], None)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(parse_read_reply(reply))
@@ -429,26 +438,13 @@ impl Shared {
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.config.group)
-            .arg(&self.config.consumer_name)
-            .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("BLOCK")
-            .arg(ms)
-            .arg("STREAMS")
-            .arg(keys);
-        for _ in keys {
-            cmd.arg(">");
-        }
-        let reply: Value = cmd.query_async(conn).await?;
+        let reply: Value = self.read_cmd(keys, Some(ms)).query_async(conn).await?;
         Ok(parse_read_reply_by_stream(reply))
     }
 
     /// Claims entries that other consumers of the group have left pending for longer than
     /// `reclaim_idle` (a zombie owner that read after it lost the shard, an ack that never arrived): so
-    /// nothing stays pending for good. Our own pending entries are left alone (held or left on purpose).
+    /// nothing stays pending for good. Our own pending entries are left alone (deferred or left on purpose).
     pub(crate) async fn reclaim_stale(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let idle = self.config.reclaim_idle.as_millis() as u64;
         let mut conn = self.conn.clone();
@@ -493,9 +489,9 @@ impl Shared {
         &self,
         key: &str,
         shard: u32,
-        lease: &super::message::Lease,
+        ownership: &super::message::ShardOwnership,
     ) -> RedisResult<()> {
-        if !lease.is_active() {
+        if !ownership.is_active() {
             return Ok(());
         }
         let created: RedisResult<()> = redis::cmd("XGROUP")
@@ -541,7 +537,7 @@ impl Shared {
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(key));
+        pipe.add_command(self.read_cmd(&[key], None));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
@@ -707,7 +703,7 @@ pub(crate) struct Entry {
     pub(crate) delivery_count: u32,
     /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
     pub(crate) deleted: bool,
-    /// Local retries so far (a failed entry held for its backoff carries them to its next attempt).
+    /// Local retries so far (a failed entry deferred for its backoff carries them to its next attempt).
     pub(crate) retries: u32,
 }
 
