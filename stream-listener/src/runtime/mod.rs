@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::connection::{ConnectOptions, RedisTarget};
+use crate::tls::TlsFiles;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -49,6 +50,9 @@ pub enum RuntimeError {
     /// Redis is unreachable or failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The TLS files ([`Runtime::tls`], `REDIS_TLS_*`) cannot be used; names the file.
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// The stream's topology could not be read or created.
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -144,6 +148,8 @@ struct MemberPlan {
 pub struct Runtime {
     /// Redacted in `Debug`: the URL may carry a password.
     redis_url: crate::redact::RedisUrl,
+    /// Certificates for `rediss://` beyond the system's roots (paths only: read at start).
+    tls: TlsFiles,
     base_member_id: Option<String>,
     group_config: GroupConfig,
     shard_count: u32,
@@ -166,6 +172,7 @@ impl Runtime {
     pub fn new(redis_url: impl Into<String>) -> Self {
         Self {
             redis_url: crate::redact::RedisUrl::new(redis_url),
+            tls: TlsFiles::default(),
             base_member_id: None,
             group_config: GroupConfig::default(),
             shard_count: DEFAULT_SHARD_COUNT,
@@ -179,7 +186,8 @@ impl Runtime {
         }
     }
 
-    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), `STREAM_LISTENER_MEMBER_ID`,
+    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), its TLS files from
+    /// `REDIS_TLS_CA_CERT`, `REDIS_TLS_CERT` and `REDIS_TLS_KEY` ([`TlsFiles::from_env`]), `STREAM_LISTENER_MEMBER_ID`,
     /// and the timing of groups this process creates from `STREAM_LISTENER_HEARTBEAT_INTERVAL_MS`,
     /// `STREAM_LISTENER_SESSION_TIMEOUT_MS`, `STREAM_LISTENER_REBALANCE_TIMEOUT_MS` and the shard count of
     /// streams it creates from `STREAM_LISTENER_DEFAULT_SHARD_COUNT` (a value that does not parse makes
@@ -192,6 +200,7 @@ impl Runtime {
     fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
         let url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
         let mut runtime = Self::new(url);
+        runtime.tls = TlsFiles::from_lookup(&lookup);
         runtime.base_member_id = lookup("STREAM_LISTENER_MEMBER_ID");
         let mut number = |name: &str, set: &mut dyn FnMut(u32)| {
             if let Some(value) = lookup(name) {
@@ -216,6 +225,32 @@ impl Runtime {
         runtime.group_config = config;
         runtime.shard_count = shards;
         runtime
+    }
+
+    /// The TLS files of a `rediss://` or `rediss+cluster://` URL: a certificate authority to trust
+    /// instead of the system's roots, a client certificate and key for a server with
+    /// `tls-auth-clients yes`. Read and checked when the runtime starts ([`RuntimeError::Tls`] names a
+    /// file that cannot be used).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// Trusts the certificate authority in the PEM file `path` (instead of the system's roots).
+    pub fn tls_ca_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca_cert = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert`, with its private key in `key` (mutual TLS).
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.cert = Some(cert.into());
+        self.tls.key = Some(key.into());
+        self
     }
 
     /// Overrides the base member id of annotated listeners (default: pod IP, local address, hostname).
@@ -297,7 +332,7 @@ impl Runtime {
             return Err(RuntimeError::NoListeners);
         }
         check_unique_members(&plans)?;
-        let client = RedisTarget::open(self.redis_url.expose())?;
+        let client = crate::tls::open_target::<RuntimeError>(self.redis_url.expose(), &self.tls)?;
         crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut groups: Vec<(String, String)> = plans
@@ -782,6 +817,9 @@ mod tests {
             ("STREAM_LISTENER_SESSION_TIMEOUT_MS", "4000"),
             ("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", "9000"),
             ("STREAM_LISTENER_DEFAULT_SHARD_COUNT", "12"),
+            ("REDIS_TLS_CA_CERT", "/etc/redis/ca.pem"),
+            ("REDIS_TLS_CERT", "/etc/redis/client.pem"),
+            ("REDIS_TLS_KEY", "/etc/redis/client.key"),
         ]));
         assert_eq!(runtime.redis_url.expose(), "redis://10.0.0.9:6380");
         assert_eq!(runtime.base_member_id.as_deref(), Some("pod-1"));
@@ -794,11 +832,20 @@ mod tests {
             }
         );
         assert_eq!(runtime.shard_count, 12);
+        assert_eq!(
+            runtime.tls,
+            TlsFiles {
+                ca_cert: Some("/etc/redis/ca.pem".into()),
+                cert: Some("/etc/redis/client.pem".into()),
+                key: Some("/etc/redis/client.key".into()),
+            }
+        );
         assert!(runtime.env_errors.is_empty());
 
         let defaults = Runtime::from_lookup(env(&[]));
         assert_eq!(defaults.group_config, GroupConfig::default());
         assert_eq!(defaults.shard_count, DEFAULT_SHARD_COUNT);
+        assert!(defaults.tls.is_empty());
     }
 
     #[tokio::test]
