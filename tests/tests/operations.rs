@@ -10,7 +10,7 @@ use stream_listener::consumer::{dead_letter_fields, FailurePolicy};
 use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
 use stream_listener_test_support::aio::{connect, wait_until, xpending_count, xrange};
 use stream_listener_test_support::{wait_for_blocking, RedisServer};
-use stream_listener_tests::{producer, start_one, test_runtime, Order};
+use stream_listener_tests::{logs, producer, start_one, test_runtime, Order};
 use tokio::time::Instant;
 
 /// Sends `key` once, returning its shard.
@@ -333,11 +333,13 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck() {
     static STARTED: AtomicU32 = AtomicU32::new(0);
+    // The only test of this binary that captures logs: it looks for its own member's lines only.
+    logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();
     let producer = producer(&url, "stuck", 2).await;
     let consumer = ConsumerBuilder::new("stuck", "g")
-        .member_id("solo")
+        .member_id("stuck-solo")
         .handler(|msg: Message<Order>| async move {
             drop(msg);
             STARTED.fetch_add(1, Ordering::SeqCst);
@@ -368,7 +370,10 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
         text.contains("shutdown missed its deadline of 1000 ms"),
         "{text}"
     );
-    assert!(text.contains("member solo (leave not completed"), "{text}");
+    assert!(
+        text.contains("member stuck-solo (leave not completed"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("handlers running: shard {shard} entry ")),
         "{text}"
@@ -377,6 +382,67 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
     let mut conn = connect(&url).await;
     let pending = xpending_count(&mut conn, &format!("stuck:{shard}"), "g").await;
     assert_eq!(pending, 1, "{text}");
+
+    // The warnings about the stuck member say which member, stream and group, like its other lines.
+    for message in [
+        "the leave did not complete within the shutdown timeout",
+        "did not stop in time; aborting",
+    ] {
+        let lines: Vec<_> = logs::events()
+            .into_iter()
+            .filter(|e| {
+                e.fields.0.get("message").is_some_and(|m| m == message)
+                    && [e.fields.0.get("member"), e.scope.get("member")]
+                        .contains(&Some(&"stuck-solo".to_owned()))
+            })
+            .collect();
+        assert_eq!(lines.len(), 1, "{message}: {lines:#?}");
+        for (field, value) in [
+            ("member", "stuck-solo"),
+            ("stream", "stuck"),
+            ("group", "g"),
+        ] {
+            assert_eq!(
+                lines[0].scope.get(field).map(String::as_str),
+                Some(value),
+                "{message}: {lines:#?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_runtime_runs_until_told_and_its_health_handle_serves_meanwhile() {
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "until", 2).await;
+    let consumer = ConsumerBuilder::new("until", "g")
+        .member_id("solo")
+        .handler(|_msg: Message<Order>| async move {
+            HANDLED.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), String>(())
+        });
+    let running = test_runtime(&url).consumer(consumer).start().await.unwrap();
+    // What `Runtime::run` cannot give: a handle for a probe endpoint while it runs.
+    let health = running.health_handle();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(running.run_until(async {
+        let _ = stopped.await;
+    }));
+    wait_until("ready while running", Duration::from_secs(20), || {
+        health.health().ready()
+    })
+    .await;
+    send(&producer, "k", 0).await;
+    wait_until("handled while running", Duration::from_secs(20), || {
+        HANDLED.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(!run.is_finished(), "runs until told");
+    stop.send(()).unwrap();
+    run.await.unwrap().expect("a graceful stop");
+    assert!(!health.health().live(), "its heartbeat loop has ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]

@@ -315,11 +315,10 @@ impl Runtime {
 
     /// Starts everything and runs until SIGTERM or ctrl-c, then shuts down gracefully. A shutdown that
     /// misses its deadline is an error ([`RuntimeError::ShutdownTimedOut`]), so the binary exits non-zero.
+    /// To keep a handle while it runs (health for a probe endpoint, pause and resume), use
+    /// [`start`](Self::start) and then [`RunningRuntime::run_until_signal`].
     pub async fn run(self) -> Result<(), RuntimeError> {
-        let running = self.start().await?;
-        wait_for_signal().await;
-        tracing::info!("shutting down");
-        running.stop().await
+        self.start().await?.run_until_signal().await
     }
 
     /// Starts everything and returns a handle (for embedding and tests).
@@ -539,6 +538,7 @@ impl Runtime {
         );
         Ok(RunningMember {
             member_id: plan.member_id,
+            span,
             probe,
             pause,
             lease: health_deadline,
@@ -553,6 +553,8 @@ impl Runtime {
 #[derive(Debug)]
 struct RunningMember {
     member_id: String,
+    /// The `member` span (member, stream, group) its tasks run in, for the lines logged about it.
+    span: tracing::Span,
     probe: crate::health::Probe,
     pause: PauseHandle,
     lease: std::sync::Arc<OwnershipDeadline>,
@@ -573,6 +575,32 @@ pub struct RunningRuntime {
 }
 
 impl RunningRuntime {
+    /// [`Runtime::run`] for a runtime already started: runs until SIGTERM or ctrl-c, then
+    /// [`stop`](Self::stop)s. Take what you need first:
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stream_listener::RuntimeError> {
+    /// let running = stream_listener::Runtime::from_env().start().await?;
+    /// let health = running.health_handle(); // for a probe endpoint, on another task or thread
+    /// # drop(health);
+    /// running.run_until_signal().await
+    /// # }
+    /// ```
+    pub async fn run_until_signal(self) -> Result<(), RuntimeError> {
+        self.run_until(wait_for_signal()).await
+    }
+
+    /// Runs until `stop` completes (a signal of the application's own, a channel), then
+    /// [`stop`](Self::stop)s gracefully, returning its error if the shutdown missed its deadline.
+    pub async fn run_until(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        stop.await;
+        tracing::info!("shutting down");
+        self.stop().await
+    }
+
     /// The memberIds this process runs, in start order.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.iter().map(|m| m.member_id.clone()).collect()
@@ -690,7 +718,9 @@ impl RunningRuntime {
                 .is_err()
                 || begun.elapsed() >= self.timeout;
             if heartbeat_late {
-                tracing::warn!(member = %member.member_id, "the leave did not complete within the shutdown timeout");
+                member.span.in_scope(|| {
+                    tracing::warn!("the leave did not complete within the shutdown timeout")
+                });
                 heartbeat.abort();
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
@@ -726,7 +756,9 @@ impl RunningRuntime {
                             .join(", ")
                     }
                 );
-                tracing::warn!(member = %member.member_id, stuck = %what, "did not stop in time; aborting");
+                member
+                    .span
+                    .in_scope(|| tracing::warn!(stuck = %what, "did not stop in time; aborting"));
                 consumer.abort();
                 stuck.push(what);
             }
