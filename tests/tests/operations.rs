@@ -510,3 +510,84 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
     assert!(member.heartbeating, "the loop keeps trying: {member:?}");
     let _ = runtime.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_ready_while_a_shards_reads_keep_failing_and_ready_again_once_they_work() {
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "unreadable", 2).await;
+    let consumer = ConsumerBuilder::new("unreadable", "g")
+        .member_id("solo")
+        .handler(|_msg: Message<Order>| async move {
+            HANDLED.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), String>(())
+        });
+    let runtime = start_one(&url, consumer).await;
+    wait_until("ready", Duration::from_secs(20), || {
+        runtime.health().ready()
+    })
+    .await;
+
+    // Shard 0's stream becomes a string: every read of it fails (WRONGTYPE) while the heartbeats,
+    // on their own keys, go on.
+    let mut conn = connect(&url).await;
+    redis::pipe()
+        .cmd("DEL")
+        .arg("unreadable:0")
+        .cmd("SET")
+        .arg("unreadable:0")
+        .arg("not a stream")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    wait_until(
+        "not ready while reads fail",
+        Duration::from_secs(20),
+        || !runtime.health().ready(),
+    )
+    .await;
+    let health = runtime.health();
+    let member = &health.members[0];
+    assert!(
+        member.live(),
+        "a read error loop is not a dead process: {member:?}"
+    );
+    assert!(member.joined, "{member:?}");
+    assert_eq!(member.failing_reads.len(), 1, "{member:?}");
+    assert_eq!(member.failing_reads[0].0, 0, "{member:?}");
+    assert!(
+        member.failing_reads[0].1 >= stream_listener::health::READ_ERROR_LOOP,
+        "{member:?}"
+    );
+
+    // The stream is back (with its group): reads work and the member is ready again, and handles.
+    redis::pipe()
+        .cmd("DEL")
+        .arg("unreadable:0")
+        .cmd("XGROUP")
+        .arg("CREATE")
+        .arg("unreadable:0")
+        .arg("g")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    wait_until("ready again", Duration::from_secs(20), || {
+        runtime.health().ready()
+    })
+    .await;
+    let mut key = 0;
+    while stream_listener::routing::shard_for_key(format!("k{key}").as_bytes(), 2) != 0 {
+        key += 1;
+    }
+    send(&producer, &format!("k{key}"), 0).await;
+    wait_until(
+        "handled on the repaired shard",
+        Duration::from_secs(20),
+        || HANDLED.load(Ordering::SeqCst) == 1,
+    )
+    .await;
+    runtime.shutdown().await;
+}
