@@ -200,6 +200,8 @@ async fn hooks_are_called_in_order_across_a_rebalance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does_not_stop_it() {
+    // The only test of this binary that captures logs (the panicking hook's line).
+    stream_listener_tests::logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();
     produce(&url, "fenced", 4, 0, 50).await;
@@ -274,6 +276,26 @@ async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does
         "the hook was called again after its panic"
     );
     runtime.stop().await.unwrap();
+
+    // The panic was logged, saying which member, stream and group, like the member's other lines.
+    let logged: Vec<_> = stream_listener_tests::logs::events()
+        .into_iter()
+        .filter(|e| {
+            e.fields
+                .0
+                .get("message")
+                .is_some_and(|m| m == "lifecycle hook panicked; the member goes on")
+        })
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:#?}");
+    assert_eq!(logged[0].fields.0["hook"], "on_shards_assigned");
+    for (field, value) in [("member", "solo"), ("stream", "fenced"), ("group", "g")] {
+        assert_eq!(
+            logged[0].scope.get(field).map(String::as_str),
+            Some(value),
+            "{logged:#?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,11 +182,11 @@ pub(crate) async fn read(
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let shared = shared.clone();
-        reads.spawn(async move {
+        reads.spawn(tracing::Instrument::in_current_span(async move {
             let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
             let result = shared.wait_new(&keys, &mut blocking.conn, block).await;
             (slot, blocking, result) as ReadResult
-        });
+        }));
     }
     let mut unblocked = false;
     loop {

@@ -107,7 +107,8 @@ pub(crate) fn spawn_runner(
     done: mpsc::UnboundedSender<(u64, Vec<u32>)>,
 ) -> mpsc::UnboundedSender<HookCall> {
     let (calls, mut rx) = mpsc::unbounded_channel::<HookCall>();
-    tokio::spawn(async move {
+    // In the member's span: the hooks' own lines (and a panic's) say which member they are about.
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         while let Some(call) = rx.recv().await {
             match call {
                 HookCall::Assigned(shards) => {
@@ -120,7 +121,7 @@ pub(crate) fn spawn_runner(
                 HookCall::Fenced(shards) => call_hook("on_fenced", &hooks.fenced, shards).await,
             }
         }
-    });
+    }));
     calls
 }
 

@@ -791,7 +791,7 @@ impl Scheduler {
             return;
         }
         let mut conn = self.shared.conn.clone();
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
                 .arg("UNBLOCK")
                 .arg(client)
@@ -800,7 +800,7 @@ impl Scheduler {
             if let Err(error) = unblocked {
                 tracing::debug!(%error, "could not interrupt the idle wait; it ends at its timeout");
             }
-        });
+        }));
     }
 
     fn on_wait_end(
