@@ -200,7 +200,7 @@ async fn hooks_are_called_in_order_across_a_rebalance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does_not_stop_it() {
-    // The only test of this binary that captures logs (the panicking hook's line).
+    // For the panicking hook's line.
     stream_listener_tests::logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();

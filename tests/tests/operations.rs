@@ -308,6 +308,7 @@ async fn the_runtime_waits_for_a_redis_that_comes_up_after_it_and_then_consumes(
 
 #[tokio::test]
 async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
+    logs::capture();
     // Port 1 on loopback: nothing listens there.
     let error = Runtime::new("redis://alice:secret@127.0.0.1:1/")
         .without_annotated_listeners()
@@ -324,16 +325,49 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     let text = error.to_string();
     assert!(text.contains("unreachable"), "{text}");
     assert!(!text.contains("secret"), "{text}");
-    assert!(
-        matches!(error, stream_listener::RuntimeError::Unreachable { attempts, .. } if attempts >= 2),
-        "{error:?}"
-    );
+    let stream_listener::RuntimeError::Unreachable { attempts, .. } = error else {
+        panic!("{error:?}");
+    };
+    assert!(attempts >= 2, "{error:?}");
+
+    // Each failed attempt was logged, a WARN with its number, then the last one an ERROR; the URL
+    // redacted in every line.
+    let lines: Vec<logs::Captured> = logs::events()
+        .into_iter()
+        .filter(|e| e.target == "stream_listener::startup")
+        .filter(|e| {
+            e.fields
+                .0
+                .get("url")
+                .is_some_and(|u| u.contains("127.0.0.1:1/"))
+        })
+        .collect();
+    for line in &lines {
+        assert_eq!(
+            line.fields.0["url"], "redis://alice:***@127.0.0.1:1/",
+            "{line:#?}"
+        );
+        assert!(!format!("{line:?}").contains("secret"), "{line:#?}");
+    }
+    let retries: Vec<String> = lines
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .map(|e| e.fields.0["attempt"].clone())
+        .collect();
+    let expected: Vec<String> = (1..attempts).map(|n| n.to_string()).collect();
+    assert_eq!(retries, expected, "{lines:#?}");
+    let gave_up: Vec<&logs::Captured> = lines
+        .iter()
+        .filter(|e| e.level == tracing::Level::ERROR)
+        .collect();
+    assert_eq!(gave_up.len(), 1, "{lines:#?}");
+    assert_eq!(gave_up[0].fields.0["attempts"], attempts.to_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck() {
     static STARTED: AtomicU32 = AtomicU32::new(0);
-    // The only test of this binary that captures logs: it looks for its own member's lines only.
+    // It looks for its own member's lines only (other tests of this binary log too).
     logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();
