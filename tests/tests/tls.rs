@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stream_listener::{ConsumerBuilder, Message, Producer, RuntimeError, TlsFiles};
+use stream_listener::store::GroupKeys;
+use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, RuntimeError, TlsFiles};
 use stream_listener_test_support::tls::{ClientCerts, TlsRedisServer};
 use stream_listener_test_support::RedisCluster;
 use stream_listener_tests::{test_runtime, Order};
@@ -24,8 +25,9 @@ fn mutual(file: impl Fn(&str) -> PathBuf) -> TlsFiles {
 }
 
 /// A runtime with `tls` and one consumer of `stream`/`g` recording what it handles; a producer with the
-/// same files sends `n` orders; waits until all were handled, in order per key.
-async fn consume_over_tls(url: &str, tls: &TlsFiles, stream: &str, n: u32) {
+/// same files sends `n` orders; waits until all were handled, in order per key. Returns the runtime,
+/// still running.
+async fn consume_over_tls(url: &str, tls: &TlsFiles, stream: &str, n: u32) -> RunningRuntime {
     let producer = Producer::connect_creating_with_tls(url, stream, 4, tls)
         .await
         .expect("the producer connects with the client certificate");
@@ -63,7 +65,6 @@ async fn consume_over_tls(url: &str, tls: &TlsFiles, stream: &str, n: u32) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    running.stop().await.unwrap();
     let seen = seen.lock().unwrap();
     let mut seqs: Vec<u32> = seen.iter().map(|o| o.seq).collect();
     seqs.sort_unstable();
@@ -76,6 +77,7 @@ async fn consume_over_tls(url: &str, tls: &TlsFiles, stream: &str, n: u32) {
             .collect();
         assert!(of_key.windows(2).all(|w| w[0] < w[1]), "k{k}: {of_key:?}");
     }
+    running
 }
 
 /// Starting a runtime with `tls` fails: the error, for its text.
@@ -97,7 +99,8 @@ async fn a_runtime_and_a_producer_with_a_client_certificate_work_where_one_is_re
     let Some(redis) = TlsRedisServer::start(ClientCerts::Required) else {
         return;
     };
-    consume_over_tls(&redis.url(), &mutual(|f| redis.file(f)), "mtls", 40).await;
+    let running = consume_over_tls(&redis.url(), &mutual(|f| redis.file(f)), "mtls", 40).await;
+    running.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +209,41 @@ async fn a_cluster_requiring_client_certificates_serves_a_runtime_and_a_producer
     let url = cluster.url();
     assert!(url.starts_with("rediss+cluster://"), "{url}");
     let tls = mutual(|f| cluster.tls_file(f).unwrap());
-    consume_over_tls(&url, &tls, "mtls-cluster", 60).await;
+    let running = consume_over_tls(&url, &tls, "mtls-cluster", 60).await;
+    // The connections opened per node, not through the cluster client, present the certificate too:
+    // the idle wait's blocking reads (one per slot, straight to the slot's master) and the group's
+    // wake-up subscription.
+    let wake = GroupKeys::new("mtls-cluster", "g").wake;
+    let sum = |args: &[&str], field: &dyn Fn(&str) -> Option<u64>| -> u64 {
+        cluster
+            .nodes()
+            .iter()
+            .map(|node| field(&cluster.cli(node.port(), args).unwrap()).unwrap_or(0))
+            .sum()
+    };
+    let blocked = || {
+        sum(&["INFO", "clients"], &|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+    };
+    let subscribed = || {
+        sum(&["PUBSUB", "NUMSUB", &wake], &|reply| {
+            reply.lines().nth(1).and_then(|n| n.trim().parse().ok())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blocked() == 0 || subscribed() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "blocked reads {}, wake-up subscriptions {}",
+            blocked(),
+            subscribed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.stop().await.unwrap();
 
     // Without the client certificate the cluster's nodes refuse.
     let ca_only = TlsFiles {
