@@ -18,7 +18,8 @@ use super::message::{panic_message, BoxFuture};
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Lifecycle callbacks of one listener. Set them with
-/// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings.
+/// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings,
+/// or, for an annotated listener, build them here and give them to [`Runtime::hooks`](crate::Runtime::hooks).
 ///
 /// Hooks are async closures, run one at a time in the order of the events on a task of their own (a slow
 /// hook never stalls reads). A revoked shard's REVOKED report waits for its hook, so the next owner starts

@@ -94,6 +94,14 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
+    /// [`Runtime::hooks`] names a listener this runtime does not run.
+    #[error("lifecycle hooks for `{name}`: no listener of this runtime has that name (listeners: {})", .known.join(", "))]
+    HooksForUnknownListener {
+        /// The name given.
+        name: String,
+        /// The names of this runtime's listeners.
+        known: Vec<String>,
+    },
     /// A listener's settings (after the environment's overrides) are invalid; names the listener.
     #[error(transparent)]
     InvalidListener(#[from] InvalidListener),
@@ -158,6 +166,8 @@ pub struct Runtime {
     annotated: bool,
     builders: Vec<ConsumerBuilder>,
     states: States,
+    /// Lifecycle hooks by listener name ([`Runtime::hooks`]).
+    hooks: Vec<(String, LifecycleHooks)>,
     env_overrides: bool,
     /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
     env_errors: Vec<String>,
@@ -181,6 +191,7 @@ impl Runtime {
             annotated: true,
             builders: Vec::new(),
             states: States::default(),
+            hooks: Vec::new(),
             env_overrides: true,
             env_errors: Vec::new(),
         }
@@ -300,6 +311,26 @@ impl Runtime {
         self
     }
 
+    /// Lifecycle hooks for the listener named `listener`: an annotated listener's handler function name
+    /// (`on_order`), or a builder's [`name`](ConsumerBuilder::name) (default `{stream}_{group}`), the
+    /// names of the environment overrides. For annotated listeners, which have no builder; every member of
+    /// the listener calls them with its own shards. Replaces the listener's own hooks; a name no listener
+    /// has is a start error ([`RuntimeError::HooksForUnknownListener`]).
+    ///
+    /// ```no_run
+    /// # use stream_listener::{consumer::LifecycleHooks, Runtime};
+    /// let runtime = Runtime::from_env().hooks(
+    ///     "on_order",
+    ///     LifecycleHooks::default().on_shards_revoked(|shards| async move {
+    ///         // flush what was buffered for `shards`
+    ///     }),
+    /// );
+    /// ```
+    pub fn hooks(mut self, listener: impl Into<String>, hooks: LifecycleHooks) -> Self {
+        self.hooks.push((listener.into(), hooks));
+        self
+    }
+
     /// Ignores the `STREAM_LISTENER_<LISTENER>_<SETTING>` environment overrides
     /// ([`ListenerSpec::apply_env`]), which apply by default.
     pub fn without_env_overrides(mut self) -> Self {
@@ -404,6 +435,19 @@ impl Runtime {
                 .enumerate()
                 .map(|(index, builder)| builder.clone().into_spec(index + 1)),
         );
+        for (name, hooks) in &self.hooks {
+            let mut found = false;
+            for spec in specs.iter_mut().filter(|spec| &spec.name == name) {
+                spec.hooks = hooks.clone();
+                found = true;
+            }
+            if !found {
+                return Err(RuntimeError::HooksForUnknownListener {
+                    name: name.clone(),
+                    known: specs.iter().map(|spec| spec.name.clone()).collect(),
+                });
+            }
+        }
         let mut plans = Vec::new();
         for mut spec in specs {
             if self.env_overrides {
