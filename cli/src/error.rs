@@ -16,9 +16,9 @@ pub enum CliError {
         /// Why.
         source: redis::RedisError,
     },
-    /// TLS files could not be read.
+    /// TLS files could not be read or hold no certificate or key; names the file.
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] stream_listener::tls::TlsError),
     /// A Redis command failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

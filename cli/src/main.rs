@@ -41,12 +41,12 @@ struct Cli {
 #[derive(Debug, Args)]
 struct TlsArgs {
     /// PEM file of the certificate authority that signed the server's certificate.
-    #[arg(long, env = "REDIS_TLS_CA_CERT", global = true, value_name = "PEM")]
+    #[arg(long, env = stream_listener::tls::CA_CERT_ENV, global = true, value_name = "PEM")]
     tls_ca_cert: Option<std::path::PathBuf>,
     /// PEM file of a client certificate, for servers that require one (`tls-auth-clients yes`).
     #[arg(
         long,
-        env = "REDIS_TLS_CERT",
+        env = stream_listener::tls::CERT_ENV,
         global = true,
         value_name = "PEM",
         requires = "tls_key"
@@ -55,7 +55,7 @@ struct TlsArgs {
     /// PEM file of the client certificate's private key.
     #[arg(
         long,
-        env = "REDIS_TLS_KEY",
+        env = stream_listener::tls::KEY_ENV,
         global = true,
         value_name = "PEM",
         requires = "tls_cert"
@@ -307,7 +307,7 @@ fn main() -> ExitCode {
 /// Runs one command; returns what to print.
 async fn run(cli: Cli) -> Result<String, CliError> {
     use commands::dead_letters;
-    let tls = redis_ctx::TlsFiles {
+    let tls = stream_listener::TlsFiles {
         ca_cert: cli.tls.tls_ca_cert,
         cert: cli.tls.tls_cert,
         key: cli.tls.tls_key,

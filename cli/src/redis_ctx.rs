@@ -3,53 +3,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::{ClientTlsConfig, TlsCertificates, Value};
-use std::path::PathBuf;
+use redis::Value;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::redact::redact_url;
 use stream_listener::store::{GroupKeys, GroupStore};
+use stream_listener::tls::TlsFiles;
 
 use crate::error::CliError;
-
-/// PEM files for TLS connections.
-#[derive(Debug, Default, Clone)]
-pub struct TlsFiles {
-    /// The certificate authority to trust instead of the system's roots.
-    pub ca_cert: Option<PathBuf>,
-    /// A client certificate (mutual TLS).
-    pub cert: Option<PathBuf>,
-    /// The client certificate's private key.
-    pub key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    fn is_empty(&self) -> bool {
-        self.ca_cert.is_none() && self.cert.is_none() && self.key.is_none()
-    }
-
-    fn load(&self) -> Result<TlsCertificates, CliError> {
-        let read = |path: &PathBuf, what: &str| {
-            std::fs::read(path)
-                .map_err(|e| CliError::Tls(format!("{what} {}: {e}", path.display())))
-        };
-        let root_cert = self
-            .ca_cert
-            .as_ref()
-            .map(|p| read(p, "CA certificate"))
-            .transpose()?;
-        let client_tls = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => Some(ClientTlsConfig {
-                client_cert: read(cert, "client certificate")?,
-                client_key: read(key, "client key")?,
-            }),
-            _ => None,
-        };
-        Ok(TlsCertificates {
-            client_tls,
-            root_cert,
-        })
-    }
-}
 
 /// A connection to the Redis the group lives in.
 #[derive(Clone)]
@@ -66,22 +26,19 @@ impl std::fmt::Debug for Ctx {
 
 impl Ctx {
     /// Connects, failing fast when Redis is unreachable. A `rediss://` URL uses TLS, trusting `tls.ca_cert`
-    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given. A
-    /// `redis+cluster://h:p,h:p` URL connects to a Redis Cluster (without TLS files).
+    /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given (the library's
+    /// [`TlsFiles`], so the files are checked as the runtime checks them). A `redis+cluster://h:p,h:p`
+    /// URL connects to a Redis Cluster, `rediss+cluster://` over TLS, with the same files.
     pub async fn connect(url: &str, tls: &TlsFiles) -> Result<Self, CliError> {
         // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
             url: redact_url(url),
             source,
         };
-        let target = if tls.is_empty() {
-            RedisTarget::open(url).map_err(connect_error)?
-        } else {
-            let certificates = tls.load()?;
-            RedisTarget::Single(
-                redis::Client::build_with_tls(url, certificates).map_err(connect_error)?,
-            )
-        };
+        let mut target = RedisTarget::open(url).map_err(connect_error)?;
+        if !tls.is_empty() {
+            target = target.with_tls(tls.load()?).map_err(connect_error)?;
+        }
         let options = ConnectOptions {
             connection_timeout: Some(Duration::from_secs(3)),
             response_timeout: Some(Duration::from_secs(10)),

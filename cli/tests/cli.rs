@@ -1095,6 +1095,41 @@ async fn watch_redraws_frames() {
     );
     let frames: Vec<&str> = out.split("\norders/billing").collect();
     assert_eq!(frames.len(), 2, "{out}");
+    let expected = watch_frame(&f).await;
+    assert_snapshot(frames[0], &expected("-"));
+    assert_snapshot(&format!("orders/billing{}", frames[1]), &expected("<RATE>"));
+}
+
+/// The same view on a terminal (a pseudo-terminal made by util-linux's `script`): every frame clears the
+/// screen (cursor home, clear) and is drawn again from the top, the same text as without a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_on_a_terminal_clears_the_screen_before_each_frame() {
+    let f = Fixture::start().await;
+    let command = format!(
+        "{} --redis-url {} watch --stream {STREAM} --group {GROUP} --interval-ms 100 --iterations 2",
+        env!("CARGO_BIN_EXE_stream-listener"),
+        f.url()
+    );
+    let output = Command::new("script")
+        .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+        .env_remove("REDIS_URL")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("util-linux `script` runs the CLI on a pseudo-terminal");
+    assert!(output.status.success(), "{output:?}");
+    // The terminal turns each newline into CR LF.
+    let out = String::from_utf8_lossy(&output.stdout).replace("\r\n", "\n");
+    const CLEAR: &str = "\x1b[H\x1b[2J";
+    assert!(out.starts_with(CLEAR), "{out:?}");
+    let frames: Vec<&str> = out.split(CLEAR).skip(1).collect();
+    assert_eq!(frames.len(), 2, "{out:?}");
+    let expected = watch_frame(&f).await;
+    assert_snapshot(frames[0], &expected("-"));
+    assert_snapshot(frames[1], &expected("<RATE>"));
+}
+
+/// The expected frame of `watch` on the fixture (normalized), with `rate` in the rate columns.
+async fn watch_frame(f: &Fixture) -> impl Fn(&str) -> String {
     let frame = |text: &str| {
         format!(
             "\
@@ -1125,15 +1160,13 @@ SHARD  OWNER  LENGTH  LAG  PENDING  LAST DELIVERED  RATE
             .unwrap();
         lengths.push(len);
     }
-    let expected = |text: &str| {
-        let mut e = frame(text);
+    move |rate: &str| {
+        let mut e = frame(rate);
         for (i, len) in lengths.iter().enumerate() {
             e = e.replace(&format!("LEN{i}"), &len.to_string());
         }
         e
-    };
-    assert_snapshot(frames[0], &expected("-"));
-    assert_snapshot(&format!("orders/billing{}", frames[1]), &expected("<RATE>"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

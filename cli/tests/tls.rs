@@ -1,8 +1,9 @@
 //! The CLI over TLS (`rediss://`) against a `redis-server` with a self-signed certificate authority made by
 //! `openssl` in the test: trusted through `--tls-ca-cert`, through `SSL_CERT_FILE` (the system-roots path,
-//! which is also what the library's `Runtime` uses), with a client certificate (mutual TLS), and refused
-//! when the authority is not trusted; then the library itself (producer and `Runtime`) over the same
-//! `rediss://` URL.
+//! which is also what the library's `Runtime` uses without TLS files), with a client certificate (mutual
+//! TLS), and refused when the authority is not trusted; then the library itself (producer and `Runtime`)
+//! over the same `rediss://` URL through the system roots. The library's own TLS files are tested in
+//! `tests/tests/tls.rs`.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -58,7 +59,7 @@ fn start() -> Option<TlsRedis> {
             "server.key",
         ])
         .args(["--tls-ca-cert-file", "ca.pem"])
-        // Client certificates are checked when presented; the library's Runtime presents none.
+        // Client certificates are checked when presented; the `Runtime` below presents none.
         .args(["--tls-auth-clients", "optional"])
         .current_dir(&dir)
         .stdin(Stdio::null())

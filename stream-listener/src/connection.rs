@@ -25,7 +25,7 @@ use redis::{
 pub const CLUSTER_SCHEME: &str = "redis+cluster";
 
 /// [`CLUSTER_SCHEME`] over TLS: `rediss+cluster://[user:pass@]h1:p1,h2:p2` (the nodes' TLS ports,
-/// certificates checked against the system's roots).
+/// certificates checked against the system's roots, or those of [`RedisTarget::with_tls`]).
 pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster";
 
 /// Where Redis is: one node (the default) or a Redis Cluster reached through seed nodes.
@@ -35,8 +35,15 @@ pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster";
 pub enum RedisTarget {
     /// One Redis node (`redis://`, `rediss://`, `redis+unix://`).
     Single(redis::Client),
-    /// A Redis Cluster: the nodes to discover it from (one reachable seed is enough).
-    Cluster(Vec<ConnectionInfo>),
+    /// A Redis Cluster.
+    Cluster {
+        /// The nodes to discover it from (one reachable seed is enough).
+        seeds: Vec<ConnectionInfo>,
+        /// Certificates for every node of a `rediss+cluster://` cluster ([`RedisTarget::with_tls`];
+        /// `None`: the system's roots, no client certificate).
+        #[cfg(feature = "tls")]
+        certificates: Option<redis::TlsCertificates>,
+    },
 }
 
 impl fmt::Debug for RedisTarget {
@@ -44,7 +51,7 @@ impl fmt::Debug for RedisTarget {
         // Addresses only: the connection info also holds the password.
         match self {
             Self::Single(client) => write!(f, "Single({})", client.get_connection_info().addr()),
-            Self::Cluster(seeds) => {
+            Self::Cluster { seeds, .. } => {
                 let addrs: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
                 write!(f, "Cluster({})", addrs.join(","))
             }
@@ -86,12 +93,43 @@ impl RedisTarget {
         if seeds.is_empty() {
             return Err(invalid("a cluster needs at least one seed node"));
         }
-        Ok(Self::Cluster(seeds))
+        Ok(Self::Cluster {
+            seeds,
+            #[cfg(feature = "tls")]
+            certificates: None,
+        })
+    }
+
+    /// This target with `certificates` (a CA to trust instead of the system's roots, a client
+    /// certificate for mutual TLS) on every connection: to the node, or to each node of the cluster.
+    /// The URL must be `rediss://` or `rediss+cluster://`. See [`crate::tls::TlsFiles`] to read them.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(self, certificates: redis::TlsCertificates) -> RedisResult<Self> {
+        match self {
+            Self::Single(client) => Ok(Self::Single(redis::Client::build_with_tls(
+                client.get_connection_info().clone(),
+                certificates,
+            )?)),
+            Self::Cluster { seeds, .. } => {
+                // The seeds carry them too: blocking reads and pub/sub open plain clients from a seed.
+                let seeds = seeds
+                    .into_iter()
+                    .map(|seed| {
+                        redis::Client::build_with_tls(seed, certificates.clone())
+                            .map(|client| client.get_connection_info().clone())
+                    })
+                    .collect::<RedisResult<Vec<_>>>()?;
+                Ok(Self::Cluster {
+                    seeds,
+                    certificates: Some(certificates),
+                })
+            }
+        }
     }
 
     /// Whether this is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Self::Cluster(_))
+        matches!(self, Self::Cluster { .. })
     }
 
     /// A shared connection: a `ConnectionManager` on one node, the cluster connection on a cluster. Both
@@ -109,8 +147,16 @@ impl RedisTarget {
                     ConnectionManager::new_with_config(client.clone(), config).await?,
                 ))
             }
-            Self::Cluster(seeds) => {
+            Self::Cluster {
+                seeds,
+                #[cfg(feature = "tls")]
+                certificates,
+            } => {
                 let mut builder = ClusterClientBuilder::new(seeds.clone());
+                #[cfg(feature = "tls")]
+                if let Some(certificates) = certificates {
+                    builder = builder.certs(certificates.clone());
+                }
                 if let Some(info) = seeds.first() {
                     // The builder takes the credentials from its own settings, not from each seed.
                     if let Some(user) = info.redis_settings().username() {
@@ -152,7 +198,7 @@ impl RedisTarget {
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         let node = match self {
             Self::Single(_) => None,
-            Self::Cluster(seeds) => match seeds.first().map(|seed| seed.addr()) {
+            Self::Cluster { seeds, .. } => match seeds.first().map(|seed| seed.addr()) {
                 Some(ConnectionAddr::Tcp(host, port)) => Some((host.as_str(), *port)),
                 #[cfg(feature = "tls")]
                 Some(ConnectionAddr::TcpTls { host, port, .. }) => Some((host.as_str(), *port)),
@@ -167,7 +213,7 @@ impl RedisTarget {
     fn node_client(&self, node: Option<(&str, u16)>) -> RedisResult<redis::Client> {
         match (self, node) {
             (Self::Single(client), _) => Ok(client.clone()),
-            (Self::Cluster(seeds), Some((host, port))) => {
+            (Self::Cluster { seeds, .. }, Some((host, port))) => {
                 let seed = seeds[0].clone();
                 let addr = match seed.addr() {
                     ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
@@ -186,7 +232,7 @@ impl RedisTarget {
                 };
                 redis::Client::open(seed.set_addr(addr))
             }
-            (Self::Cluster(_), None) => Err(invalid("a cluster node address is needed")),
+            (Self::Cluster { .. }, None) => Err(invalid("a cluster node address is needed")),
         }
     }
 
@@ -197,7 +243,7 @@ impl RedisTarget {
                 let mut conn = client.get_multiplexed_async_connection().await?;
                 redis::cmd("PING").query_async::<()>(&mut conn).await
             }
-            Self::Cluster(_) => {
+            Self::Cluster { .. } => {
                 let mut conn = self.connect(ConnectOptions::default()).await?;
                 redis::cmd("PING").query_async::<()>(&mut conn).await
             }
@@ -519,7 +565,7 @@ mod tests {
     fn open_tells_a_cluster_from_a_single_node() {
         let cluster =
             RedisTarget::open("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001").unwrap();
-        let RedisTarget::Cluster(seeds) = &cluster else {
+        let RedisTarget::Cluster { seeds, .. } = &cluster else {
             panic!("not a cluster: {cluster:?}");
         };
         assert_eq!(seeds.len(), 2);
@@ -530,7 +576,7 @@ mod tests {
             .is_cluster());
         assert!(RedisTarget::open("redis+cluster://").is_err());
         let tls = RedisTarget::open("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001").unwrap();
-        let RedisTarget::Cluster(seeds) = &tls else {
+        let RedisTarget::Cluster { seeds, .. } = &tls else {
             panic!("not a cluster: {tls:?}");
         };
         assert!(

@@ -76,6 +76,7 @@ pub mod routing;
 pub mod runtime;
 mod startup;
 pub mod store;
+pub mod tls;
 pub mod topology;
 pub mod util;
 
@@ -92,6 +93,7 @@ pub use redis;
 pub use runtime::{ConsumerBuilder, ListenerSpec, RunningRuntime, Runtime, RuntimeError, State};
 /// Registers an `async fn` as a consumer-group listener; [`Runtime`] starts every one the binary registers.
 pub use stream_listener_macros::stream_listener;
+pub use tls::TlsFiles;
 pub use topology::{StartFrom, Topology};
 
 /// Items the `#[stream_listener]` expansion names. Not public API: no stability promise.

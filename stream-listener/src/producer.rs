@@ -39,6 +39,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use serde::Serialize;
 
+use crate::tls::TlsFiles;
 use crate::topology::{Topology, TopologyError};
 
 /// Entry field holding the partition key ([`crate::names::field::KEY`]).
@@ -73,6 +74,9 @@ pub enum ProducerError {
     /// A Redis command failed. Some messages of a batch may have been written: resending is at-least-once.
     #[error("redis error: {0}")]
     Redis(#[from] RedisError),
+    /// The TLS files of [`Producer::connect_with_tls`] cannot be used; names the file.
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// [`Producer::send_fields`] was given a field the library writes itself (`k` or `v`).
     #[error("field `{0}` is reserved (the partition key `k` and the topology version `v`)")]
     ReservedField(String),
@@ -182,7 +186,18 @@ impl Producer<crate::Connection> {
     /// [`connect_creating`](Self::connect_creating) creates it. A `redis+cluster://host:port,...` URL
     /// connects to a Redis Cluster (see [`RedisTarget::open`](crate::RedisTarget::open)).
     pub async fn connect(url: &str, stream: &str) -> Result<Self, ProducerError> {
-        Self::new(connect_url(url).await?, stream).await
+        Self::connect_with_tls(url, stream, &TlsFiles::default()).await
+    }
+
+    /// [`connect`](Self::connect) to a `rediss://` or `rediss+cluster://` URL with these TLS files (a CA
+    /// to trust, a client certificate: see [`TlsFiles`], [`TlsFiles::from_env`]). A file that cannot be
+    /// used is [`ProducerError::Tls`], naming it.
+    pub async fn connect_with_tls(
+        url: &str,
+        stream: &str,
+        tls: &TlsFiles,
+    ) -> Result<Self, ProducerError> {
+        Self::new(connect_url(url, tls).await?, stream).await
     }
 
     /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
@@ -192,16 +207,28 @@ impl Producer<crate::Connection> {
         stream: &str,
         shard_count: u32,
     ) -> Result<Self, ProducerError> {
-        let mut conn = connect_url(url).await?;
+        Self::connect_creating_with_tls(url, stream, shard_count, &TlsFiles::default()).await
+    }
+
+    /// [`connect_creating`](Self::connect_creating) with TLS files (see
+    /// [`connect_with_tls`](Self::connect_with_tls)).
+    pub async fn connect_creating_with_tls(
+        url: &str,
+        stream: &str,
+        shard_count: u32,
+        tls: &TlsFiles,
+    ) -> Result<Self, ProducerError> {
+        let mut conn = connect_url(url, tls).await?;
         Topology::ensure(&mut conn, stream, shard_count).await?;
         Self::new(conn, stream).await
     }
 }
 
-async fn connect_url(url: &str) -> redis::RedisResult<crate::Connection> {
-    crate::RedisTarget::open(url)?
+async fn connect_url(url: &str, tls: &TlsFiles) -> Result<crate::Connection, ProducerError> {
+    let target = crate::tls::open_target::<ProducerError>(url, tls)?;
+    Ok(target
         .connect(crate::connection::ConnectOptions::default())
-        .await
+        .await?)
 }
 
 impl<C> Producer<C>

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::tls::ClientCerts;
 use crate::{free_port, RedisServer, TempDir};
 
 /// How long [`RedisCluster::start`] and the failover helpers wait for the cluster to settle.
@@ -43,7 +44,7 @@ impl RedisCluster {
     /// # Panics
     /// If a node cannot start or the cluster does not form within [`CLUSTER_TIMEOUT`].
     pub fn start() -> RedisCluster {
-        Self::try_start(None, false).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
+        Self::try_start(None, None).unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
     }
 
     /// One cluster for the whole test process, started on first use: for test files whose tests share it
@@ -83,7 +84,7 @@ impl RedisCluster {
 
     /// Like [`start`](Self::start), every node with `requirepass` and `masterauth` set to `password`.
     pub fn start_with_password(password: &str) -> RedisCluster {
-        Self::try_start(Some(password.to_owned()), false)
+        Self::try_start(Some(password.to_owned()), None)
             .unwrap_or_else(|e| panic!("could not start a cluster: {e}"))
     }
 
@@ -92,13 +93,26 @@ impl RedisCluster {
     /// may present a certificate; they need not). [`url`](Self::url) names the TLS ports
     /// (`rediss+cluster://`); trust [`ca_cert`](Self::ca_cert). `None` (skipped) without `openssl`.
     pub fn start_tls() -> Option<RedisCluster> {
+        Self::start_tls_with(ClientCerts::Optional)
+    }
+
+    /// Like [`start_tls`](Self::start_tls), the TLS ports asking for client certificates as
+    /// `client_certs` says ([`ClientCerts::Required`]: mutual TLS; present
+    /// [`tls_file`](Self::tls_file)`("client.pem")` and `"client.key"`).
+    pub fn start_tls_with(client_certs: ClientCerts) -> Option<RedisCluster> {
         if !crate::tls::openssl_available() {
             return None;
         }
         Some(
-            Self::try_start(None, true)
+            Self::try_start(None, Some(client_certs))
                 .unwrap_or_else(|e| panic!("could not start a TLS cluster: {e}")),
         )
+    }
+
+    /// A file of a TLS cluster's certificates: `ca.pem`, `client.pem`, `client.key` (see
+    /// [`tls::certificates`](crate::tls::certificates)).
+    pub fn tls_file(&self, name: &str) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|(dir, _)| dir.path.join(name))
     }
 
     /// The certificate authority of a TLS cluster.
@@ -106,8 +120,11 @@ impl RedisCluster {
         self.tls.as_ref().map(|(dir, _)| dir.path.join("ca.pem"))
     }
 
-    fn try_start(password: Option<String>, tls: bool) -> io::Result<RedisCluster> {
-        let tls = if tls {
+    fn try_start(
+        password: Option<String>,
+        client_certs: Option<ClientCerts>,
+    ) -> io::Result<RedisCluster> {
+        let tls = if client_certs.is_some() {
             let dir = TempDir::new()?;
             crate::tls::certificates(&dir.path);
             Some((dir, Vec::new()))
@@ -162,7 +179,10 @@ impl RedisCluster {
                     "--tls-ca-cert-file".into(),
                     file("ca.pem"),
                     "--tls-auth-clients".into(),
-                    "optional".into(),
+                    client_certs
+                        .unwrap_or(ClientCerts::Optional)
+                        .redis_value()
+                        .into(),
                 ]);
             }
             nodes.push(RedisServer::try_start_with_args(extra, password.clone())?);

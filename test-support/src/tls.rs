@@ -102,3 +102,95 @@ pub fn certificates(dir: &Path) {
         openssl(dir, &args);
     }
 }
+
+/// Whether a TLS server asks for client certificates (`tls-auth-clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    /// `tls-auth-clients yes`: a client without a certificate signed by the authority is refused.
+    Required,
+    /// `tls-auth-clients optional`: checked when presented.
+    Optional,
+}
+
+impl ClientCerts {
+    pub(crate) fn redis_value(self) -> &'static str {
+        match self {
+            Self::Required => "yes",
+            Self::Optional => "optional",
+        }
+    }
+}
+
+/// A [`RedisServer`](crate::RedisServer) that also listens on a TLS port with [`certificates`] (the
+/// plain port stays open for this crate's own commands). Killed on drop.
+#[derive(Debug)]
+pub struct TlsRedisServer {
+    server: crate::RedisServer,
+    tls_port: u16,
+    certs: crate::TempDir,
+}
+
+impl TlsRedisServer {
+    /// Starts one, or `None` (skipped) without `openssl` outside `CI` (see [`openssl_available`]).
+    ///
+    /// # Panics
+    /// If the certificates cannot be made or the server does not start.
+    pub fn start(client_certs: ClientCerts) -> Option<TlsRedisServer> {
+        if !openssl_available() {
+            return None;
+        }
+        let certs = crate::TempDir::new().expect("a directory for the certificates");
+        certificates(&certs.path);
+        let mut last_error = None;
+        for _ in 0..crate::PORT_ATTEMPTS {
+            let tls_port = crate::free_port().expect("a free port");
+            let file = |name: &str| certs.path.join(name).display().to_string();
+            let extra = vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                file("server.pem"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.pem"),
+                "--tls-auth-clients".into(),
+                client_certs.redis_value().into(),
+            ];
+            match crate::RedisServer::try_start_with_args(extra, None) {
+                Ok(server) => {
+                    return Some(TlsRedisServer {
+                        server,
+                        tls_port,
+                        certs,
+                    })
+                }
+                // The TLS port was taken between the probe and the bind: pick another.
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last_error = Some(e),
+                Err(e) => panic!("could not start a TLS redis-server: {e}"),
+            }
+        }
+        panic!("could not start a TLS redis-server: {last_error:?}")
+    }
+
+    /// `rediss://127.0.0.1:<tls port>/`.
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.tls_port)
+    }
+
+    /// The TLS port.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+    }
+
+    /// The server (its plain port, its log).
+    pub fn server(&self) -> &crate::RedisServer {
+        &self.server
+    }
+
+    /// A file of the certificates' directory: `ca.pem`, `client.pem`, `client.key` (see
+    /// [`certificates`]).
+    pub fn file(&self, name: &str) -> std::path::PathBuf {
+        self.certs.path.join(name)
+    }
+}

@@ -90,11 +90,15 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 }
 
-/// Installs the capturing subscriber as the test binary's global default. A binary has one: call this
-/// once, from its only test that captures, before anything logs.
+/// Installs the capturing subscriber as the test binary's global default, once (later calls do nothing):
+/// call it at the start of every test that reads the captured logs, before it logs anything. Tests of a
+/// binary run in parallel: each picks out its own lines (by member, stream or URL).
 pub fn capture() {
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
-        .expect("the only subscriber of this test binary");
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+            .expect("the only subscriber of this test binary");
+    });
 }
 
 /// Every event recorded so far, oldest first.

@@ -1,13 +1,15 @@
 //! The user's lifecycle hooks and pause / resume, against real Redis: hooks in order across a rebalance
 //! (a shard's next owner hears of it only after the last owner's revoked hook returned), `on_fenced` when
-//! an operator fences the member, a panicking hook that does not stop the member, pause within one poll
-//! while entries keep arriving, resume handling everything, and an unknown id refused by name.
+//! an operator fences the member, a panicking hook that does not stop the member, an annotated listener's
+//! hooks given to the runtime by its name, pause within one poll while entries keep arriving, resume
+//! handling everything, and an unknown id or name refused by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stream_listener::consumer::LifecycleHooks;
 use stream_listener::coordinator::AdminCommand;
 use stream_listener::member::session::Phase;
 use stream_listener::store::GroupStore;
@@ -200,6 +202,8 @@ async fn hooks_are_called_in_order_across_a_rebalance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does_not_stop_it() {
+    // For the panicking hook's line.
+    stream_listener_tests::logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();
     produce(&url, "fenced", 4, 0, 50).await;
@@ -274,6 +278,26 @@ async fn on_fenced_is_called_when_the_member_is_fenced_and_a_panicking_hook_does
         "the hook was called again after its panic"
     );
     runtime.stop().await.unwrap();
+
+    // The panic was logged, saying which member, stream and group, like the member's other lines.
+    let logged: Vec<_> = stream_listener_tests::logs::events()
+        .into_iter()
+        .filter(|e| {
+            e.fields
+                .0
+                .get("message")
+                .is_some_and(|m| m == "lifecycle hook panicked; the member goes on")
+        })
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:#?}");
+    assert_eq!(logged[0].fields.0["hook"], "on_shards_assigned");
+    for (field, value) in [("member", "solo"), ("stream", "fenced"), ("group", "g")] {
+        assert_eq!(
+            logged[0].scope.get(field).map(String::as_str),
+            Some(value),
+            "{logged:#?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,4 +372,85 @@ async fn pause_of_an_unknown_listener_id_is_an_error_naming_it() {
     assert!(runtime.is_paused("nope").is_err());
     assert!(!runtime.is_paused("solo").unwrap());
     runtime.stop().await.unwrap();
+}
+
+static HOOKED_HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+#[stream_listener::stream_listener(stream = "annotated-hooks", group = "g", id = "hooked")]
+async fn on_hooked(msg: Message<Order>) -> Result<(), String> {
+    drop(msg);
+    HOOKED_HANDLED.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotated_listener_gets_its_hooks_from_the_runtime_by_name() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    produce(&url, "annotated-hooks", 4, 0, 20).await;
+    type Calls = Arc<Mutex<Vec<(&'static str, BTreeSet<u32>)>>>;
+    let calls: Calls = Arc::default();
+    let hook = |event: &'static str| {
+        let calls = calls.clone();
+        move |shards: Vec<u32>| {
+            let calls = calls.clone();
+            async move {
+                calls
+                    .lock()
+                    .unwrap()
+                    .push((event, shards.into_iter().collect()));
+            }
+        }
+    };
+    // The only runtime of this binary with its annotated listener (the others run builders only).
+    let running = stream_listener::Runtime::new(&url)
+        .group_config(TIMING)
+        .hooks(
+            "on_hooked",
+            LifecycleHooks::default()
+                .on_shards_assigned(hook("assigned"))
+                .on_shards_revoked(hook("revoked")),
+        )
+        .start()
+        .await
+        .unwrap();
+    let all: BTreeSet<u32> = (0..4).collect();
+    wait_until("assigned every shard", Duration::from_secs(20), || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(e, shards)| *e == "assigned" && *shards == all)
+    })
+    .await;
+    wait_until("every order handled", Duration::from_secs(20), || {
+        HOOKED_HANDLED.load(Ordering::SeqCst) == 20
+    })
+    .await;
+    running.stop().await.unwrap();
+    // A graceful stop revokes the shards, after their drain.
+    let calls = calls.lock().unwrap();
+    assert_eq!(calls.last(), Some(&("revoked", all)), "{calls:?}");
+}
+
+#[tokio::test]
+async fn hooks_for_a_name_no_listener_has_are_a_start_error_naming_the_listeners() {
+    // Refused before Redis is reached (nothing listens on port 1).
+    let error = test_runtime("redis://127.0.0.1:1/")
+        .consumer(
+            ConsumerBuilder::new("orders", "billing")
+                .handler(|_msg: Message<Order>| async { Ok::<(), String>(()) }),
+        )
+        .hooks("on_ordre", LifecycleHooks::default())
+        .start()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, RuntimeError::HooksForUnknownListener { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "lifecycle hooks for `on_ordre`: no listener of this runtime has that name (listeners: orders_billing)"
+    );
 }

@@ -148,6 +148,15 @@ async fn a_known_workload_shows_up_in_the_recorder() {
     );
     assert!(seen[&format!("stream_listener_group_epoch{{{member}}}")] > 0.0);
     assert!(seen[&format!("stream_listener_assignment_epoch{{{member}}}")] > 0.0);
+    // The store's conflicts are reported even while there are none (one member: none expected).
+    assert_eq!(
+        seen["stream_listener_store_conflicts_total{}"], 0.0,
+        "{seen:#?}"
+    );
+    assert!(
+        seen.contains_key("stream_listener_store_loads_total{}"),
+        "{seen:#?}"
+    );
 
     // Phase 2: two entries on every shard, the first of each blocking its handler. With batches of
     // one, each shard has 1 entry delivered and unacknowledged and 1 not read yet.

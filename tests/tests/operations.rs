@@ -10,7 +10,7 @@ use stream_listener::consumer::{dead_letter_fields, FailurePolicy};
 use stream_listener::{ConsumerBuilder, Message, Producer, Runtime};
 use stream_listener_test_support::aio::{connect, wait_until, xpending_count, xrange};
 use stream_listener_test_support::{wait_for_blocking, RedisServer};
-use stream_listener_tests::{producer, start_one, test_runtime, Order};
+use stream_listener_tests::{logs, producer, start_one, test_runtime, Order};
 use tokio::time::Instant;
 
 /// Sends `key` once, returning its shard.
@@ -308,6 +308,7 @@ async fn the_runtime_waits_for_a_redis_that_comes_up_after_it_and_then_consumes(
 
 #[tokio::test]
 async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
+    logs::capture();
     // Port 1 on loopback: nothing listens there.
     let error = Runtime::new("redis://alice:secret@127.0.0.1:1/")
         .without_annotated_listeners()
@@ -324,20 +325,55 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     let text = error.to_string();
     assert!(text.contains("unreachable"), "{text}");
     assert!(!text.contains("secret"), "{text}");
-    assert!(
-        matches!(error, stream_listener::RuntimeError::Unreachable { attempts, .. } if attempts >= 2),
-        "{error:?}"
-    );
+    let stream_listener::RuntimeError::Unreachable { attempts, .. } = error else {
+        panic!("{error:?}");
+    };
+    assert!(attempts >= 2, "{error:?}");
+
+    // Each failed attempt was logged, a WARN with its number, then the last one an ERROR; the URL
+    // redacted in every line.
+    let lines: Vec<logs::Captured> = logs::events()
+        .into_iter()
+        .filter(|e| e.target == "stream_listener::startup")
+        .filter(|e| {
+            e.fields
+                .0
+                .get("url")
+                .is_some_and(|u| u.contains("127.0.0.1:1/"))
+        })
+        .collect();
+    for line in &lines {
+        assert_eq!(
+            line.fields.0["url"], "redis://alice:***@127.0.0.1:1/",
+            "{line:#?}"
+        );
+        assert!(!format!("{line:?}").contains("secret"), "{line:#?}");
+    }
+    let retries: Vec<String> = lines
+        .iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .map(|e| e.fields.0["attempt"].clone())
+        .collect();
+    let expected: Vec<String> = (1..attempts).map(|n| n.to_string()).collect();
+    assert_eq!(retries, expected, "{lines:#?}");
+    let gave_up: Vec<&logs::Captured> = lines
+        .iter()
+        .filter(|e| e.level == tracing::Level::ERROR)
+        .collect();
+    assert_eq!(gave_up.len(), 1, "{lines:#?}");
+    assert_eq!(gave_up[0].fields.0["attempts"], attempts.to_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck() {
     static STARTED: AtomicU32 = AtomicU32::new(0);
+    // It looks for its own member's lines only (other tests of this binary log too).
+    logs::capture();
     let redis = RedisServer::start();
     let url = redis.url();
     let producer = producer(&url, "stuck", 2).await;
     let consumer = ConsumerBuilder::new("stuck", "g")
-        .member_id("solo")
+        .member_id("stuck-solo")
         .handler(|msg: Message<Order>| async move {
             drop(msg);
             STARTED.fetch_add(1, Ordering::SeqCst);
@@ -368,7 +404,10 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
         text.contains("shutdown missed its deadline of 1000 ms"),
         "{text}"
     );
-    assert!(text.contains("member solo (leave not completed"), "{text}");
+    assert!(
+        text.contains("member stuck-solo (leave not completed"),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("handlers running: shard {shard} entry ")),
         "{text}"
@@ -377,6 +416,67 @@ async fn a_shutdown_that_misses_its_deadline_is_an_error_naming_what_was_stuck()
     let mut conn = connect(&url).await;
     let pending = xpending_count(&mut conn, &format!("stuck:{shard}"), "g").await;
     assert_eq!(pending, 1, "{text}");
+
+    // The warnings about the stuck member say which member, stream and group, like its other lines.
+    for message in [
+        "the leave did not complete within the shutdown timeout",
+        "did not stop in time; aborting",
+    ] {
+        let lines: Vec<_> = logs::events()
+            .into_iter()
+            .filter(|e| {
+                e.fields.0.get("message").is_some_and(|m| m == message)
+                    && [e.fields.0.get("member"), e.scope.get("member")]
+                        .contains(&Some(&"stuck-solo".to_owned()))
+            })
+            .collect();
+        assert_eq!(lines.len(), 1, "{message}: {lines:#?}");
+        for (field, value) in [
+            ("member", "stuck-solo"),
+            ("stream", "stuck"),
+            ("group", "g"),
+        ] {
+            assert_eq!(
+                lines[0].scope.get(field).map(String::as_str),
+                Some(value),
+                "{message}: {lines:#?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_runtime_runs_until_told_and_its_health_handle_serves_meanwhile() {
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "until", 2).await;
+    let consumer = ConsumerBuilder::new("until", "g")
+        .member_id("solo")
+        .handler(|_msg: Message<Order>| async move {
+            HANDLED.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), String>(())
+        });
+    let running = test_runtime(&url).consumer(consumer).start().await.unwrap();
+    // What `Runtime::run` cannot give: a handle for a probe endpoint while it runs.
+    let health = running.health_handle();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(running.run_until(async {
+        let _ = stopped.await;
+    }));
+    wait_until("ready while running", Duration::from_secs(20), || {
+        health.health().ready()
+    })
+    .await;
+    send(&producer, "k", 0).await;
+    wait_until("handled while running", Duration::from_secs(20), || {
+        HANDLED.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(!run.is_finished(), "runs until told");
+    stop.send(()).unwrap();
+    run.await.unwrap().expect("a graceful stop");
+    assert!(!health.health().live(), "its heartbeat loop has ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -443,4 +543,85 @@ async fn health_flips_when_a_handler_hangs_past_its_timeout_and_when_redis_goes_
     assert!(!member.joined, "self-fenced: {member:?}");
     assert!(member.heartbeating, "the loop keeps trying: {member:?}");
     let _ = runtime.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_ready_while_a_shards_reads_keep_failing_and_ready_again_once_they_work() {
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let producer = producer(&url, "unreadable", 2).await;
+    let consumer = ConsumerBuilder::new("unreadable", "g")
+        .member_id("solo")
+        .handler(|_msg: Message<Order>| async move {
+            HANDLED.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), String>(())
+        });
+    let runtime = start_one(&url, consumer).await;
+    wait_until("ready", Duration::from_secs(20), || {
+        runtime.health().ready()
+    })
+    .await;
+
+    // Shard 0's stream becomes a string: every read of it fails (WRONGTYPE) while the heartbeats,
+    // on their own keys, go on.
+    let mut conn = connect(&url).await;
+    redis::pipe()
+        .cmd("DEL")
+        .arg("unreadable:0")
+        .cmd("SET")
+        .arg("unreadable:0")
+        .arg("not a stream")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    wait_until(
+        "not ready while reads fail",
+        Duration::from_secs(20),
+        || !runtime.health().ready(),
+    )
+    .await;
+    let health = runtime.health();
+    let member = &health.members[0];
+    assert!(
+        member.live(),
+        "a read error loop is not a dead process: {member:?}"
+    );
+    assert!(member.joined, "{member:?}");
+    assert_eq!(member.failing_reads.len(), 1, "{member:?}");
+    assert_eq!(member.failing_reads[0].0, 0, "{member:?}");
+    assert!(
+        member.failing_reads[0].1 >= stream_listener::health::READ_ERROR_LOOP,
+        "{member:?}"
+    );
+
+    // The stream is back (with its group): reads work and the member is ready again, and handles.
+    redis::pipe()
+        .cmd("DEL")
+        .arg("unreadable:0")
+        .cmd("XGROUP")
+        .arg("CREATE")
+        .arg("unreadable:0")
+        .arg("g")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    wait_until("ready again", Duration::from_secs(20), || {
+        runtime.health().ready()
+    })
+    .await;
+    let mut key = 0;
+    while stream_listener::routing::shard_for_key(format!("k{key}").as_bytes(), 2) != 0 {
+        key += 1;
+    }
+    send(&producer, &format!("k{key}"), 0).await;
+    wait_until(
+        "handled on the repaired shard",
+        Duration::from_secs(20),
+        || HANDLED.load(Ordering::SeqCst) == 1,
+    )
+    .await;
+    runtime.shutdown().await;
 }

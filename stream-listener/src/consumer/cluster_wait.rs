@@ -177,11 +177,11 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutco
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let io = io.clone();
-        reads.spawn(async move {
+        reads.spawn(tracing::Instrument::in_current_span(async move {
             let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
             let result = io.wait_new(&keys, &mut blocking.conn, block).await;
             (slot, blocking, result) as ReadResult
-        });
+        }));
     }
     let mut unblocked = false;
     loop {

@@ -18,7 +18,8 @@ use super::message::{panic_message, BoxFuture};
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Lifecycle callbacks of one listener. Set them with
-/// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings.
+/// [`ConsumerBuilder::on_shards_assigned`](crate::ConsumerBuilder::on_shards_assigned) and its siblings,
+/// or, for an annotated listener, build them here and give them to [`Runtime::hooks`](crate::Runtime::hooks).
 ///
 /// Hooks are async closures, run one at a time in the order of the events on a task of their own (a slow
 /// hook never stalls reads). A revoked shard's REVOKED report waits for its hook, so the next owner starts
@@ -107,7 +108,8 @@ pub(crate) fn spawn_runner(
     done: mpsc::UnboundedSender<(u64, Vec<u32>)>,
 ) -> mpsc::UnboundedSender<HookCall> {
     let (calls, mut rx) = mpsc::unbounded_channel::<HookCall>();
-    tokio::spawn(async move {
+    // In the member's span: the hooks' own lines (and a panic's) say which member they are about.
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         while let Some(call) = rx.recv().await {
             match call {
                 HookCall::Assigned(shards) => {
@@ -120,7 +122,7 @@ pub(crate) fn spawn_runner(
                 HookCall::Fenced(shards) => call_hook("on_fenced", &hooks.fenced, shards).await,
             }
         }
-    });
+    }));
     calls
 }
 

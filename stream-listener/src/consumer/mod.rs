@@ -784,7 +784,7 @@ impl Scheduler {
             return;
         }
         let mut conn = self.io.conn.clone();
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
                 .arg("UNBLOCK")
                 .arg(client)
@@ -793,7 +793,7 @@ impl Scheduler {
             if let Err(error) = unblocked {
                 tracing::debug!(%error, "could not interrupt the idle wait; it ends at its timeout");
             }
-        });
+        }));
     }
 
     fn on_wait_end(

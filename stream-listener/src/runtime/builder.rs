@@ -49,7 +49,8 @@ impl ConsumerBuilder {
     }
 
     /// The name of its environment overrides (`STREAM_LISTENER_<NAME>_<SETTING>`, see
-    /// [`ListenerSpec::apply_env`]); default `{stream}_{group}`.
+    /// [`ListenerSpec::apply_env`]) and of [`Runtime::hooks`](super::Runtime::hooks); default
+    /// `{stream}_{group}`.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.spec.name = name.into();
         self

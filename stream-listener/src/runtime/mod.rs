@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::connection::{ConnectOptions, RedisTarget};
+use crate::tls::TlsFiles;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -50,6 +51,9 @@ pub enum RuntimeError {
     /// Redis is unreachable or failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The TLS files ([`Runtime::tls`], `REDIS_TLS_*`) cannot be used; names the file.
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// The stream's topology could not be read or created.
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -102,6 +106,14 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
+    /// [`Runtime::hooks`] names a listener this runtime does not run.
+    #[error("lifecycle hooks for `{name}`: no listener of this runtime has that name (listeners: {})", .known.join(", "))]
+    HooksForUnknownListener {
+        /// The name given.
+        name: String,
+        /// The names of this runtime's listeners.
+        known: Vec<String>,
+    },
     /// A listener's settings (after the environment's overrides) are invalid; names the listener.
     #[error(transparent)]
     InvalidListener(#[from] InvalidListener),
@@ -156,6 +168,8 @@ struct MemberPlan {
 pub struct Runtime {
     /// Redacted in `Debug`: the URL may carry a password.
     redis_url: crate::redact::RedisUrl,
+    /// Certificates for `rediss://` beyond the system's roots (paths only: read at start).
+    tls: TlsFiles,
     base_member_id: Option<String>,
     group_config: GroupConfig,
     shard_count: u32,
@@ -164,6 +178,8 @@ pub struct Runtime {
     annotated: bool,
     builders: Vec<ConsumerBuilder>,
     states: States,
+    /// Lifecycle hooks by listener name ([`Runtime::hooks`]).
+    hooks: Vec<(String, LifecycleHooks)>,
     env_overrides: bool,
     /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
     env_errors: Vec<String>,
@@ -178,6 +194,7 @@ impl Runtime {
     pub fn new(redis_url: impl Into<String>) -> Self {
         Self {
             redis_url: crate::redact::RedisUrl::new(redis_url),
+            tls: TlsFiles::default(),
             base_member_id: None,
             group_config: GroupConfig::default(),
             shard_count: DEFAULT_SHARD_COUNT,
@@ -186,12 +203,14 @@ impl Runtime {
             annotated: true,
             builders: Vec::new(),
             states: States::default(),
+            hooks: Vec::new(),
             env_overrides: true,
             env_errors: Vec::new(),
         }
     }
 
-    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), `STREAM_LISTENER_MEMBER_ID`,
+    /// [`Runtime::new`] with `REDIS_URL` (default `redis://127.0.0.1:6379`), its TLS files from
+    /// `REDIS_TLS_CA_CERT`, `REDIS_TLS_CERT` and `REDIS_TLS_KEY` ([`TlsFiles::from_env`]), `STREAM_LISTENER_MEMBER_ID`,
     /// and the timing of groups this process creates from `STREAM_LISTENER_HEARTBEAT_INTERVAL_MS`,
     /// `STREAM_LISTENER_SESSION_TIMEOUT_MS`, `STREAM_LISTENER_REBALANCE_TIMEOUT_MS` and the shard count of
     /// streams it creates from `STREAM_LISTENER_DEFAULT_SHARD_COUNT` (a value that does not parse makes
@@ -204,6 +223,7 @@ impl Runtime {
     fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
         let url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
         let mut runtime = Self::new(url);
+        runtime.tls = TlsFiles::from_lookup(&lookup);
         runtime.base_member_id = lookup("STREAM_LISTENER_MEMBER_ID");
         let mut number = |name: &str, set: &mut dyn FnMut(u32)| {
             if let Some(value) = lookup(name) {
@@ -228,6 +248,32 @@ impl Runtime {
         runtime.group_config = config;
         runtime.shard_count = shards;
         runtime
+    }
+
+    /// The TLS files of a `rediss://` or `rediss+cluster://` URL: a certificate authority to trust
+    /// instead of the system's roots, a client certificate and key for a server with
+    /// `tls-auth-clients yes`. Read and checked when the runtime starts ([`RuntimeError::Tls`] names a
+    /// file that cannot be used).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
+        self
+    }
+
+    /// Trusts the certificate authority in the PEM file `path` (instead of the system's roots).
+    pub fn tls_ca_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca_cert = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert`, with its private key in `key` (mutual TLS).
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.cert = Some(cert.into());
+        self.tls.key = Some(key.into());
+        self
     }
 
     /// Overrides the base member id of annotated listeners (default: pod IP, local address, hostname).
@@ -277,6 +323,26 @@ impl Runtime {
         self
     }
 
+    /// Lifecycle hooks for the listener named `listener`: an annotated listener's handler function name
+    /// (`on_order`), or a builder's [`name`](ConsumerBuilder::name) (default `{stream}_{group}`), the
+    /// names of the environment overrides. For annotated listeners, which have no builder; every member of
+    /// the listener calls them with its own shards. Replaces the listener's own hooks; a name no listener
+    /// has is a start error ([`RuntimeError::HooksForUnknownListener`]).
+    ///
+    /// ```no_run
+    /// # use stream_listener::{consumer::LifecycleHooks, Runtime};
+    /// let runtime = Runtime::from_env().hooks(
+    ///     "on_order",
+    ///     LifecycleHooks::default().on_shards_revoked(|shards| async move {
+    ///         // flush what was buffered for `shards`
+    ///     }),
+    /// );
+    /// ```
+    pub fn hooks(mut self, listener: impl Into<String>, hooks: LifecycleHooks) -> Self {
+        self.hooks.push((listener.into(), hooks));
+        self
+    }
+
     /// Ignores the `STREAM_LISTENER_<LISTENER>_<SETTING>` environment overrides
     /// ([`ListenerSpec::apply_env`]), which apply by default.
     pub fn without_env_overrides(mut self) -> Self {
@@ -294,8 +360,10 @@ impl Runtime {
     /// misses its deadline is an error ([`RuntimeError::ShutdownTimedOut`]), so the binary exits non-zero.
     /// A member task that stops while running (a panic, a heartbeat loop that left) is logged at ERROR
     /// naming the member, the rest is shut down, and `run` fails with [`RuntimeError::TaskStopped`].
+    /// To keep a handle while it runs (health for a probe endpoint, pause and resume), use
+    /// [`start`](Self::start) and then [`RunningRuntime::run_until_signal`].
     pub async fn run(self) -> Result<(), RuntimeError> {
-        self.start().await?.run_until(wait_for_signal()).await
+        self.start().await?.run_until_signal().await
     }
 
     /// Starts everything and returns a handle (for embedding and tests).
@@ -308,7 +376,7 @@ impl Runtime {
             return Err(RuntimeError::NoListeners);
         }
         check_unique_members(&plans)?;
-        let client = RedisTarget::open(self.redis_url.expose())?;
+        let client = crate::tls::open_target::<RuntimeError>(self.redis_url.expose(), &self.tls)?;
         crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (exits, exits_rx) = mpsc::unbounded_channel();
@@ -382,6 +450,19 @@ impl Runtime {
                 .enumerate()
                 .map(|(index, builder)| builder.clone().into_spec(index + 1)),
         );
+        for (name, hooks) in &self.hooks {
+            let mut found = false;
+            for spec in specs.iter_mut().filter(|spec| &spec.name == name) {
+                spec.hooks = hooks.clone();
+                found = true;
+            }
+            if !found {
+                return Err(RuntimeError::HooksForUnknownListener {
+                    name: name.clone(),
+                    known: specs.iter().map(|spec| spec.name.clone()).collect(),
+                });
+            }
+        }
         let mut plans = Vec::new();
         for mut spec in specs {
             if self.env_overrides {
@@ -525,6 +606,7 @@ impl Runtime {
         ));
         Ok(RunningMember {
             member_id: plan.member_id,
+            span,
             probe,
             pause,
             deadline: health_deadline,
@@ -539,6 +621,8 @@ impl Runtime {
 #[derive(Debug)]
 struct RunningMember {
     member_id: String,
+    /// The `member` span (member, stream, group) its tasks run in, for the lines logged about it.
+    span: tracing::Span,
     probe: crate::health::Probe,
     pause: PauseHandle,
     deadline: std::sync::Arc<OwnershipDeadline>,
@@ -561,6 +645,48 @@ pub struct RunningRuntime {
 }
 
 impl RunningRuntime {
+    /// [`Runtime::run`] for a runtime already started: runs until SIGTERM or ctrl-c, then
+    /// [`stop`](Self::stop)s. Take what you need first:
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stream_listener::RuntimeError> {
+    /// let running = stream_listener::Runtime::from_env().start().await?;
+    /// let health = running.health_handle(); // for a probe endpoint, on another task or thread
+    /// # drop(health);
+    /// running.run_until_signal().await
+    /// # }
+    /// ```
+    pub async fn run_until_signal(self) -> Result<(), RuntimeError> {
+        self.run_until(wait_for_signal()).await
+    }
+
+    /// Runs until `stop` completes (a signal of the application's own, a channel), then
+    /// [`stop`](Self::stop)s gracefully, returning its error if the shutdown missed its deadline. A
+    /// supervised task that stops first is logged at ERROR, the rest is shut down, and the result is
+    /// [`RuntimeError::TaskStopped`] naming it.
+    pub async fn run_until(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        let exit = tokio::select! {
+            () = stop => None,
+            Some(exit) = self.exits.recv() => Some(exit),
+        };
+        let Some(exit) = exit else {
+            tracing::info!("shutting down");
+            return self.stop().await;
+        };
+        tracing::error!(owner = %exit.owner, task = exit.task, reason = %exit.reason, "a task of the runtime stopped while running; shutting the runtime down");
+        if let Err(error) = self.stop().await {
+            tracing::error!(%error, "shutdown incomplete");
+        }
+        Err(RuntimeError::TaskStopped {
+            owner: exit.owner,
+            task: exit.task,
+            reason: exit.reason,
+        })
+    }
+
     /// The memberIds this process runs, in start order.
     pub fn member_ids(&self) -> Vec<String> {
         self.members.iter().map(|m| m.member_id.clone()).collect()
@@ -647,31 +773,6 @@ impl RunningRuntime {
             .collect()
     }
 
-    /// Runs until `signal`, then shuts down gracefully; a supervised task that stops first is logged at
-    /// ERROR, the rest is shut down, and the result is [`RuntimeError::TaskStopped`] naming it.
-    pub(crate) async fn run_until(
-        mut self,
-        signal: impl std::future::Future<Output = ()>,
-    ) -> Result<(), RuntimeError> {
-        let exit = tokio::select! {
-            () = signal => None,
-            Some(exit) = self.exits.recv() => Some(exit),
-        };
-        let Some(exit) = exit else {
-            tracing::info!("shutting down");
-            return self.stop().await;
-        };
-        tracing::error!(owner = %exit.owner, task = exit.task, reason = %exit.reason, "a task of the runtime stopped while running; shutting the runtime down");
-        if let Err(error) = self.stop().await {
-            tracing::error!(%error, "shutdown incomplete");
-        }
-        Err(RuntimeError::TaskStopped {
-            owner: exit.owner,
-            task: exit.task,
-            reason: exit.reason,
-        })
-    }
-
     /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
     /// reports REVOKED and leaves the group; bounded by the shutdown timeout. What missed the deadline is
     /// logged; [`stop`](Self::stop) returns it as an error.
@@ -703,7 +804,9 @@ impl RunningRuntime {
                 .is_err()
                 || begun.elapsed() >= self.timeout;
             if heartbeat_late {
-                tracing::warn!(member = %member.member_id, "the leave did not complete within the shutdown timeout");
+                member.span.in_scope(|| {
+                    tracing::warn!("the leave did not complete within the shutdown timeout")
+                });
                 heartbeat.abort();
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
@@ -739,7 +842,9 @@ impl RunningRuntime {
                             .join(", ")
                     }
                 );
-                tracing::warn!(member = %member.member_id, stuck = %what, "did not stop in time; aborting");
+                member
+                    .span
+                    .in_scope(|| tracing::warn!(stuck = %what, "did not stop in time; aborting"));
                 consumer.abort();
                 stuck.push(what);
             }
@@ -830,6 +935,9 @@ mod tests {
             ("STREAM_LISTENER_SESSION_TIMEOUT_MS", "4000"),
             ("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", "9000"),
             ("STREAM_LISTENER_DEFAULT_SHARD_COUNT", "12"),
+            ("REDIS_TLS_CA_CERT", "/etc/redis/ca.pem"),
+            ("REDIS_TLS_CERT", "/etc/redis/client.pem"),
+            ("REDIS_TLS_KEY", "/etc/redis/client.key"),
         ]));
         assert_eq!(runtime.redis_url.expose(), "redis://10.0.0.9:6380");
         assert_eq!(runtime.base_member_id.as_deref(), Some("pod-1"));
@@ -842,11 +950,20 @@ mod tests {
             }
         );
         assert_eq!(runtime.shard_count, 12);
+        assert_eq!(
+            runtime.tls,
+            TlsFiles {
+                ca_cert: Some("/etc/redis/ca.pem".into()),
+                cert: Some("/etc/redis/client.pem".into()),
+                key: Some("/etc/redis/client.key".into()),
+            }
+        );
         assert!(runtime.env_errors.is_empty());
 
         let defaults = Runtime::from_lookup(env(&[]));
         assert_eq!(defaults.group_config, GroupConfig::default());
         assert_eq!(defaults.shard_count, DEFAULT_SHARD_COUNT);
+        assert!(defaults.tls.is_empty());
     }
 
     #[tokio::test]
@@ -876,6 +993,7 @@ mod tests {
             shutdown,
             members: vec![RunningMember {
                 member_id: "pod-1-m0".into(),
+                span: tracing::Span::none(),
                 probe: crate::health::Probe::default(),
                 pause: PauseHandle::new(),
                 deadline: OwnershipDeadline::new(),

@@ -98,7 +98,7 @@ pub struct ListenerSpec {
     pub(crate) handler: Option<HandlerSource>,
     /// The listener's own states (a builder's), over the runtime's.
     pub(crate) states: States,
-    /// Lifecycle callbacks (a builder's; annotated listeners have none).
+    /// Lifecycle callbacks (a builder's, or [`Runtime::hooks`](super::Runtime::hooks)).
     pub(crate) hooks: crate::consumer::LifecycleHooks,
 }
 
