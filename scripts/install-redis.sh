@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the tests need from Debian's packages when it is missing: redis-server (tests and the demo
 # start their own), redis-cli (the cluster tests create their cluster with it; Debian ships it in
-# redis-tools) and openssl (the TLS tests make a throwaway certificate authority with it).
+# redis-tools), openssl (the TLS tests make a throwaway certificate authority with it) and script (the CLI's
+# `watch` test runs it on a pseudo-terminal; Debian ships it in bsdutils).
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v script >/dev/null 2>&1 || missing+=(bsdutils)
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
