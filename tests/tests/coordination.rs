@@ -920,8 +920,9 @@ async fn a_join_writes_what_changed_not_the_group() {
     assert!(received < 32 * 1024, "Redis received {received} bytes");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewal_is_refused_once_the_snapshot_is_gone() {
+/// Settles one member, loses part of the snapshot by `lose`, and checks that the member's next steady
+/// heartbeat is not renewed on what is left.
+async fn renewal_is_refused_once(lose: impl FnOnce(&GroupKeys) -> redis::Cmd) {
     let redis = RedisServer::start();
     let mut s = store(&redis.url(), "gone", 2).await;
     let mut a = session("a");
@@ -940,11 +941,7 @@ async fn renewal_is_refused_once_the_snapshot_is_gone() {
         let _ = a.on_response(&response);
     }
     let mut conn = connect(&redis.url()).await;
-    let _: () = redis::cmd("DEL")
-        .arg(&s.keys().meta)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () = lose(s.keys()).query_async(&mut conn).await.unwrap();
     // The revision and a's lease survived, but a steady heartbeat must not renew on lost metadata.
     let response = s.heartbeat(&a.heartbeat(local(), 1)).await.unwrap();
     assert_eq!(
@@ -953,6 +950,61 @@ async fn renewal_is_refused_once_the_snapshot_is_gone() {
         "{response:?}"
     );
     assert_eq!(a.on_response(&response), vec![ShardCommand::Fence]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_refused_once_the_snapshot_is_gone() {
+    renewal_is_refused_once(|keys| {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(&keys.meta);
+        cmd
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_refused_once_the_member_record_is_gone() {
+    renewal_is_refused_once(|keys| {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(&keys.members).arg("a");
+        cmd
+    })
+    .await;
+}
+
+/// A writer whose cache predates damage to the member records must not commit a difference on top of it:
+/// the commit is refused, the reload sees the loss, and what is stored afterwards is whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_on_damaged_member_records_is_refused_and_the_loss_handled() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "damaged", 4).await;
+    for id in ["a", "b"] {
+        let r = s.heartbeat(&session(id).heartbeat(0, 1)).await.unwrap();
+        assert!(r.status.is_accepted());
+    }
+    let (_, before) = s.load().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&s.keys().members)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The cache is current by the revision, so this join is committed from it, as a difference.
+    let r = s.heartbeat(&session("c").heartbeat(0, 1)).await.unwrap();
+    assert!(r.status.is_accepted(), "{r:?}");
+    let mut reader = GroupStore::open(connect(&redis.url()).await, "orders", "damaged").unwrap();
+    let (_, after) = reader.load().await.expect("stored whole again");
+    let members: Vec<&String> = after.metadata().members.keys().collect();
+    assert_eq!(members, ["c"], "a and b were lost with their records");
+    assert!(
+        after.metadata().created_at_ms > before.metadata().created_at_ms,
+        "recreated"
+    );
+    assert!(
+        after.metadata().grants_paused_until_ms
+            >= after.metadata().created_at_ms + CONFIG.session_timeout_ms,
+        "grants paused for a session: the records' loss is a loss"
+    );
 }
 
 /// The scale test of the coordination issue: 256 members (64 pods x `concurrency = 4`) with real heartbeat
