@@ -972,6 +972,35 @@ async fn renewal_is_refused_once_the_member_record_is_gone() {
     .await;
 }
 
+/// A member whose entry in the lease set was deleted (the records survived) is not left unable to renew:
+/// its next heartbeat commits its lease again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_entry_is_written_again_by_the_next_heartbeat() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "unleased", 2).await;
+    let mut a = session("a");
+    for _ in 0..3 {
+        let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+        let _ = a.on_response(&r);
+    }
+    let _: () = redis::cmd("ZREM")
+        .arg(&s.keys().leases)
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let r = s.heartbeat(&a.heartbeat(0, 1)).await.unwrap();
+    assert!(r.status.is_accepted(), "{r:?}");
+    let lease: Option<i64> = redis::cmd("ZSCORE")
+        .arg(&s.keys().leases)
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(lease.is_some(), "the lease is back");
+}
+
 /// A writer whose cache predates damage to the member records must not commit a difference on top of it:
 /// the commit is refused, the reload sees the loss, and what is stored afterwards is whole again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

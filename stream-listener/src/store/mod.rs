@@ -428,9 +428,12 @@ impl GroupStore {
             let mut snapshot = self.cache.take().expect("loaded above");
             let now = self.now();
             let outcome = snapshot.coordinator.heartbeat(req, now);
-            // Until the member records are stored in this layout, renewals are refused: commit instead.
+            // Until the member records are stored in this layout, or while the sender's lease is missing
+            // from the lease set (damaged), renewals are refused: commit instead.
+            let unstored =
+                snapshot.stored.rewrite || !snapshot.stored.leases.contains_key(&req.member_id);
             let change = match outcome.change {
-                Change::Lease if snapshot.stored.rewrite => Change::Metadata,
+                Change::Lease if unstored => Change::Metadata,
                 change => change,
             };
             match change {
