@@ -823,8 +823,8 @@ async fn a_whole_document_snapshot_is_read_and_stored_again_as_header_and_member
 /// shards, the header), not the group. Bytes are deterministic, so this is a test, not a benchmark. The group
 /// is built with the pure core and stored as an earlier version stored it; the first commit stores it in
 /// the current layout, the second is measured. `SL_WRITE_COST_GROUP=1000x10000` runs the size
-/// (default 256 x 4096). Before the layout change, this join wrote the whole snapshot and projection:
-/// about 340 KB at 256 x 4096.
+/// (default 256 x 4096). Before the layout change, this join wrote the whole snapshot, the projection and
+/// every lease: Redis received 622 KB at 256 x 4096 and 1.77 MB at 1,000 x 10,000; now 14 KB and 8 KB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_writes_what_changed_not_the_group() {
     use stream_listener::coordinator::{Coordinator, Creation};
