@@ -731,14 +731,17 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
         .unwrap();
     assert_eq!(stored, "{not json", "left untouched");
 
-    let projection = "sl:{orders/billing}:projection";
-    let _: () = redis::cmd("SET")
-        .arg(projection)
+    // A member record that does not decode: the error names the hash that holds it.
+    let members = "sl:{orders/billing}:members";
+    let _: () = redis::cmd("HSET")
+        .arg(members)
+        .arg("intruder")
         .arg("[]")
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    cli(&url, &["status", "--stream", STREAM, "--group", GROUP]).fails(1, projection);
+    cli(&url, &["status", "--stream", STREAM, "--group", GROUP])
+        .fails(1, &format!("group metadata at {members} cannot be used"));
 
     cli(&url, &["status", "--stream", "a{b", "--group", GROUP]).fails(1, "invalid name");
 

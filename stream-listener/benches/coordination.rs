@@ -349,6 +349,7 @@ async fn run_raw(
     let rev_key = "sl:{bench/raw}:rev";
     let leases_key = "sl:{bench/raw}:leases";
     let meta_key = "sl:{bench/raw}:meta";
+    let members_key = "sl:{bench/raw}:members";
     for (key, value) in [(rev_key, "7"), (meta_key, "{}")] {
         let _: () = redis::cmd("SET")
             .arg(key)
@@ -365,6 +366,13 @@ async fn run_raw(
             .query_async(control)
             .await
             .expect("ZADD");
+        let _: () = redis::cmd("HSET")
+            .arg(members_key)
+            .arg(format!("m{i}"))
+            .arg("{}")
+            .query_async(control)
+            .await
+            .expect("HSET");
     }
     let mut conns = Vec::new();
     for _ in 0..members {
@@ -396,6 +404,7 @@ async fn run_raw(
                             .key(rev_key)
                             .key(leases_key)
                             .key(meta_key)
+                            .key(members_key)
                             .arg(7)
                             .arg(&member)
                             .arg(10_000)

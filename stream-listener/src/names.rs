@@ -49,15 +49,17 @@ pub fn topology_stale(stream: &str) -> String {
 
 /// Suffixes of a group's keys (see [`group_key`]).
 pub mod group {
-    /// Group metadata snapshot (JSON).
+    /// Group metadata header (JSON: everything but the members, which it counts).
     pub const META: &str = "meta";
+    /// Member records (hash: memberId -> JSON).
+    pub const MEMBERS: &str = "members";
     /// Store revision.
     pub const REVISION: &str = "rev";
     /// Member leases (sorted set).
     pub const LEASES: &str = "leases";
     /// Audit stream.
     pub const AUDIT: &str = "audit";
-    /// Monitoring projection (JSON).
+    /// Monitoring projection (JSON), written by schema version 1 only; the first later commit deletes it.
     pub const PROJECTION: &str = "projection";
     /// The writer lock.
     pub const WRITER: &str = "writer";

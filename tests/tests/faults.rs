@@ -14,7 +14,8 @@
 //! traffic with per-key sequence numbers, and injects faults from a seeded schedule: `kill` (SIGKILL, then a
 //! replacement with the same member ids), `stop` (SIGSTOP for 1.3-1.8 session timeouts, then SIGCONT), `term`
 //! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data), `delmeta`
-//! (`DEL sl:{<stream>/<group>}:meta`) and `empty` (SIGKILL Redis, delete its data files, start it again on
+//! (`DEL` of the metadata header `sl:{<stream>/<group>}:meta`, of the member records `...:members`, or of
+//! both, in turn) and `empty` (SIGKILL Redis, delete its data files, start it again on
 //! the same port, empty, while the workers run). `FAULT_KINDS=kill,stop,term,redis,delmeta,empty` picks the
 //! kinds.
 //!
@@ -90,6 +91,10 @@ type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn meta_key() -> String {
     format!("sl:{{{STREAM}/{GROUP}}}:meta")
+}
+
+fn members_key() -> String {
+    format!("sl:{{{STREAM}/{GROUP}}}:members")
 }
 
 fn audit_key() -> String {
@@ -1076,9 +1081,16 @@ async fn inject(
             log.note = format!("down {:.2} s", (up - down) as f64 / 1e6);
         }
         FaultKind::DelMeta => {
+            // The snapshot is a header and a hash of member records: losing either, or both, is a loss.
+            static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let keys = match ROUND.fetch_add(1, Ordering::Relaxed) % 3 {
+                0 => vec![meta_key()],
+                1 => vec![members_key()],
+                _ => vec![meta_key(), members_key()],
+            };
             log.at = now_us();
-            let n: i64 = redis::cmd("DEL").arg(meta_key()).query_async(conn).await?;
-            log.note = format!("DEL {} -> {n}", meta_key());
+            let n: i64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+            log.note = format!("DEL {} -> {n}", keys.join(" "));
         }
         FaultKind::Empty => {
             // Stop writes first, so the audit copy can catch up with everything the wipe will erase;

@@ -457,10 +457,10 @@ async fn drained(conn: &mut Connection, stream: &str, shards: std::ops::Range<u3
     .await;
 }
 
-/// Group `g`'s shard count, as its metadata says.
+/// Group `g`'s shard count, as its metadata header says.
 async fn group_shard_count(conn: &mut Connection, stream: &str) -> u32 {
     let json: Option<String> = redis::cmd("GET")
-        .arg(format!("sl:{{{stream}/g}}:projection"))
+        .arg(format!("sl:{{{stream}/g}}:meta"))
         .query_async(conn)
         .await
         .unwrap();

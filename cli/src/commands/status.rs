@@ -14,7 +14,7 @@ use crate::table::{json_text, label, seconds, shard_list, utc, Table};
 /// the monitoring projection, each shard with its lag, pending count and last delivered id).
 ///
 /// The view is computed from the freshly loaded snapshot and leases at the current Redis time, so lease
-/// times are current even when steady-state heartbeats have not rewritten the stored projection. Expired
+/// times are current (nothing stores a projection; "last change" is the last commit's time). Expired
 /// and fenced tombstones are left out unless `all`.
 pub async fn run(
     ctx: &mut Ctx,
@@ -86,7 +86,7 @@ pub async fn run(
     Ok(out)
 }
 
-/// The projection as JSON (camelCase, as stored in `sl:{..}:projection`), plus `stream`, `storeRevision`,
+/// The monitoring projection as JSON (camelCase), plus `stream`, `storeRevision`,
 /// `totalLag`, `totalPending`, `hiddenTombstones`, and per shard `streamKey`, `length`, `lag`, `pending`,
 /// `lastDeliveredId`, `entriesRead`.
 fn to_json(snapshot: &GroupSnapshot, all: bool) -> String {

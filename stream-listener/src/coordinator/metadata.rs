@@ -1,7 +1,9 @@
 //! Group metadata: everything the coordinator owns, as plain serde data with a schema version.
 //!
-//! The Redis store persists exactly this value (plus lease deadlines, which it keeps beside it so that a
-//! steady-state heartbeat renews a lease without rewriting the snapshot).
+//! The Redis store persists exactly this value, in two parts so that a commit writes what changed, not the
+//! group: a **header** (everything but the members, with the member count) and one **member record** per
+//! live member. Lease deadlines are kept beside them (a steady-state heartbeat renews a lease without
+//! rewriting anything), so stored member records carry none.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,8 +11,15 @@ use serde::{Deserialize, Serialize};
 
 use super::wire::RuntimeConsumerCapacity;
 
-/// The schema version this crate reads and writes. Metadata of another version is refused, never rewritten.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version this crate writes: a header ([`GroupMetadata::to_header_json`]) plus one record per
+/// member ([`MemberRecord::to_stored_json`]). It also reads [`WHOLE_SCHEMA_VERSION`]; metadata of any other
+/// version is refused, never rewritten.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The earlier layout: the whole metadata as one JSON document ([`GroupMetadata::to_json`]). Read, and
+/// rewritten in the [`SCHEMA_VERSION`] layout by the next commit. Builds that know only this version refuse
+/// the newer one.
+pub const WHOLE_SCHEMA_VERSION: u32 = 1;
 
 /// How many recently expired or fenced members the metadata remembers (for monitoring and for answering
 /// their late heartbeats with `FENCED_MEMBER_EPOCH`).
@@ -131,6 +140,16 @@ pub struct MemberRecord {
 }
 
 impl MemberRecord {
+    /// The record as stored beside the header: without its lease, which lives in the store's lease set (so
+    /// a renewal never makes a record look changed).
+    pub fn to_stored_json(&self) -> Vec<u8> {
+        let record = Self {
+            lease_deadline_ms: 0,
+            ..self.clone()
+        };
+        serde_json::to_vec(&record).expect("member records always serialize")
+    }
+
     /// Shards assigned to this member or revoking from it: it may be reading them, so nobody else may get
     /// them.
     pub fn assigned_or_revoking(&self) -> impl Iterator<Item = u32> + '_ {
@@ -247,7 +266,8 @@ pub struct GroupMetadata {
     pub metadata_version: i64,
     /// Highest member epoch ever issued: new epochs are unique across members and incarnations.
     pub last_member_epoch: i64,
-    /// Live members (JOINING, STABLE, LEAVING) by memberId.
+    /// Live members (JOINING, STABLE, LEAVING) by memberId. Absent from a header, which only counts them.
+    #[serde(default)]
     pub members: BTreeMap<String, MemberRecord>,
     /// Fenced holds, by shard.
     #[serde(default)]
@@ -290,8 +310,8 @@ impl GroupMetadata {
         }
     }
 
-    /// Parses stored metadata, refusing other schema versions with a clear error.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, MetadataError> {
+    /// The schema version of stored metadata (a header or a whole document).
+    pub fn stored_schema_version(bytes: &[u8]) -> Result<u32, MetadataError> {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Version {
@@ -299,15 +319,88 @@ impl GroupMetadata {
         }
         let version: Version =
             serde_json::from_slice(bytes).map_err(|e| MetadataError::Corrupt(e.to_string()))?;
-        if version.schema_version != SCHEMA_VERSION {
-            return Err(MetadataError::UnknownSchemaVersion(version.schema_version));
-        }
-        serde_json::from_slice(bytes).map_err(|e| MetadataError::Corrupt(e.to_string()))
+        Ok(version.schema_version)
     }
 
-    /// Serializes for storage.
+    /// Parses a whole document of the [`WHOLE_SCHEMA_VERSION`] layout, refusing other schema versions with a
+    /// clear error. The result is in memory, at [`SCHEMA_VERSION`].
+    pub fn from_json(bytes: &[u8]) -> Result<Self, MetadataError> {
+        let version = Self::stored_schema_version(bytes)?;
+        if version != WHOLE_SCHEMA_VERSION {
+            return Err(MetadataError::UnknownSchemaVersion(version));
+        }
+        let mut meta: Self =
+            serde_json::from_slice(bytes).map_err(|e| MetadataError::Corrupt(e.to_string()))?;
+        meta.schema_version = SCHEMA_VERSION;
+        Ok(meta)
+    }
+
+    /// The whole metadata as one document of the [`WHOLE_SCHEMA_VERSION`] layout (what earlier versions
+    /// stored; for tools and tests).
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("group metadata always serializes")
+        let mut value = serde_json::to_value(self).expect("group metadata always serializes");
+        value["schemaVersion"] = WHOLE_SCHEMA_VERSION.into();
+        serde_json::to_vec(&value).expect("group metadata always serializes")
+    }
+
+    /// The header: everything but the members, which it counts, with the store time of the commit that
+    /// writes it.
+    pub fn to_header_json(&self, committed_at_ms: i64) -> Vec<u8> {
+        let header = HeaderRef {
+            schema_version: SCHEMA_VERSION,
+            group: &self.group,
+            config: self.config,
+            shard_count: self.shard_count,
+            group_epoch: self.group_epoch,
+            assignment_epoch: self.assignment_epoch,
+            metadata_version: self.metadata_version,
+            last_member_epoch: self.last_member_epoch,
+            member_count: self.members.len(),
+            holds: &self.holds,
+            tombstones: &self.tombstones,
+            resharding: &self.resharding,
+            grants_paused_until_ms: self.grants_paused_until_ms,
+            created_at_ms: self.created_at_ms,
+            committed_at_ms,
+        };
+        serde_json::to_vec(&header).expect("group metadata always serializes")
+    }
+
+    /// Rebuilds the metadata from a [`SCHEMA_VERSION`] header and the stored member records (memberId,
+    /// [`MemberRecord::to_stored_json`]); leases are 0 until the store lays its own over them. Returns the
+    /// header's commit time too. Records that disagree with the header's count are
+    /// [`MetadataError::Incomplete`]: someone deleted or added some.
+    pub fn from_parts(
+        header: &[u8],
+        members: impl IntoIterator<Item = (String, Vec<u8>)>,
+    ) -> Result<(Self, i64), MetadataError> {
+        let version = Self::stored_schema_version(header)?;
+        if version != SCHEMA_VERSION {
+            return Err(MetadataError::UnknownSchemaVersion(version));
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Counts {
+            member_count: usize,
+            #[serde(default)]
+            committed_at_ms: i64,
+        }
+        let counts: Counts =
+            serde_json::from_slice(header).map_err(|e| MetadataError::Corrupt(e.to_string()))?;
+        let mut meta: Self =
+            serde_json::from_slice(header).map_err(|e| MetadataError::Corrupt(e.to_string()))?;
+        for (id, json) in members {
+            let record: MemberRecord = serde_json::from_slice(&json)
+                .map_err(|e| MetadataError::Corrupt(format!("member {id}: {e}")))?;
+            meta.members.insert(id, record);
+        }
+        if meta.members.len() != counts.member_count {
+            return Err(MetadataError::Incomplete {
+                expected: counts.member_count,
+                found: meta.members.len(),
+            });
+        }
+        Ok((meta, counts.committed_at_ms))
     }
 
     /// The live member `shard` is assigned to or revoking from (its owner), if any.
@@ -319,6 +412,27 @@ impl GroupMetadata {
     }
 }
 
+/// The header as written: [`GroupMetadata`] without its members, which it counts.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HeaderRef<'a> {
+    schema_version: u32,
+    group: &'a str,
+    config: GroupConfig,
+    shard_count: u32,
+    group_epoch: i64,
+    assignment_epoch: i64,
+    metadata_version: i64,
+    last_member_epoch: i64,
+    member_count: usize,
+    holds: &'a BTreeMap<u32, FencedHold>,
+    tombstones: &'a [Tombstone],
+    resharding: &'a Option<Resharding>,
+    grants_paused_until_ms: i64,
+    created_at_ms: i64,
+    committed_at_ms: i64,
+}
+
 /// Why stored metadata cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetadataError {
@@ -327,9 +441,20 @@ pub enum MetadataError {
     Corrupt(String),
     /// Written by another version of this crate.
     #[error(
-        "group metadata has schema version {0}, this build reads only version {SCHEMA_VERSION}"
+        "group metadata has schema version {0}, this build reads only versions {WHOLE_SCHEMA_VERSION} and {SCHEMA_VERSION}"
     )]
     UnknownSchemaVersion(u32),
+    /// The header counts other members than the stored records: part of the metadata was lost (a key or a
+    /// field deleted). The store treats it as lost metadata.
+    #[error(
+        "group metadata is incomplete: its header counts {expected} members, {found} are stored"
+    )]
+    Incomplete {
+        /// Members the header counts.
+        expected: usize,
+        /// Member records found.
+        found: usize,
+    },
 }
 
 #[cfg(test)]
@@ -341,7 +466,138 @@ mod tests {
         let meta = GroupMetadata::new("billing", 12, GroupConfig::default());
         let json = meta.to_json();
         assert!(String::from_utf8_lossy(&json).contains("\"schemaVersion\":1"));
-        assert_eq!(GroupMetadata::from_json(&json).unwrap(), meta);
+        let back = GroupMetadata::from_json(&json).unwrap();
+        assert_eq!(
+            back.schema_version, SCHEMA_VERSION,
+            "in memory, the current version"
+        );
+        assert_eq!(back, meta);
+    }
+
+    fn populated() -> GroupMetadata {
+        let mut meta = GroupMetadata::new("billing", 12, GroupConfig::default());
+        for (id, shards) in [("a", [0, 1]), ("b", [2, 3])] {
+            meta.members.insert(
+                id.to_string(),
+                MemberRecord {
+                    member_name: Some(id.to_uppercase()),
+                    state: MemberState::Stable,
+                    member_epoch: 7,
+                    confirmed_epoch: 7,
+                    join_epoch: 5,
+                    join_request_id: format!("{id}-1"),
+                    lease_deadline_ms: 12_345,
+                    weight: 1,
+                    capacity: RuntimeConsumerCapacity::default(),
+                    target: shards.into(),
+                    assigned: shards.into(),
+                    revoking: BTreeMap::new(),
+                    owned: shards.into(),
+                    rejoins: vec![3],
+                    duplicate_suspected: false,
+                },
+            );
+        }
+        meta.holds.insert(
+            9,
+            FencedHold {
+                member_id: "c".into(),
+                member_epoch: 4,
+                until_ms: 99,
+            },
+        );
+        meta.tombstones.push(Tombstone {
+            member_id: "c".into(),
+            member_epoch: 4,
+            state: MemberState::Fenced,
+            at_ms: 50,
+            reason: "test".into(),
+            rejoins: Vec::new(),
+            duplicate_suspected: false,
+        });
+        meta.group_epoch = 3;
+        meta.grants_paused_until_ms = 77;
+        meta.created_at_ms = 11;
+        meta
+    }
+
+    fn stored_members(meta: &GroupMetadata) -> Vec<(String, Vec<u8>)> {
+        meta.members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.to_stored_json()))
+            .collect()
+    }
+
+    #[test]
+    fn header_and_member_records_round_trip_without_leases() {
+        let meta = populated();
+        let header = meta.to_header_json(4_242);
+        assert!(String::from_utf8_lossy(&header).contains("\"schemaVersion\":2"));
+        assert!(String::from_utf8_lossy(&header).contains("\"memberCount\":2"));
+        let (back, committed_at) =
+            GroupMetadata::from_parts(&header, stored_members(&meta)).unwrap();
+        assert_eq!(committed_at, 4_242);
+        let mut expected = meta;
+        for m in expected.members.values_mut() {
+            m.lease_deadline_ms = 0;
+        }
+        assert_eq!(back, expected);
+    }
+
+    /// A field added to the metadata must reach the header too, or it would be lost at the next commit.
+    #[test]
+    fn the_header_carries_every_field_but_the_members() {
+        let keys = |json: &[u8]| -> BTreeSet<String> {
+            let value: serde_json::Value = serde_json::from_slice(json).unwrap();
+            value.as_object().unwrap().keys().cloned().collect()
+        };
+        let meta = populated();
+        let mut whole = keys(&meta.to_json());
+        whole.remove("members");
+        let mut header = keys(&meta.to_header_json(0));
+        header.remove("memberCount");
+        header.remove("committedAtMs");
+        assert_eq!(header, whole);
+    }
+
+    #[test]
+    fn a_missing_or_extra_member_record_is_incomplete_metadata() {
+        let meta = populated();
+        let header = meta.to_header_json(0);
+        let mut records = stored_members(&meta);
+        records.pop();
+        assert_eq!(
+            GroupMetadata::from_parts(&header, records.clone()).unwrap_err(),
+            MetadataError::Incomplete {
+                expected: 2,
+                found: 1
+            }
+        );
+        assert_eq!(
+            GroupMetadata::from_parts(&header, Vec::new()).unwrap_err(),
+            MetadataError::Incomplete {
+                expected: 2,
+                found: 0
+            }
+        );
+        records.push(("z".into(), b"{not json".to_vec()));
+        assert!(matches!(
+            GroupMetadata::from_parts(&header, records),
+            Err(MetadataError::Corrupt(e)) if e.contains("member z")
+        ));
+    }
+
+    #[test]
+    fn each_layout_is_read_by_its_own_parser_only() {
+        let meta = populated();
+        assert_eq!(
+            GroupMetadata::from_json(&meta.to_header_json(0)).unwrap_err(),
+            MetadataError::UnknownSchemaVersion(SCHEMA_VERSION)
+        );
+        assert_eq!(
+            GroupMetadata::from_parts(&meta.to_json(), Vec::new()).unwrap_err(),
+            MetadataError::UnknownSchemaVersion(WHOLE_SCHEMA_VERSION)
+        );
     }
 
     #[test]

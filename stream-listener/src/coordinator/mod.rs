@@ -42,7 +42,8 @@ pub enum Change {
     None,
     /// Only the sender's lease was renewed: the store renews it without rewriting the snapshot.
     Lease,
-    /// The metadata changed: the store commits the whole snapshot under the store revision.
+    /// The metadata changed: the store commits what changed (header, member records, leases) under the
+    /// store revision.
     Metadata,
 }
 

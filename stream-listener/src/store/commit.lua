@@ -1,19 +1,26 @@
--- Commits a new snapshot under the store revision compare-and-set, with its leases, audit events and
--- monitoring projection, atomically.
--- KEYS: meta, rev, leases, audit, projection, inbox, reply key*n
--- ARGV: expected revision, now the core used, snapshot, projection, audit max length,
+-- Commits a change under the store revision compare-and-set: the metadata header, the member records that
+-- changed or went, leases, audit events, all or nothing. Only what changed is sent: the cost of a commit
+-- grows with the change, not with the group.
+-- KEYS: meta, rev, leases, audit, projection (schema version 1's; deleted), inbox, members, reply key*n
+-- ARGV: expected revision, now the core used, header, audit max length,
+--       member records the caller's snapshot saw (-1: replace the whole hash, e.g. after a loss or an upgrade),
 --       n checks, (memberId, lease the core used)*n   -- members it removed: their lease must be unchanged
---       n leases, (memberId, lease)*n                 -- live members (only ever moved forward)
---       n removed, memberId*n
+--       n leases, (memberId, lease)*n                 -- leases that moved (only ever moved forward)
+--       n removed, memberId*n                         -- leases of members that are gone
+--       n records, (memberId, record JSON)*n          -- member records that changed (all of them: replace)
+--       n gone, memberId*n                            -- member records to delete
 --       n events, event*n
---       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[7..]),
+--       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[8..]),
 --       wake channel, wake payload (memberIds separated by spaces; empty: publish nothing)
 -- Returns {1, now, new revision} or {0, now} on conflict. Queued heartbeats are answered only here, after
 -- the commit that applied them, so a sender never sees a response that was not persisted.
 -- The revision is max(previous + 1, now * 1000): it never repeats, even after the store lost the revision
 -- key or rolled back to an older one (a failover), so a process caching an old snapshot can never match it.
+-- The member records sent are a difference against the caller's snapshot at the expected revision; a hash
+-- that does not hold as many records as that snapshot was damaged behind the revision's back (a key or a
+-- field deleted), so the commit is refused and the next load sees the loss.
 -- Refuse before writing anything: Redis does not roll back a script that fails half-way.
-local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[5], 'string'}, {KEYS[6], 'list'}}
+local expected = {{KEYS[1], 'string'}, {KEYS[2], 'string'}, {KEYS[3], 'zset'}, {KEYS[4], 'stream'}, {KEYS[6], 'list'}, {KEYS[7], 'hash'}}
 for _, pair in ipairs(expected) do
   local kind = redis.call('TYPE', pair[1])['ok']
   if kind ~= 'none' and kind ~= pair[2] then
@@ -24,6 +31,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return {0, now} end
 if now < tonumber(ARGV[2]) then return {0, now} end
+local records = tonumber(ARGV[5])
+if records >= 0 and redis.call('HLEN', KEYS[7]) ~= records then return {0, now} end
 local i = 6
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
@@ -44,19 +53,32 @@ for _ = 1, n do
   redis.call('ZREM', KEYS[3], ARGV[i])
   i = i + 1
 end
+if records < 0 then
+  redis.call('DEL', KEYS[7])
+  redis.call('DEL', KEYS[5])
+end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[i], 'revision', string.format('%d', rev), 'at', now)
+  redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('HDEL', KEYS[7], ARGV[i])
   i = i + 1
 end
-redis.call('SET', KEYS[5], ARGV[4])
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i], 'revision', string.format('%d', rev), 'at', now)
+  i = i + 1
+end
 local taken = tonumber(ARGV[i]); i = i + 1
 if taken > 0 then redis.call('LTRIM', KEYS[6], taken, -1) end
 local ttl = ARGV[i]; i = i + 1
 n = tonumber(ARGV[i]); i = i + 1
 for k = 1, n do
-  redis.call('RPUSH', KEYS[6 + k], ARGV[i])
-  redis.call('PEXPIRE', KEYS[6 + k], ttl)
+  redis.call('RPUSH', KEYS[7 + k], ARGV[i])
+  redis.call('PEXPIRE', KEYS[7 + k], ttl)
   i = i + 1
 end
 -- A wake-up is a shortcut: a user whose ACL forbids PUBLISH still commits (pcall ignores the refusal).

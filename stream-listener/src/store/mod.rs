@@ -7,10 +7,16 @@
 //! * **Steady state** ([`Change::Lease`]): one `renew` script renews the sender's lease in a sorted set,
 //!   after checking that the revision is the cached one, that no lease has run out and that no timer of the
 //!   snapshot is due. Its work is `O(log members)`; the snapshot is not rewritten.
-//! * **Real changes** ([`Change::Metadata`]): one `commit` script writes the snapshot, increments the
-//!   revision, moves leases, appends the audit events to a capped stream and writes the monitoring
-//!   projection, all or nothing. It refuses if the revision moved, if the core's `now` is ahead of Redis
-//!   time, or if a member the core removed renewed its lease meanwhile (its fenced hold would be too short).
+//! * **Real changes** ([`Change::Metadata`]): one `commit` script writes what changed, increments the
+//!   revision, moves leases and appends the audit events to a capped stream, all or nothing. It refuses if
+//!   the revision moved, if the core's `now` is ahead of Redis time, or if a member the core removed renewed
+//!   its lease meanwhile (its fenced hold would be too short).
+//! * **Writes grow with the change, not the group.** The snapshot is stored as a header (everything but the
+//!   members, which it counts) and one record per member in a hash. The cache remembers what Redis holds at
+//!   its revision (each member's record, a lower bound of each lease), so a commit sends the header, the
+//!   records that changed, the ones to delete and the leases that moved: a join into 1,000 members x
+//!   10,000 shards writes kilobytes. The revision compare-and-set makes the difference exact: at the
+//!   expected revision Redis holds what the cache saw. The monitoring projection is computed by readers.
 //! * **One writer at a time.** A process that must commit first takes the group's writer lock (a short
 //!   `SET NX PX`); processes that find it taken wait in Redis (`BLPOP` on a turn list that the writer pushes
 //!   to when it releases), in arrival order, instead of reloading and colliding. A join storm of `n`
@@ -37,6 +43,7 @@
 mod inbox;
 pub mod wakeup;
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
@@ -45,7 +52,9 @@ use crate::clock::StoreMillis;
 use crate::connection::Connection;
 
 use crate::coordinator::events::AuditEvent;
-use crate::coordinator::metadata::{GroupConfig, GroupMetadata, MetadataError};
+use crate::coordinator::metadata::{
+    GroupConfig, GroupMetadata, MemberRecord, MetadataError, SCHEMA_VERSION, WHOLE_SCHEMA_VERSION,
+};
 use crate::coordinator::projection::{group_state, GroupProjection, GroupState};
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
 use crate::coordinator::{
@@ -72,26 +81,29 @@ const WRITER_WAIT_S: f64 = 0.05;
 ///
 /// | key | type | what it is |
 /// | --- | --- | --- |
-/// | `sl:{<stream>/<group>}:meta` | string | the group metadata snapshot (JSON, with its schema version) |
+/// | `sl:{<stream>/<group>}:meta` | string | the metadata header (JSON, schema version 2: everything but the members, their count) |
+/// | `sl:{<stream>/<group>}:members` | hash | memberId -> that member's record (JSON, without its lease) |
 /// | `sl:{<stream>/<group>}:rev` | string | the store revision, incremented by every commit |
 /// | `sl:{<stream>/<group>}:leases` | sorted set | memberId scored by lease deadline (Redis ms) |
 /// | `sl:{<stream>/<group>}:audit` | stream | audit events, capped at about 10,000 |
-/// | `sl:{<stream>/<group>}:projection` | string | the monitoring projection (JSON) |
+/// | `sl:{<stream>/<group>}:projection` | string | schema version 1's stored projection; deleted by the next commit |
 /// | `sl:{<stream>/<group>}:writer` | string | the writer lock (writer's token, expires after 500 ms) |
 /// | `sl:{<stream>/<group>}:turn` | list | wakes one waiting writer when the lock is released |
 /// | `sl:{<stream>/<group>}:inbox` | list | heartbeats queued for the writer (see `store/inbox.rs`) |
 /// | `sl:{<stream>/<group>}:reply:<id>` | list | the answer to one queued heartbeat (short-lived) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupKeys {
-    /// Snapshot.
+    /// Metadata header.
     pub meta: String,
+    /// Member records.
+    pub members: String,
     /// Store revision.
     pub rev: String,
     /// Leases.
     pub leases: String,
     /// Audit stream.
     pub audit: String,
-    /// Monitoring projection.
+    /// The monitoring projection schema version 1 stored (deleted by the next commit).
     pub projection: String,
     /// Writer lock.
     pub writer: String,
@@ -110,6 +122,7 @@ impl GroupKeys {
         let key = |suffix: &str| group_key(stream, group, suffix);
         Self {
             meta: key(suffix::META),
+            members: key(suffix::MEMBERS),
             rev: key(suffix::REVISION),
             leases: key(suffix::LEASES),
             audit: key(suffix::AUDIT),
@@ -178,7 +191,8 @@ pub struct StoreStats {
     pub commits: u64,
     /// Commits refused by the revision compare-and-set (or another check): the writer had to reload.
     pub conflicts: u64,
-    /// Bytes sent in accepted commits (snapshot and projection).
+    /// Bytes of metadata sent in accepted commits (the header and the member records written or
+    /// deleted).
     pub commit_bytes: u64,
     /// Lease renewals accepted.
     pub renewals: u64,
@@ -240,14 +254,37 @@ fn decode_reply(
     }
 }
 
-/// `load.lua`'s reply: snapshot (if any), store revision, leases, Redis time.
-type LoadReply = (Option<Vec<u8>>, i64, Vec<(String, i64)>, i64);
+/// `load.lua`'s reply: header (if any), store revision, leases, Redis time, member records.
+type LoadReply = (
+    Option<Vec<u8>>,
+    i64,
+    Vec<(String, i64)>,
+    i64,
+    Vec<(String, Vec<u8>)>,
+);
 
 /// The cached snapshot of a group.
 #[derive(Debug)]
 struct Snapshot {
     revision: i64,
     coordinator: Coordinator,
+    stored: Stored,
+}
+
+/// What Redis holds at a snapshot's revision, so that a commit sends only what changed.
+#[derive(Debug, Default)]
+struct Stored {
+    /// Each member's record as stored ([`MemberRecord::to_stored_json`]).
+    members: HashMap<String, Vec<u8>>,
+    /// A lower bound of each member's lease in the lease set: a lease not above it needs no write.
+    leases: HashMap<String, i64>,
+    /// The hash does not match `members` (a new or recreated group, an upgrade from the whole-document
+    /// layout): the next commit replaces it whole.
+    rewrite: bool,
+    /// Store time of the commit that wrote the header, when it says.
+    committed_at: Option<StoreMillis>,
+    /// Redis held no usable metadata: this snapshot was created in memory and is not stored yet.
+    created: bool,
 }
 
 /// One process's handle on one group's metadata in Redis. Cheap to create; keeps a cached snapshot.
@@ -392,7 +429,15 @@ impl GroupStore {
             let mut snapshot = self.cache.take().expect("loaded above");
             let now = self.now();
             let outcome = snapshot.coordinator.heartbeat(req, now);
-            match outcome.change {
+            // Until the member records are stored in this layout, or while the sender's lease is missing
+            // from the lease set (damaged), renewals are refused: commit instead.
+            let unstored =
+                snapshot.stored.rewrite || !snapshot.stored.leases.contains_key(&req.member_id);
+            let change = match outcome.change {
+                Change::Lease if unstored => Change::Metadata,
+                change => change,
+            };
+            match change {
                 Change::None => {
                     self.cache = Some(snapshot);
                     return Ok(outcome.response);
@@ -724,19 +769,20 @@ impl GroupStore {
         Ok((snapshot.revision, snapshot.coordinator.clone()))
     }
 
-    /// The monitoring projection as last committed, readable by any process.
+    /// The monitoring projection as of the last commit (`at_ms` is its store time), computed from a fresh
+    /// load: nothing stores it, so commits do not rewrite it. `None` while the group has no metadata.
     pub async fn projection(&mut self) -> Result<Option<GroupProjection>, StoreError> {
-        let json: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(&self.keys.projection)
-            .query_async(&mut self.conn)
-            .await?;
-        json.map(|j| {
-            serde_json::from_slice(&j).map_err(|e| StoreError::Metadata {
-                key: self.keys.projection.clone(),
-                source: MetadataError::Corrupt(e.to_string()),
-            })
-        })
-        .transpose()
+        match self.reload().await {
+            Ok(()) => {}
+            Err(StoreError::Missing { .. }) => return Ok(None),
+            Err(error) => return Err(error),
+        }
+        let snapshot = self.cache.as_ref().expect("just loaded");
+        if snapshot.stored.created {
+            return Ok(None); // this handle would create the group
+        }
+        let at = snapshot.stored.committed_at.unwrap_or_else(|| self.now());
+        Ok(Some(snapshot.coordinator.projection(at)))
     }
 
     /// Applies an input that is not a heartbeat under the writer lock (the heartbeats others queued wait
@@ -861,22 +907,71 @@ impl GroupStore {
     }
 
     async fn reload(&mut self) -> Result<(), StoreError> {
-        let (meta, revision, leases, now): LoadReply = self
+        let (meta, revision, leases, now, records): LoadReply = self
             .scripts
             .load
             .key(&self.keys.meta)
             .key(&self.keys.rev)
             .key(&self.keys.leases)
+            .key(&self.keys.members)
             .invoke_async(&mut self.conn)
             .await?;
         self.observe_time(now);
         stats::add(&stats::LOADS, 1);
+        let record_bytes: usize = records.iter().map(|(id, r)| id.len() + r.len()).sum();
         stats::add(
             &stats::LOAD_BYTES,
-            meta.as_ref().map_or(0, |m| m.len() as u64),
+            (meta.as_ref().map_or(0, |m| m.len()) + record_bytes) as u64,
         );
+        let had_records = !records.is_empty();
         let keys = &self.keys;
-        let mut coordinator = match meta {
+        let corrupt = |key: &String| {
+            let key = key.clone();
+            move |source| StoreError::Metadata { key, source }
+        };
+        let mut stored = Stored::default();
+        let loaded = match meta {
+            None => None,
+            Some(bytes) => match GroupMetadata::stored_schema_version(&bytes)
+                .map_err(corrupt(&keys.meta))?
+            {
+                WHOLE_SCHEMA_VERSION => {
+                    // The earlier layout: used as it is, stored in the current one by the next commit.
+                    stored.rewrite = true;
+                    Some(GroupMetadata::from_json(&bytes).map_err(corrupt(&keys.meta))?)
+                }
+                SCHEMA_VERSION => {
+                    stored.members = records.iter().cloned().collect();
+                    match GroupMetadata::from_parts(&bytes, records) {
+                        Ok((meta, committed_at)) => {
+                            stored.committed_at = Some(StoreMillis(committed_at));
+                            Some(meta)
+                        }
+                        // Member records were deleted (or added) behind the store's back: whoever may
+                        // be reading the shards they held is unknown, as after losing the whole snapshot.
+                        Err(source @ MetadataError::Incomplete { .. }) if self.create.is_some() => {
+                            tracing::warn!(key = %keys.members, %source, "group metadata lost member records; recreating it, with grants paused until every member of the lost state has self-fenced");
+                            None
+                        }
+                        Err(source) => {
+                            let key = match source {
+                                MetadataError::Corrupt(_) | MetadataError::Incomplete { .. } => {
+                                    &keys.members
+                                }
+                                MetadataError::UnknownSchemaVersion(_) => &keys.meta,
+                            };
+                            return Err(corrupt(key)(source));
+                        }
+                    }
+                }
+                other => {
+                    return Err(corrupt(&keys.meta)(MetadataError::UnknownSchemaVersion(
+                        other,
+                    )))
+                }
+            },
+        };
+        let mut coordinator = match loaded {
             None => {
                 let Some((shard_count, config)) = self.create else {
                     return Err(StoreError::Missing {
@@ -884,11 +979,16 @@ impl GroupStore {
                     });
                 };
                 // Never trust a missing snapshot to mean a new group (see the module docs).
-                let creation = if revision > 0 || !leases.is_empty() {
+                let creation = if revision > 0 || !leases.is_empty() || had_records {
                     tracing::warn!(key = %keys.meta, revision, leases = leases.len(), "group metadata is missing but its revision or leases exist: it was lost; recreating it, with grants paused until every member of the lost state has self-fenced");
                     Creation::AfterLoss
                 } else {
                     Creation::Fresh
+                };
+                stored = Stored {
+                    rewrite: true,
+                    created: true,
+                    ..Stored::default()
                 };
                 Coordinator::create(
                     self.group.clone(),
@@ -898,20 +998,35 @@ impl GroupStore {
                     creation,
                 )
             }
-            Some(bytes) => GroupMetadata::from_json(&bytes)
-                .and_then(Coordinator::from_metadata)
-                .map_err(|source| StoreError::Metadata {
-                    key: keys.meta.clone(),
-                    source,
-                })?,
+            Some(meta) => Coordinator::from_metadata(meta).map_err(corrupt(&keys.meta))?,
         };
+        let session = coordinator.metadata().config.session_timeout_ms;
+        let unleased: Vec<String> = if stored.rewrite {
+            Vec::new() // the whole-document layout carries its own leases
+        } else {
+            let members = &coordinator.metadata().members;
+            let leased: std::collections::HashSet<&str> =
+                leases.iter().map(|(id, _)| id.as_str()).collect();
+            members
+                .keys()
+                .filter(|id| !leased.contains(id.as_str()))
+                .cloned()
+                .collect()
+        };
+        for id in unleased {
+            // A record without a lease (the lease set was damaged): the member may be alive, so it gets
+            // a full session, and the next commit writes that lease.
+            coordinator.set_lease(&id, now + session);
+        }
         for (member, deadline) in leases {
             coordinator.set_lease(&member, deadline);
+            stored.leases.insert(member, deadline);
         }
         self.interval_ms = coordinator.metadata().config.heartbeat_interval_ms;
         self.cache = Some(Snapshot {
             revision,
             coordinator,
+            stored,
         });
         Ok(())
     }
@@ -925,6 +1040,7 @@ impl GroupStore {
             .key(&self.keys.rev)
             .key(&self.keys.leases)
             .key(&self.keys.meta)
+            .key(&self.keys.members)
             .arg(snapshot.revision)
             .arg(member)
             .arg(session)
@@ -940,6 +1056,13 @@ impl GroupStore {
         // Every lease is at least the smallest one in Redis: good enough to know nobody expired yet.
         snapshot.coordinator.raise_leases(min_lease);
         snapshot.coordinator.set_lease(member, now + session);
+        for lease in snapshot.stored.leases.values_mut() {
+            *lease = (*lease).max(min_lease);
+        }
+        snapshot
+            .stored
+            .leases
+            .insert(member.to_string(), now + session);
         Ok(true)
     }
 
@@ -959,10 +1082,37 @@ impl GroupStore {
             answered,
         } = answering;
         let meta = snapshot.coordinator.metadata();
-        let meta_json = meta.to_json();
-        let projection = serde_json::to_vec(&snapshot.coordinator.projection(now))
-            .expect("projection serializes");
-        let bytes = (meta_json.len() + projection.len()) as u64;
+        let stored = &snapshot.stored;
+        let committed_at = now;
+        let header = meta.to_header_json(committed_at.0);
+        // Only what Redis does not hold yet (everything when the hash is to be replaced).
+        let records: Vec<(&String, Vec<u8>)> = meta
+            .members
+            .iter()
+            .map(|(id, m)| (id, MemberRecord::to_stored_json(m)))
+            .filter(|(id, json)| stored.rewrite || stored.members.get(*id) != Some(json))
+            .collect();
+        let gone: Vec<&String> = if stored.rewrite {
+            Vec::new()
+        } else {
+            stored
+                .members
+                .keys()
+                .filter(|id| !meta.members.contains_key(*id))
+                .collect()
+        };
+        let leases: Vec<(&String, i64)> = meta
+            .members
+            .iter()
+            .map(|(id, m)| (id, m.lease_deadline_ms))
+            .filter(|(id, lease)| stored.leases.get(*id).is_none_or(|known| lease > known))
+            .collect();
+        let bytes = header.len()
+            + records
+                .iter()
+                .map(|(id, json)| id.len() + json.len())
+                .sum::<usize>()
+            + gone.iter().map(|id| id.len()).sum::<usize>();
         let mut invocation = self.scripts.commit.prepare_invoke();
         invocation
             .key(&self.keys.meta)
@@ -970,24 +1120,29 @@ impl GroupStore {
             .key(&self.keys.leases)
             .key(&self.keys.audit)
             .key(&self.keys.projection)
-            .key(&self.keys.inbox);
+            .key(&self.keys.inbox)
+            .key(&self.keys.members);
         for (id, _) in answers {
             invocation.key(self.keys.reply(id));
         }
         invocation
             .arg(snapshot.revision)
             .arg(now.0)
-            .arg(meta_json)
-            .arg(projection)
-            .arg(AUDIT_MAX_LEN);
+            .arg(header.as_slice())
+            .arg(AUDIT_MAX_LEN)
+            .arg(if stored.rewrite {
+                -1
+            } else {
+                stored.members.len() as i64
+            });
         // The core says which leases it relied on and which members are gone.
         invocation.arg(writes.lease_checks.len());
         for (id, lease) in &writes.lease_checks {
             invocation.arg(id).arg(*lease);
         }
-        invocation.arg(meta.members.len());
-        for (id, m) in &meta.members {
-            invocation.arg(id).arg(m.lease_deadline_ms);
+        invocation.arg(leases.len());
+        for (id, lease) in &leases {
+            invocation.arg(*id).arg(*lease);
         }
         // A member removed by one input of a batch and back by a later one keeps its lease.
         let removed: Vec<&String> = writes
@@ -996,8 +1151,16 @@ impl GroupStore {
             .filter(|id| !meta.members.contains_key(*id))
             .collect();
         invocation.arg(removed.len());
-        for id in removed {
-            invocation.arg(id);
+        for id in &removed {
+            invocation.arg(*id);
+        }
+        invocation.arg(records.len());
+        for (id, json) in &records {
+            invocation.arg(*id).arg(json.as_slice());
+        }
+        invocation.arg(gone.len());
+        for id in &gone {
+            invocation.arg(*id);
         }
         invocation.arg(events.len());
         for event in events {
@@ -1021,7 +1184,33 @@ impl GroupStore {
             return Ok(false);
         };
         stats::add(&stats::COMMITS, 1);
-        stats::add(&stats::COMMIT_BYTES, bytes);
+        stats::add(&stats::COMMIT_BYTES, bytes as u64);
+        // Redis now holds what was sent.
+        let leases: Vec<(String, i64)> = leases
+            .into_iter()
+            .map(|(id, lease)| (id.clone(), lease))
+            .collect();
+        let removed: Vec<String> = removed.into_iter().cloned().collect();
+        let records: Vec<(String, Vec<u8>)> = records
+            .into_iter()
+            .map(|(id, json)| (id.clone(), json))
+            .collect();
+        let gone: Vec<String> = gone.into_iter().cloned().collect();
+        let stored = &mut snapshot.stored;
+        if stored.rewrite {
+            stored.members.clear();
+            stored.rewrite = false;
+        }
+        stored.created = false;
+        stored.members.extend(records);
+        for id in gone {
+            stored.members.remove(&id);
+        }
+        stored.leases.extend(leases);
+        for id in removed {
+            stored.leases.remove(&id);
+        }
+        stored.committed_at = Some(committed_at);
         snapshot.revision = revision;
         Ok(true)
     }
