@@ -488,10 +488,13 @@ where
                 }
                 Value::ServerError(error) => return Err(ProducerError::Redis(error.into())),
                 Value::BulkString(bytes) => {
+                    // An id is ASCII: take the reply's buffer rather than copying it.
+                    let id = String::from_utf8(bytes)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                     receipts[i] = Some(SendReceipt {
                         shard,
                         stream,
-                        id: String::from_utf8_lossy(&bytes).into_owned(),
+                        id,
                         topology_version: topology.version(),
                     });
                 }
