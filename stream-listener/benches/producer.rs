@@ -1,9 +1,10 @@
 //! Producer throughput: `Producer::send_batch` (batches of 100) against pipelined raw XADD of the same
-//! keys and payloads, on a redis-server this benchmark starts itself. Two hand-written loops: one writes
-//! only `k` and `p`; the other also the topology version field `v` the producer writes (stale-write
-//! detection), so the entries are the same and the ratio measures the producer's own code.
+//! keys and payloads, on a redis-server this benchmark starts itself. Both write the same entries: `k` and
+//! `p` on a stream that was never resized (version 1), and also the topology version field `v` on a
+//! resized one (version 2), so each ratio measures the producer's own code on that layout.
 //!
-//! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count).
+//! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count,
+//! `SL_BENCH_ROUNDS` the rounds).
 
 use std::time::{Duration, Instant};
 
@@ -43,12 +44,33 @@ async fn flush(conn: &mut MultiplexedConnection) {
         .expect("FLUSHALL");
 }
 
-/// Producer::send_batch, with JSON serialization and routing, in batches of BATCH.
-async fn run_producer(conn: &mut MultiplexedConnection, entries: u64, max_len: u64) -> Duration {
+/// A fresh stream "bench" with SHARDS shards: at version 1, or at version 2 after a resize from SHARDS / 2
+/// (its entries then carry `v`). Returns the version.
+async fn fresh_stream(conn: &mut MultiplexedConnection, resized: bool) -> u64 {
     flush(conn).await;
-    Topology::ensure(conn, "bench", SHARDS)
+    if !resized {
+        return Topology::ensure(conn, "bench", SHARDS)
+            .await
+            .expect("topology")
+            .version();
+    }
+    Topology::ensure(conn, "bench", SHARDS / 2)
         .await
         .expect("topology");
+    Topology::resize_with_grace(conn, "bench", SHARDS, Duration::ZERO)
+        .await
+        .expect("resize")
+        .version()
+}
+
+/// Producer::send_batch, with JSON serialization and routing, in batches of BATCH.
+async fn run_producer(
+    conn: &mut MultiplexedConnection,
+    entries: u64,
+    max_len: u64,
+    resized: bool,
+) -> Duration {
+    fresh_stream(conn, resized).await;
     let config = ProducerConfig {
         max_len: Some(max_len),
         ..ProducerConfig::default()
@@ -67,19 +89,15 @@ async fn run_producer(conn: &mut MultiplexedConnection, entries: u64, max_len: u
     start.elapsed()
 }
 
-/// The floor: the same XADDs (same routing, same JSON), pipelined BATCH at a time, with no producer logic;
-/// with `version_field`, each entry also carries `v` as the producer's do.
+/// The floor: the same XADDs (same routing, same JSON, the same fields: `v` past version 1), pipelined
+/// BATCH at a time, with no producer logic.
 async fn run_raw(
     conn: &mut MultiplexedConnection,
     entries: u64,
     max_len: u64,
-    version_field: bool,
+    resized: bool,
 ) -> Duration {
-    flush(conn).await;
-    let version = Topology::ensure(conn, "bench", SHARDS)
-        .await
-        .expect("topology")
-        .version();
+    let version = fresh_stream(conn, resized).await;
     let start = Instant::now();
     let mut next = 0u64;
     while next < entries {
@@ -100,7 +118,7 @@ async fn run_raw(
                 .arg(key.as_bytes())
                 .arg("p")
                 .arg(serde_json::to_vec(&payload).expect("json"));
-            if version_field {
+            if version > 1 {
                 cmd.arg("v").arg(version);
             }
         }
@@ -143,47 +161,54 @@ fn main() {
             version.2,
             server.port()
         );
-        // Warm up both paths once, then alternate to even out drift.
-        run_producer(&mut conn, entries.min(10_000), max_len).await;
-        run_raw(&mut conn, entries.min(10_000), max_len, false).await;
-        run_raw(&mut conn, entries.min(10_000), max_len, true).await;
+        // Warm up every path once, then rotate the order to even out drift.
+        for resized in [false, true] {
+            run_producer(&mut conn, entries.min(10_000), max_len, resized).await;
+            run_raw(&mut conn, entries.min(10_000), max_len, resized).await;
+        }
         let rounds: usize = std::env::var("SL_BENCH_ROUNDS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(5)
             .max(1);
-        let (mut ratios, mut same_entry_ratios) = (Vec::new(), Vec::new());
+        // [version 1, version 2]: producer / raw per round.
+        let mut ratios = [Vec::new(), Vec::new()];
         for round in 0..rounds {
             // Rotate which side goes first, so none always meets a warmer server.
-            let mut times = [Duration::ZERO; 3];
-            for step in 0..3 {
-                let side = (round + step) % 3;
-                times[side] = match side {
-                    0 => run_producer(&mut conn, entries, max_len).await,
-                    1 => run_raw(&mut conn, entries, max_len, false).await,
-                    _ => run_raw(&mut conn, entries, max_len, true).await,
+            let mut times = [Duration::ZERO; 4];
+            for step in 0..4 {
+                let side = (round + step) % 4;
+                let resized = side >= 2;
+                times[side] = if side % 2 == 0 {
+                    run_producer(&mut conn, entries, max_len, resized).await
+                } else {
+                    run_raw(&mut conn, entries, max_len, resized).await
                 };
             }
-            let [p, r, v] = times;
-            let (ratio, same) = (
-                r.as_secs_f64() / p.as_secs_f64(),
-                v.as_secs_f64() / p.as_secs_f64(),
+            let [p1, r1, p2, r2] = times;
+            let (v1, v2) = (
+                r1.as_secs_f64() / p1.as_secs_f64(),
+                r2.as_secs_f64() / p2.as_secs_f64(),
             );
             println!(
-                "round {round}: producer.send_batch {:>9.0}/s   raw XADD k,p {:>9.0}/s (ratio {ratio:.3})   raw XADD k,p,v {:>9.0}/s (ratio {same:.3})",
-                rate(entries, p),
-                rate(entries, r),
-                rate(entries, v),
+                "round {round}: version 1 (k,p): producer {:>9.0}/s raw {:>9.0}/s ratio {v1:.3}   \
+                 version 2 (k,p,v): producer {:>9.0}/s raw {:>9.0}/s ratio {v2:.3}",
+                rate(entries, p1),
+                rate(entries, r1),
+                rate(entries, p2),
+                rate(entries, r2),
             );
-            ratios.push(ratio);
-            same_entry_ratios.push(same);
+            ratios[0].push(v1);
+            ratios[1].push(v2);
         }
-        ratios.sort_by(f64::total_cmp);
-        same_entry_ratios.sort_by(f64::total_cmp);
+        for list in &mut ratios {
+            list.sort_by(f64::total_cmp);
+        }
         println!(
-            "median over {rounds} rotated rounds: producer / raw k,p {:.3}; producer / raw k,p,v (the same entries) {:.3}",
-            ratios[ratios.len() / 2],
-            same_entry_ratios[same_entry_ratios.len() / 2]
+            "median over {rounds} rotated rounds, producer / raw XADD of the same entries: never resized \
+             (k,p) {:.3}; resized (k,p,v) {:.3}",
+            ratios[0][rounds / 2],
+            ratios[1][rounds / 2]
         );
     });
 }

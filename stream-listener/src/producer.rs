@@ -16,11 +16,12 @@
 //! | --- | --- |
 //! | `k` | the partition key, as given (UTF-8 for string keys, raw bytes otherwise) |
 //! | `p` | the payload bytes: JSON for [`Producer::send`], anything for [`Producer::send_bytes`] |
-//! | `v` | the topology version the entry was routed with (decimal) |
+//! | `v` | the topology version the entry was routed with (decimal), once the stream has been resized |
 //!
 //! Consumers recompute the shard from `k` to detect a misrouted entry, and compare `v` with their topology
 //! to detect a write routed with a stale layout after a resize's grace period
-//! ([`Topology::is_stale_write`]).
+//! ([`Topology::is_stale_write`]). A stream that was never resized is at version 1, where no layout can be
+//! stale, so its entries leave `v` out and cost what a hand-written `XADD` of `k` and `p` costs.
 //!
 //! # Topology
 //!
@@ -319,7 +320,7 @@ where
     }
 
     /// Publishes a field map under the partition key `key`, the way the spec's JVM and Python producers
-    /// write entries: the entry gets `k`, the given fields in order, and `v`, and no `p` field. Consumers
+    /// write entries: the entry gets `k`, the given fields in order, `v` once the stream has been resized, and no `p` field. Consumers
     /// read it with a [`Fields`](crate::consumer::Fields) handler. The names `k` and `v` are reserved
     /// ([`ProducerError::ReservedField`]).
     pub async fn send_fields<K, N, V>(
@@ -467,7 +468,9 @@ where
                     }
                 }
             }
-            cmd.arg(VERSION_FIELD).arg(topology.version());
+            if topology.version() > 1 {
+                cmd.arg(VERSION_FIELD).arg(topology.version());
+            }
             targets.push((i, shard, stream));
         }
         // Per-command errors come back in place, so a frozen shard fails only its own messages.

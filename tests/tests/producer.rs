@@ -7,7 +7,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use serde::{Deserialize, Serialize};
 use stream_listener::producer::{
-    Producer, ProducerConfig, ProducerError, KEY_FIELD, PAYLOAD_FIELD,
+    Producer, ProducerConfig, ProducerError, KEY_FIELD, PAYLOAD_FIELD, VERSION_FIELD,
 };
 use stream_listener::routing::{shard_for_key, PrefixError};
 use stream_listener::topology::{StartFrom, Topology, TopologyError};
@@ -53,12 +53,11 @@ async fn entries_land_in_the_shard_routing_md_names() {
         assert_eq!(id, &receipt.id);
         assert_eq!(
             fields.len(),
-            3,
-            "entry layout is exactly k, p and v: {fields:?}"
+            2,
+            "a never-resized stream's entry layout is exactly k and p: {fields:?}"
         );
         assert_eq!(fields[KEY_FIELD], key.as_bytes());
         assert_eq!(fields[PAYLOAD_FIELD], b"payload");
-        assert_eq!(fields["v"], b"1", "the topology version it was routed with");
         for other in (0..shards).filter(|&s| s != expected) {
             assert_eq!(xlen(&mut conn, &format!("{prefix}:{other}")).await, 0);
         }
@@ -300,6 +299,10 @@ async fn producer_follows_a_resize_by_version() {
     let receipt = producer.send_bytes(&key, "v").await.unwrap();
     assert_eq!(receipt.topology_version, 2);
     assert_eq!(receipt.shard, shard_for_key(key.as_bytes(), 8));
+    // Past version 1 every entry names the version it was routed with.
+    let written = entries(&mut conn, &receipt.stream).await;
+    let (_, fields) = written.last().expect("the entry");
+    assert_eq!(fields[VERSION_FIELD], b"2", "{fields:?}");
     assert_eq!(producer.topology().shard_count(), 8);
 }
 

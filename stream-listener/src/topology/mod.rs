@@ -44,13 +44,14 @@
 //!
 //! # Stale-layout writes
 //!
-//! Producers stamp each entry with the topology version they routed it with (field `v`). An entry that
-//! reaches a consumer with a version older than the consumer's topology and an id at or past the last
-//! migration's cut was written by a producer that did not refresh within the grace period
-//! ([`Topology::is_stale_write`]): its key's order across the resize is not guaranteed. Consumers count
-//! such writes per group in `sl:topology:{<prefix>}:stale` ([`Topology::stale_writes`]) and log a
-//! (rate-limited) warning. Entries without `v` (older producers) are judged by their key alone: one found in
-//! its previous-layout shard past the cut is stale.
+//! An entry with an id at or past the last migration's cut, found in a shard that is not its key's shard,
+//! was written by a producer that did not refresh within the grace period ([`Topology::is_stale_write`]):
+//! its key's order across the resize is not guaranteed. Consumers count such writes per group in
+//! `sl:topology:{<prefix>}:stale` ([`Topology::stale_writes`]) and log a (rate-limited) warning. A late
+//! old-layout write that happens to land in its key's shard under the new layout too is in order, and is
+//! not counted. Producers also stamp each entry of a resized stream with the topology version they routed
+//! it with (field `v`; at version 1 they leave it out, as nothing older exists), so a consumer whose cached
+//! topology is older than an entry's re-reads it first.
 
 use redis::{RedisError, Value};
 
@@ -366,12 +367,13 @@ impl Topology {
     }
 
     /// Whether an entry of `key` found in `shard` with an id of `entry_ms` ms, routed by its producer with
-    /// topology `entry_version` (the entry's `v` field; `None` for entries of older producers), was
-    /// written with a stale layout after the last migration's cut: its producer did not refresh within the
-    /// grace period, so per-key order across the resize is not guaranteed for it.
+    /// topology `entry_version` (the entry's `v` field; `None` when it has none: written at version 1 or by
+    /// another client), was written with a stale layout after the last migration's cut: its producer did
+    /// not refresh within the grace period, so per-key order across the resize is not guaranteed for it.
     ///
-    /// With a version: older than this topology and at or past the cut. Without one, judged by the key:
-    /// found in its previous-layout shard, which is no longer its shard, at or past the cut.
+    /// That is: at or past the cut, in a shard that is not its key's shard (its previous-layout shard, or
+    /// an older layout's), and with a version older than this topology's when it has one. An entry in its
+    /// key's own shard is in order whatever layout routed it.
     pub fn is_stale_write(
         &self,
         key: &[u8],
@@ -385,13 +387,7 @@ impl Topology {
         if entry_ms < m.cut_ms() {
             return false;
         }
-        match entry_version {
-            Some(v) => v < self.version,
-            None => {
-                routing::shard_for_key(key, m.previous_shard_count) == shard
-                    && self.shard_for_key(key) != shard
-            }
-        }
+        self.shard_for_key(key) != shard && entry_version.is_none_or(|v| v < self.version)
     }
 
     /// The Redis key of shard `index`: `<prefix>:<index>`.
@@ -728,7 +724,7 @@ mod tests {
     }
 
     #[test]
-    fn stale_writes_are_old_versions_past_the_cut() {
+    fn stale_writes_are_old_layout_writes_outside_their_keys_shard_past_the_cut() {
         let m = Migration {
             previous_shard_count: 4,
             resized_at_ms: 8_000,
@@ -741,15 +737,33 @@ mod tests {
             routing::shard_for_key(&moved, 4),
             routing::shard_for_key(&moved, 8),
         );
-        // With a version: older than the topology and at or past the cut.
+        // With a version: older than the topology, at or past the cut, outside the key's shard.
         assert!(!t.is_stale_write(&moved, a, 9_999, Some(1)));
         assert!(t.is_stale_write(&moved, a, 10_000, Some(1)));
-        assert!(t.is_stale_write(&moved, b, 10_000, Some(1)));
-        assert!(!t.is_stale_write(&moved, b, 10_000, Some(2)));
-        // Without one (older producers): in the key's previous shard, which is no longer its shard.
+        assert!(
+            !t.is_stale_write(&moved, b, 10_000, Some(1)),
+            "in the key's shard: in order"
+        );
+        assert!(
+            !t.is_stale_write(&moved, a, 10_000, Some(2)),
+            "routed with this layout"
+        );
+        // Without one (version 1, other clients): in a shard that is not the key's shard.
         assert!(t.is_stale_write(&moved, a, 10_000, None));
         assert!(!t.is_stale_write(&moved, b, 10_000, None));
         assert!(!t.is_stale_write(&moved, a, 9_000, None));
+        // Routed with a layout older than the previous one (a producer that missed two resizes): its key
+        // maps to neither the previous nor the current shard here.
+        let stayed = key_where(4, 8, |a, b| a == b);
+        let (old, now) = (
+            routing::shard_for_key(&stayed, 4),
+            routing::shard_for_key(&stayed, 8),
+        );
+        let elsewhere = (0..8)
+            .find(|s| *s != old && *s != now)
+            .expect("a third shard");
+        assert!(t.is_stale_write(&stayed, elsewhere, 10_000, None));
+        assert!(!t.is_stale_write(&stayed, now, 10_000, None));
         // Never resized: nothing is stale.
         assert!(!topology(4, None).is_stale_write(&moved, a, 10_000, Some(0)));
     }
