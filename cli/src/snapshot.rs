@@ -22,6 +22,8 @@ pub struct GroupSnapshot {
     pub now_ms: i64,
     /// The coordinator's projection at `now_ms`.
     pub view: GroupProjection,
+    /// Redis time of the last commit (ms), when the stored header records it.
+    pub committed_at_ms: Option<i64>,
     /// The stream topology's shard count (`None` without a topology record).
     pub topology_count: Option<u32>,
     /// One row per shard of the group, then any the topology has beyond them.
@@ -72,6 +74,7 @@ impl GroupSnapshot {
         let (revision, coordinator) = store.load().await?;
         let now_ms = ctx.now_ms().await?;
         let view = coordinator.projection(StoreMillis(now_ms));
+        let committed_at_ms = store.committed_at().map(|at| at.0);
         let topology_count = match Topology::load(&mut ctx.conn, stream).await {
             Ok(topology) => Some(topology.shard_count()),
             Err(TopologyError::Missing { .. }) => None,
@@ -87,6 +90,7 @@ impl GroupSnapshot {
             revision,
             now_ms,
             view,
+            committed_at_ms,
             topology_count,
             shards,
         })

@@ -260,7 +260,22 @@ fn rows(table: &str) -> Vec<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_group_members_and_invariants() {
     let mut f = Fixture::start().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
     let out = cli(&f.url(), &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    // One load of the group (its leases are read by `load.lua` only: nothing heartbeats here).
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert!(
+        stats.contains("cmdstat_zrange:calls=1,"),
+        "status loads the group once: {stats}"
+    );
     assert!(out.contains("state             STABLE"), "{out}");
     assert!(out.contains("shard count       4"), "{out}");
     assert!(out.contains("resharding        none"), "{out}");

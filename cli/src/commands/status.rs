@@ -24,11 +24,6 @@ pub async fn run(
     all: bool,
 ) -> Result<String, CliError> {
     let snapshot = GroupSnapshot::read(ctx, stream, group).await?;
-    let stored = ctx
-        .existing_group(stream, group)
-        .await?
-        .projection()
-        .await?;
     if json {
         return Ok(to_json(&snapshot, all));
     }
@@ -63,12 +58,12 @@ pub async fn run(
     if let Some(line) = super::reshard::status_line(ctx, stream, group).await? {
         let _ = writeln!(out, "stream topology   {line}");
     }
-    if let Some(stored) = stored {
+    if let Some(at) = snapshot.committed_at_ms {
         let _ = writeln!(
             out,
             "last change       {} ({} ago)",
-            utc(stored.at_ms),
-            seconds(now - stored.at_ms)
+            utc(at),
+            seconds(now - at)
         );
     }
     out.push('\n');

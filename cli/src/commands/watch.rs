@@ -248,6 +248,7 @@ mod tests {
             revision: 17,
             now_ms,
             view,
+            committed_at_ms: None,
             topology_count: Some(2),
             shards: (0..2)
                 .map(|i| ShardStats {

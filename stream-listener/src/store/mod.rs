@@ -769,6 +769,12 @@ impl GroupStore {
         Ok((snapshot.revision, snapshot.coordinator.clone()))
     }
 
+    /// The Redis time of the last commit this handle loaded, if the stored header has one (documents
+    /// written before it was recorded do not).
+    pub fn committed_at(&self) -> Option<StoreMillis> {
+        self.cache.as_ref()?.stored.committed_at
+    }
+
     /// The monitoring projection as of the last commit (`at_ms` is its store time), computed from a fresh
     /// load: nothing stores it, so commits do not rewrite it. `None` while the group has no metadata.
     pub async fn projection(&mut self) -> Result<Option<GroupProjection>, StoreError> {
