@@ -65,6 +65,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::aio::ConnectionManager;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::store::GroupStore;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
 use stream_listener_test_support::aio::poll_until;
@@ -739,25 +740,20 @@ fn dump(
 }
 
 /// Whether the group's projection shows `members` members, each owning shards, none pending or revoking.
+/// Every one of `members` members owns shards and nothing is in motion, from the group's projection
+/// (computed from a load: nothing stores it).
 async fn settled(conn: &mut Connection, members: usize) -> bool {
-    let Ok(Some(json)) = redis::cmd("GET")
-        .arg(format!("sl:{{{STREAM}/{GROUP}}}:projection"))
-        .query_async::<Option<String>>(conn)
-        .await
-    else {
+    let Ok(mut store) = GroupStore::open(conn.clone(), STREAM, GROUP) else {
         return false;
     };
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(&json) else {
+    let Ok(Some(view)) = store.projection().await else {
         return false;
     };
-    let Some(views) = value["members"].as_array() else {
-        return false;
-    };
-    let len = |v: &serde_json::Value, field: &str| v[field].as_array().map_or(0, Vec::len);
-    views.len() == members
-        && views
+    view.members.len() == members
+        && view
+            .members
             .iter()
-            .all(|m| len(m, "owned") > 0 && len(m, "pending") == 0 && len(m, "revoking") == 0)
+            .all(|m| !m.owned.is_empty() && m.pending.is_empty() && m.revoking.is_empty())
 }
 
 async fn scard(conn: &mut ConnectionManager) -> redis::RedisResult<u64> {
