@@ -115,12 +115,35 @@ async fn read_stream(conn: &mut impl ConnectionLike, key: &str) -> Vec<HashMap<S
     entries.into_iter().map(|(_, fields)| fields).collect()
 }
 
-async fn xreadgroup_calls(conn: &mut impl ConnectionLike) -> u64 {
-    command_calls(conn)
+/// Reads of shard streams: group reads (`XREADGROUP`) and the idle wait's `XREAD`.
+async fn read_calls(conn: &mut impl ConnectionLike) -> u64 {
+    let calls = command_calls(conn).await;
+    ["xreadgroup", "xread"]
+        .iter()
+        .map(|name| calls.get(*name).copied().unwrap_or(0))
+        .sum()
+}
+
+/// Calls of one command, from `INFO commandstats`.
+async fn calls_of(conn: &mut impl ConnectionLike, command: &str) -> u64 {
+    command_calls(conn).await.get(command).copied().unwrap_or(0)
+}
+
+/// The `CLIENT LIST` line of the one blocked client, if exactly one is blocked.
+async fn blocked_client_line(conn: &mut impl ConnectionLike) -> Option<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
         .await
-        .get("xreadgroup")
-        .copied()
-        .unwrap_or(0)
+        .unwrap();
+    let blocked: Vec<&str> = list
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("flags=") && f.contains('b'))
+        })
+        .collect();
+    (blocked.len() == 1).then(|| blocked[0].to_owned())
 }
 
 async fn blocked_clients(conn: &mut impl ConnectionLike) -> u64 {
@@ -379,14 +402,14 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
     })
     .await;
     for round in 0..5u64 {
-        let before = xreadgroup_calls(&mut conn).await;
+        let before = read_calls(&mut conn).await;
         let started = Instant::now();
         produce(&mut conn, "wide", 63, round, 1).await;
         wait_until_async("entry on shard 63", Duration::from_secs(5), || async {
             log.count() as u64 == round + 1
         })
         .await;
-        let reads = xreadgroup_calls(&mut conn).await - before;
+        let reads = read_calls(&mut conn).await - before;
         let latency = started.elapsed();
         // At most about two rotations over 64 shards (one of which may include a short blocking read).
         assert!(
@@ -414,11 +437,11 @@ async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {
         async move { blocked_clients(&mut conn).await == 1 }
     })
     .await;
-    let before = xreadgroup_calls(&mut conn).await;
+    let before = read_calls(&mut conn).await;
     // An observation window, not a synchronisation: an idle member sends about one blocking read per
     // 450 ms; polling while the wait runs would send thousands.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let reads = xreadgroup_calls(&mut conn).await - before;
+    let reads = read_calls(&mut conn).await - before;
     assert!(reads <= 30, "an idle member sent {reads} reads in 2 s");
     // And it still wakes for traffic on any shard.
     produce(&mut conn, "calm", 5, 0, 1).await;
@@ -1293,10 +1316,132 @@ async fn consumer_recovers_after_a_redis_restart() {
 
 // ---- the member's self-fencing deadline, checked at every command ----
 
+/// Single node only: it reads one node's `CLIENT LIST` and `XPENDING`.
+///
+/// The idle wait blocks in Redis. If the process freezes while it blocks and stays frozen past its lease
+/// (or the wait reaches Redis late), an entry that arrives must not be delivered to the frozen member: the
+/// wait is an `XREAD`, which delivers nothing, so the shard's next owner reads the entry first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_wait_served_past_the_deadline_delivers_nothing() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "frozen-wait", 0..1).await;
+    let deadline = OwnershipDeadline::new();
+    deadline.set(deadline.local_now().plus_ms(30_000));
+    let log = Log::default();
+    let mut cfg = config("frozen-wait", "m0");
+    // A long block, so the entry surely arrives while this wait blocks.
+    cfg.block_ms = 10_000;
+    let running =
+        Running::start_with_deadline(redis.url(), cfg, recording_handler(&log), deadline.clone())
+            .await;
+    running.assign(0..1).await;
+    let line = wait_for_blocked_client(&mut conn).await;
+    assert!(line.contains("cmd=xread "), "the idle wait: {line}");
+    // The lease runs out while the wait blocks, and no fence arrives (the process is frozen).
+    deadline.set(deadline.local_now());
+    produce(&mut conn, "frozen-wait", 0, 0, 1).await;
+    wait_until_async("the wait answered", Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { blocked_clients(&mut conn).await == 0 }
+    })
+    .await;
+    assert_eq!(
+        xpending_count(&mut conn, "frozen-wait:0", GROUP).await,
+        0,
+        "the wait delivered the entry to the member past its deadline"
+    );
+    // The next owner's first read gets it.
+    let read: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("next-owner")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg("frozen-wait:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !matches!(read, Value::Nil),
+        "the next owner found nothing: the entry went elsewhere"
+    );
+    assert_eq!(log.count(), 0, "handled past the deadline");
+    running.stop().await;
+}
+
+/// Single node only: it counts one node's `INFO commandstats`.
+///
+/// An entry the idle wait saw but another consumer took (a zombie's late read) wakes the member once:
+/// its read finds nothing, and the next wait watches from the group's position, not from below the entry
+/// (which would wake it again at once, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_for_an_entry_another_consumer_took_does_not_spin() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "taken", 0..1).await;
+    let log = Log::default();
+    let running = Running::start(redis.url(), config("taken", "m0"), recording_handler(&log)).await;
+    running.assign(0..1).await;
+    wait_for_blocked_client(&mut conn).await;
+    let woken = calls_of(&mut conn, "xinfo|groups").await;
+    // Written and delivered to a zombie in one step, so the member can never read it itself.
+    let _: Value = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg("taken:0")
+        .arg("*")
+        .arg("k")
+        .arg("key-0")
+        .arg("p")
+        .arg(r#"{"n":0}"#)
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("zombie")
+        .arg("STREAMS")
+        .arg("taken:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    wait_until_async(
+        "the wait watches from the group again",
+        Duration::from_secs(5),
+        || {
+            let mut conn = conn.clone();
+            async move { calls_of(&mut conn, "xinfo|groups").await > woken }
+        },
+    )
+    .await;
+    wait_for_blocked_client(&mut conn).await;
+    let before = read_calls(&mut conn).await;
+    // An observation window, not a synchronisation: a spinning wait would send thousands of reads.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reads = read_calls(&mut conn).await - before;
+    assert!(reads <= 5, "{reads} reads in 1 s after the wake-up");
+    assert_eq!(
+        log.count(),
+        0,
+        "the zombie's entry is not ours to handle yet"
+    );
+    running.stop().await;
+}
+
+async fn wait_for_blocked_client(conn: &mut (impl ConnectionLike + Clone + Send)) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(line) = blocked_client_line(conn).await {
+            return line;
+        }
+        assert!(Instant::now() < deadline, "no blocked idle wait");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Calls of the commands that touch a shard, from `INFO commandstats`.
 async fn shard_commands(conn: &mut impl ConnectionLike) -> u64 {
     let touching = [
         "xreadgroup",
+        "xread",
         "xack",
         "xautoclaim",
         "xclaim",

@@ -1,11 +1,11 @@
-//! The idle wait on a Redis Cluster. One `XREADGROUP ... BLOCK` cannot span slots (CROSSSLOT), so the
+//! The idle wait on a Redis Cluster. One `XREAD ... BLOCK` cannot span slots (CROSSSLOT), so the
 //! idle shards are grouped by slot and each group gets its own blocking read, on a connection of its own
 //! straight to the slot's master (a blocked read holds its connection: reads sharing one would run one
 //! after the other, and a read on the cluster connection would stall acks and heartbeats to that node).
 //!
 //! The wait ends as soon as ANY read returns entries or fails, or the scheduler interrupts it: the other
-//! reads are ended with `CLIENT UNBLOCK` on their node and awaited, so whatever they took is returned too
-//! (pending under this member, handed to the shards' next jobs) and no read outlives the wait in Redis.
+//! reads are ended with `CLIENT UNBLOCK` on their node and awaited, so what they saw is returned too and
+//! no read outlives the wait in Redis. Like the single-node wait, they deliver nothing (see `wait`).
 //!
 //! A read answered with `MOVED` / `ASK` (a slot migrating or failed over) drops the cached slot map and
 //! ends the wait as failed: the scheduler then polls the shards one by one through the cluster connection,
@@ -24,7 +24,6 @@ use super::job::{is_missing_group, JobOutcome};
 use super::shard_io::ShardIo;
 use super::wait::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
-use crate::consumer::Entry;
 
 /// The `client` value the scheduler stores to interrupt a cluster wait (see [`ClusterWait::interrupt`]).
 const INTERRUPTED: i64 = -1;
@@ -124,9 +123,9 @@ async fn blocking_for(io: &ShardIo, slot: u16, node: &Node) -> RedisResult<Block
     })
 }
 
-type ReadResult = (u16, Blocking, RedisResult<Vec<(String, Vec<Entry>)>>);
+type ReadResult = (u16, Blocking, RedisResult<Vec<String>>);
 
-/// The blocking part of the idle wait on a cluster (after the reclaim phase of [`super::wait::run`]).
+/// The blocking part of the idle wait on a cluster (once [`super::wait::run`] knows where to watch from).
 pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutcome) -> JobOutcome {
     let notified = io.cluster_wait.interrupted.notified();
     tokio::pin!(notified);
@@ -141,12 +140,12 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutco
             return outcome;
         }
     };
-    let mut groups: BTreeMap<u16, Vec<Arc<str>>> = BTreeMap::new();
-    for (_, key) in &spec.shards {
+    let mut groups: BTreeMap<u16, Vec<(String, String)>> = BTreeMap::new();
+    for (key, from) in spec.streams() {
         groups
             .entry(slot_of(key.as_bytes()))
             .or_default()
-            .push(key.clone());
+            .push((key.to_owned(), from.to_owned()));
     }
     let mut connected = Vec::new();
     for (slot, keys) in groups {
@@ -178,8 +177,11 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutco
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let io = io.clone();
         reads.spawn(tracing::Instrument::in_current_span(async move {
-            let keys: Vec<&str> = keys.iter().map(|k| &**k).collect();
-            let result = io.wait_new(&keys, &mut blocking.conn, block).await;
+            let streams: Vec<(&str, &str)> = keys
+                .iter()
+                .map(|(k, id)| (k.as_str(), id.as_str()))
+                .collect();
+            let result = io.wait_for_new(&streams, &mut blocking.conn, block).await;
             (slot, blocking, result) as ReadResult
         }));
     }
@@ -200,14 +202,9 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutco
         };
         running.remove(&slot);
         let ended = match result {
-            Ok(by_key) => {
-                let got = !by_key.is_empty();
-                for (key, entries) in by_key {
-                    if let Some((shard, _)) = spec.shards.iter().find(|(_, k)| **k == *key) {
-                        outcome.fetched += entries.len();
-                        outcome.woke.push((*shard, entries));
-                    }
-                }
+            Ok(keys) => {
+                let got = !keys.is_empty();
+                spec.note_new_entries(&keys, &mut outcome);
                 io.cluster_wait
                     .conns
                     .lock()

@@ -17,7 +17,7 @@ pub struct ConsumerConfig {
     pub consumer_name: String,
     /// Entries fetched per read (`COUNT`). Larger batches mean fewer round trips but longer revokes.
     pub batch_size: usize,
-    /// How long a worker blocks in `XREADGROUP BLOCK` once a full rotation over the owned shards found
+    /// How long the idle wait blocks (`XREAD BLOCK`) once a full rotation over the owned shards found
     /// nothing. It bounds the extra latency of a shard that becomes busy while another one is blocked on,
     /// so keep it short (tens of milliseconds).
     pub block_ms: u64,

@@ -73,6 +73,8 @@ pub(crate) struct JobOutcome {
     pub(crate) next_read_mode: Option<ReadMode>,
     pub(crate) fetched: usize,
     pub(crate) last_delivered: Option<String>,
+    /// The newest entry this job's `XREADGROUP ... >` reads got (where the idle wait watches from next).
+    pub(crate) read_up_to: Option<String>,
     pub(crate) last_acked: Option<String>,
     /// Entries left pending on purpose (failure policy, or stopped part-way).
     pub(crate) left_pending: usize,
@@ -87,8 +89,10 @@ pub(crate) struct JobOutcome {
     pub(crate) expired: bool,
     /// The shard's consumer group (or the stream) is missing: the store lost it.
     pub(crate) missing_group: bool,
-    /// What an idle wait read, by shard.
-    pub(crate) woke: Vec<(u32, Vec<Entry>)>,
+    /// Shards the idle wait saw new entries on (their next job reads them).
+    pub(crate) new_entries: Vec<u32>,
+    /// Where the idle wait found it must watch shards from (the group's last-delivered id), by shard.
+    pub(crate) watch_from: Vec<(u32, String)>,
 }
 
 /// The fate of one entry.
@@ -147,6 +151,9 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
+        // Whether these entries come from a `>` read (new to the group), rather than deferred or claimed.
+        let read_new = spec.deferred.is_empty()
+            && (!carried.is_empty() || matches!(spec.read_mode, ReadMode::Live));
         let fetched = if !spec.deferred.is_empty() {
             Ok((std::mem::take(&mut spec.deferred), spec.read_mode.clone()))
         } else if carried.is_empty() {
@@ -187,6 +194,9 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         outcome.fetched += entries.len();
         if let Some(last) = entries.last() {
             outcome.last_delivered = Some(last.id.clone());
+            if read_new {
+                outcome.read_up_to = Some(last.id.clone());
+            }
         }
         spec.in_flight
             .store(entries.len() as u32, Ordering::Release);

@@ -26,7 +26,7 @@
 //!
 //! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
 //! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. The idle wait has a
-//! second connection of its own, used only for `XREADGROUP BLOCK` (redis-rs would queue every other
+//! second connection of its own, used only for its `XREAD BLOCK` (redis-rs would queue every other
 //! command behind a blocking read on a shared connection). A member therefore opens two connections,
 //! however many shards it owns and workers it has.
 //!
@@ -260,6 +260,9 @@ struct OwnedShard {
     reassign: Option<FencingToken>,
     error_backoff: Duration,
     last_delivered: Option<String>,
+    /// Where the idle wait watches the stream from: the newest entry our `>` reads got, or the group's
+    /// last-delivered id; `None` until known, and after a wake-up (see the `wait` module).
+    watch_from: Option<String>,
     last_acked: Option<String>,
     pending: u64,
     dirty: bool,
@@ -582,6 +585,7 @@ impl Scheduler {
                 reassign: None,
                 error_backoff: Duration::ZERO,
                 last_delivered: None,
+                watch_from: None,
                 last_acked: None,
                 pending: 0,
                 dirty: true,
@@ -728,11 +732,15 @@ impl Scheduler {
     fn start_wait(&mut self, job: JobId, shards: Vec<u32>, jobs: &mut JoinSet<JobOutcome>) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut members = Vec::with_capacity(shards.len());
+        let mut watch_from = HashMap::new();
         for shard in shards {
             if let Some(state) = self.shards.get_mut(&shard) {
                 state.running = true;
                 keys.push((shard, state.key.clone()));
                 members.push((shard, state.generation));
+                if let Some(id) = &state.watch_from {
+                    watch_from.insert(shard, id.clone());
+                }
             }
         }
         let conn = self.wait_conn.take();
@@ -740,8 +748,7 @@ impl Scheduler {
             .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
         let spec = wait::WaitSpec {
             shards: keys,
-            // Shards due to look for zombies' entries get a job of their own (the machine's rule).
-            reclaim: Vec::new(),
+            watch_from,
             conn,
             client: self.wait_client.clone(),
             deadline: self.deadline.clone(),
@@ -762,9 +769,9 @@ impl Scheduler {
         );
     }
 
-    /// Ends the idle wait early. Aborting the task would not end the read in Redis, which could then
-    /// still hand entries to it after a revocation was reported; `CLIENT UNBLOCK` ends it there, and the
-    /// wait returns normally with whatever it read (pending under this member, reported before REVOKED).
+    /// Ends the idle wait early. Aborting the task would not end the read in Redis, which would hold
+    /// the wait's connection until its timeout; `CLIENT UNBLOCK` ends it there, and the wait returns
+    /// normally with the shards it saw new entries on.
     fn interrupt_wait(&mut self, job: JobId) {
         let Some(meta) = self
             .wait
@@ -828,33 +835,34 @@ impl Scheduler {
         }
         // Which shard is at fault is found by the shards' own reads: poll them one by one.
         let failed = outcome.error.is_some() || outcome.expired || outcome.missing_group;
-        let mut woke = Vec::new();
-        for (shard, entries) in outcome.woke.drain(..) {
-            let Some(generation) = meta
-                .shards
-                .iter()
-                .find(|(s, _)| *s == shard)
-                .map(|(_, g)| *g)
-            else {
-                continue;
-            };
-            let Some(state) = self
-                .shards
-                .get_mut(&shard)
-                .filter(|s| s.generation == generation)
-            else {
-                continue;
-            };
-            if entries.is_empty() {
-                continue;
+        for (shard, id) in outcome.watch_from.drain(..) {
+            if let Some(state) = self.waited_shard(&meta, shard) {
+                state.watch_from = Some(id);
             }
-            state.last_delivered = entries.last().map(|e| e.id.clone());
-            state.dirty = true;
-            state.deferred.extend(entries);
-            woke.push(shard);
+        }
+        let mut woke = Vec::new();
+        for shard in outcome.new_entries.drain(..) {
+            if let Some(state) = self.waited_shard(&meta, shard) {
+                // Watched from the group's position again unless the next read gets the new entries
+                // (another consumer may have taken them).
+                state.watch_from = None;
+                woke.push(shard);
+            }
         }
         let out = self.machine.wait_ended(now, meta.job, &woke, failed);
         self.execute(out, jobs);
+    }
+
+    /// The state of `shard` if it is still the ownership the idle wait `meta` waited on.
+    fn waited_shard(&mut self, meta: &JobMeta, shard: u32) -> Option<&mut OwnedShard> {
+        let generation = meta
+            .shards
+            .iter()
+            .find(|(s, _)| *s == shard)
+            .map(|(_, g)| *g)?;
+        self.shards
+            .get_mut(&shard)
+            .filter(|s| s.generation == generation)
     }
 
     fn on_job_end(
@@ -908,6 +916,13 @@ impl Scheduler {
         if let Some(acked) = outcome.last_acked.take() {
             state.last_acked = Some(acked);
             state.dirty = true;
+        }
+        if let Some(id) = outcome.read_up_to.take() {
+            state.watch_from = Some(id);
+        }
+        if outcome.missing_group {
+            // The group comes back at a position of its own: watch from there.
+            state.watch_from = None;
         }
         state.deferred = std::mem::take(&mut outcome.deferred);
         state.pending = (outcome.left_pending + state.deferred.len()) as u64;

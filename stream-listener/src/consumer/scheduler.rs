@@ -451,7 +451,7 @@ impl ShardScheduler {
         out
     }
 
-    /// The idle wait ended; `woke` are the shards it read entries for (they run next with them).
+    /// The idle wait ended; `woke` are the shards it saw new entries on (they run next, to read them).
     pub fn wait_ended(
         &mut self,
         now: Millis,

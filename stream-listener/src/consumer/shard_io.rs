@@ -384,7 +384,7 @@ impl ShardIo {
         );
     }
 
-    /// A dedicated connection for `XREADGROUP BLOCK`: redis-rs queues every command behind a blocking read
+    /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a blocking read
     /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
     /// Returns it with its Redis client id (for `CLIENT UNBLOCK`).
     pub(crate) async fn blocking_connection(&self) -> RedisResult<(MultiplexedConnection, i64)> {
@@ -400,46 +400,79 @@ impl ShardIo {
         Ok((conn, id))
     }
 
-    /// `XREADGROUP ... [BLOCK ms] STREAMS keys.. > ..`: new entries of `keys`, blocking only with
-    /// `block_ms`.
-    fn read_cmd(&self, keys: &[&str], block_ms: Option<u64>) -> redis::Cmd {
+    /// `XREADGROUP ... COUNT n STREAMS key >`: the shard's new entries, delivered to this member. Never
+    /// blocks: a group read is sent only right after a deadline check (the idle wait blocks with `XREAD`,
+    /// which delivers nothing, see [`wait_for_new`](Self::wait_for_new)).
+    fn read_cmd(&self, key: &str) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size);
-        if let Some(ms) = block_ms {
-            cmd.arg("BLOCK").arg(ms);
-        }
-        cmd.arg("STREAMS").arg(keys);
-        for _ in keys {
-            cmd.arg(">");
-        }
+            .arg(self.config.batch_size)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(">");
         cmd
     }
 
     /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
     pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
         let reply: Value = self
-            .read_cmd(&[key], None)
+            .read_cmd(key)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(parse_read_reply(reply))
     }
 
-    /// The idle wait: one `XREADGROUP ... BLOCK` over several shard streams, on a blocking connection.
-    /// Returns the entries by stream key. (One multi-key command: a single Redis node only; on a cluster
+    /// The idle wait: one `XREAD COUNT 1 BLOCK ms STREAMS k1 k2 .. id1 id2 ..` over several shard streams,
+    /// on a blocking connection, each stream watched above its id (at most the group's last-delivered id).
+    /// Returns the keys that have an entry above their id. It delivers nothing to the group: a wait that
+    /// reaches Redis late (its process froze with it queued) or is served while the process is frozen takes
+    /// no entry from the shard's next owner. (One multi-key command: a single Redis node only; on a cluster
     /// the keys of one wait must share a slot.)
-    pub(crate) async fn wait_new(
+    pub(crate) async fn wait_for_new(
         &self,
-        keys: &[&str],
+        streams: &[(&str, &str)],
         conn: &mut MultiplexedConnection,
         block: Duration,
-    ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
+    ) -> RedisResult<Vec<String>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let reply: Value = self.read_cmd(keys, Some(ms)).query_async(conn).await?;
-        Ok(parse_read_reply_by_stream(reply))
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(1).arg("BLOCK").arg(ms).arg("STREAMS");
+        for (key, _) in streams {
+            cmd.arg(*key);
+        }
+        for (_, id) in streams {
+            cmd.arg(*id);
+        }
+        let reply: Value = cmd.query_async(conn).await?;
+        Ok(parse_read_reply_by_stream(reply)
+            .into_iter()
+            .filter(|(_, entries)| !entries.is_empty())
+            .map(|(key, _)| key)
+            .collect())
+    }
+
+    /// The group's last-delivered id on shard stream `key` (`XINFO GROUPS`): where the idle wait watches
+    /// from when this member has read nothing new there yet. Everything up to it was delivered, so any
+    /// snapshot of it is a safe place to watch from. `NOGROUP` when the group (or the stream) is missing.
+    pub(crate) async fn last_delivered_id(&self, key: &str) -> RedisResult<String> {
+        let reply: RedisResult<Value> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(key)
+            .query_async(&mut self.conn.clone())
+            .await;
+        let missing = || {
+            let detail = format!("no consumer group `{}` on `{key}`", self.config.group);
+            redis::make_extension_error("NOGROUP".to_owned(), Some(detail))
+        };
+        match reply {
+            Ok(groups) => group_last_delivered_id(groups, &self.config.group).ok_or_else(missing),
+            // `ERR no such key`: the stream is gone with its group.
+            Err(error) if error.to_string().contains("no such key") => Err(missing()),
+            Err(error) => Err(error),
+        }
     }
 
     /// Claims entries that other consumers of the group have left pending for longer than
@@ -537,7 +570,7 @@ impl ShardIo {
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(&[key], None));
+        pipe.add_command(self.read_cmd(key));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(parse_read_reply(reply))
     }
@@ -784,6 +817,34 @@ fn parse_read_reply_by_stream(reply: Value) -> Vec<(String, Vec<Entry>)> {
         .collect()
 }
 
+/// `XINFO GROUPS` (a list of flat `[name, value, ...]` arrays, or maps under RESP3): the
+/// `last-delivered-id` of group `group`, `None` if it is not listed or the reply is malformed.
+fn group_last_delivered_id(reply: Value, group: &str) -> Option<String> {
+    let Value::Array(groups) = reply else {
+        return None;
+    };
+    groups.into_iter().find_map(|info| {
+        let pairs: Vec<(Value, Value)> = match info {
+            Value::Array(flat) => {
+                let mut iter = flat.into_iter();
+                std::iter::from_fn(|| Some((iter.next()?, iter.next()?))).collect()
+            }
+            Value::Map(pairs) => pairs,
+            _ => return None,
+        };
+        let mut name = None;
+        let mut last = None;
+        for (field, value) in pairs {
+            match value_string(field).as_deref() {
+                Some("name") => name = value_string(value),
+                Some("last-delivered-id") => last = value_string(value),
+                _ => {}
+            }
+        }
+        (name.as_deref() == Some(group)).then_some(last).flatten()
+    })
+}
+
 /// A list of `[id, [f, v, ...]]`; nil fields mark deleted entries.
 fn parse_entries(value: Value) -> Vec<Entry> {
     let Value::Array(items) = value else {
@@ -941,8 +1002,36 @@ mod decode_tests {
             let _ = parse_read_reply_by_stream(reply.clone());
             let _ = parse_entries(reply.clone());
             let _ = parse_pending(reply.clone());
+            let _ = group_last_delivered_id(reply.clone(), "g");
             let _ = parse_pending_counts(reply);
         }
+    }
+
+    #[test]
+    fn the_last_delivered_id_is_read_from_either_protocol_and_only_for_our_group() {
+        let bulk = |s: &str| Value::BulkString(s.into());
+        let flat = |name: &str, last: &str| {
+            Value::Array(vec![
+                bulk("name"),
+                bulk(name),
+                bulk("consumers"),
+                Value::Int(1),
+                bulk("last-delivered-id"),
+                bulk(last),
+            ])
+        };
+        let resp2 = Value::Array(vec![flat("other", "9-0"), flat("g", "5-1")]);
+        assert_eq!(group_last_delivered_id(resp2, "g").as_deref(), Some("5-1"));
+        let resp3 = Value::Array(vec![Value::Map(vec![
+            (bulk("last-delivered-id"), bulk("7-0")),
+            (bulk("name"), bulk("g")),
+        ])]);
+        assert_eq!(group_last_delivered_id(resp3, "g").as_deref(), Some("7-0"));
+        let only_other = Value::Array(vec![flat("other", "9-0")]);
+        assert_eq!(group_last_delivered_id(only_other, "g"), None);
+        // A group entry without the field, or an odd-length row, is no answer rather than a guess.
+        let broken = Value::Array(vec![Value::Array(vec![bulk("name"), bulk("g"), bulk("x")])]);
+        assert_eq!(group_last_delivered_id(broken, "g"), None);
     }
 
     #[test]

@@ -1,14 +1,22 @@
 //! The idle wait: once a whole rotation of the member's shards came back empty, one blocking
-//! `XREADGROUP ... BLOCK block_ms STREAMS s1 s2 ... > > ...` over all of them, on a connection of its own,
-//! instead of a read per shard. An idle member then costs about two commands a second however many shards
-//! it owns, and an entry written to an idle shard is picked up within the wait.
+//! `XREAD COUNT 1 BLOCK block_ms STREAMS s1 s2 ... id1 id2 ...` over all of them, on a connection of its
+//! own, instead of a read per shard. An idle member then costs about two commands a second however many
+//! shards it owns, and an entry written to an idle shard is picked up within the wait.
 //!
-//! The wait never blocks past the member's self-fencing deadline (Redis could otherwise hand entries to a
-//! read that outlived it). Whatever it returns is pending under this member and goes to the shards' next
-//! jobs as deferred entries, in order. The scheduler aborts the wait when ownership changes (an assignment, a
-//! revocation, a fence, shutdown): entries a cancelled read still took stay pending under this member, and
-//! the next owner (or this member's own claim phase) delivers them.
+//! The wait delivers nothing: `XREAD` is not a group read, so it only says which shards have an entry
+//! above the id it watches from, and those shards' next jobs read them with `XREADGROUP ... >` after a
+//! fresh deadline check. A wait that reaches Redis late (its process froze with it queued, past its lease)
+//! or is served while the process is frozen therefore takes no entry from the shard's next owner.
+//!
+//! Each stream is watched from above the newest entry this member's own `>` reads got there, or, when it
+//! has none (a new shard, or a wake-up whose read found nothing: another consumer took the entry), from
+//! the group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's
+//! last-delivered id, below which everything was delivered, so no undelivered entry is above-but-missed.
+//!
+//! The wait never blocks past the member's self-fencing deadline. The scheduler aborts the wait when
+//! ownership changes (an assignment, a revocation, a fence, shutdown).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,9 +31,9 @@ use super::shard_io::ShardIo;
 /// The shards to wait on, by index and stream key.
 pub(crate) struct WaitSpec {
     pub(crate) shards: Vec<(u32, Arc<str>)>,
-    /// Shards due to look for entries other consumers left pending too long: done first, without
-    /// blocking, so those shards stay watched by the wait.
-    pub(crate) reclaim: Vec<u32>,
+    /// Where each shard's stream is watched from, when known (see the module docs); the others are read
+    /// from the group first.
+    pub(crate) watch_from: HashMap<u32, String>,
     pub(crate) conn: Option<(MultiplexedConnection, i64)>,
     /// Where to publish the connection's client id, so the scheduler can `CLIENT UNBLOCK` it.
     pub(crate) client: Arc<AtomicI64>,
@@ -47,29 +55,26 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
             }
         }
     }
-    for shard in std::mem::take(&mut spec.reclaim) {
-        let Some((_, key)) = spec.shards.iter().find(|(s, _)| *s == shard) else {
+    // Where to watch each stream from: the group's last-delivered id where this member has read nothing.
+    for (shard, key) in &spec.shards {
+        if spec.watch_from.contains_key(shard) {
             continue;
-        };
-        if !spec.deadline.is_valid() {
-            break;
         }
-        match io.reclaim_stale(key).await {
-            Ok(entries) if entries.is_empty() => {}
-            Ok(entries) => {
-                tracing::warn!(shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
-                outcome.fetched += entries.len();
-                outcome.woke.push((shard, entries));
+        match io.last_delivered_id(key).await {
+            Ok(id) => {
+                outcome.watch_from.push((*shard, id.clone()));
+                spec.watch_from.insert(*shard, id);
             }
-            Err(error) if is_missing_group(&error) => outcome.missing_group = true,
             Err(error) => {
-                tracing::debug!(shard, %error, "looking for stale pending entries failed")
+                if is_missing_group(&error) {
+                    outcome.missing_group = true;
+                } else {
+                    outcome.error = Some(error);
+                }
+                outcome.conn = spec.conn;
+                return outcome;
             }
         }
-    }
-    if outcome.fetched > 0 || outcome.missing_group {
-        outcome.conn = spec.conn;
-        return outcome;
     }
     if cluster {
         return super::cluster_wait::read(io, spec, outcome).await;
@@ -81,25 +86,36 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
         return outcome;
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
-    let keys: Vec<&str> = spec.shards.iter().map(|(_, key)| &**key).collect();
-    let (conn, _) = spec.conn.as_mut().expect("connected above");
-    match io.wait_new(&keys, conn, block).await {
-        Ok(by_key) => {
-            for (key, entries) in by_key {
-                if let Some((shard, _)) = spec.shards.iter().find(|(_, k)| **k == *key) {
-                    outcome.fetched += entries.len();
-                    outcome.woke.push((*shard, entries));
-                }
-            }
-            outcome.conn = spec.conn;
-        }
-        // Which shard lost its group is found by the shards' own reads.
-        Err(error) if is_missing_group(&error) => {
-            outcome.missing_group = true;
-            outcome.conn = spec.conn;
+    let (mut conn, id) = spec.conn.take().expect("connected above");
+    match io.wait_for_new(&spec.streams(), &mut conn, block).await {
+        Ok(keys) => {
+            spec.note_new_entries(&keys, &mut outcome);
+            outcome.conn = Some((conn, id));
         }
         // The connection may be broken; a fresh one is made next time.
         Err(error) => outcome.error = Some(error),
     }
     outcome
+}
+
+impl WaitSpec {
+    /// `(stream key, id to watch above)` of every shard, in order (all known by now).
+    pub(crate) fn streams(&self) -> Vec<(&str, &str)> {
+        self.shards
+            .iter()
+            .map(|(shard, key)| {
+                let from = self.watch_from.get(shard).map_or("0-0", String::as_str);
+                (&**key, from)
+            })
+            .collect()
+    }
+
+    /// Records the shards whose streams have new entries (by key) as woken.
+    pub(crate) fn note_new_entries(&self, keys: &[String], outcome: &mut JobOutcome) {
+        for key in keys {
+            if let Some((shard, _)) = self.shards.iter().find(|(_, k)| **k == **key) {
+                outcome.new_entries.push(*shard);
+            }
+        }
+    }
 }
