@@ -1,7 +1,9 @@
 //! Producer throughput: `Producer::send_batch` (batches of 100) against pipelined raw XADD of the same
 //! keys and payloads, on a redis-server this benchmark starts itself. Both write the same entries: `k` and
 //! `p` on a stream that was never resized (version 1), and also the topology version field `v` on a
-//! resized one (version 2), so each ratio measures the producer's own code on that layout.
+//! resized one (version 2), so each ratio measures the producer's own code on that layout. Each round
+//! writes the entries in alternating slices of both sides (this 2-core VM's speed drifts by tens of per
+//! cent within seconds; whole-run alternation let that drift decide single rounds).
 //!
 //! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count,
 //! `SL_BENCH_ROUNDS` the rounds).
@@ -17,6 +19,8 @@ use stream_listener_test_support::RedisServer;
 
 const BATCH: usize = 100;
 const SHARDS: u32 = 8;
+/// Alternating slices per round and layout.
+const SLICES: u64 = 20;
 
 #[derive(Serialize)]
 struct Order {
@@ -63,25 +67,15 @@ async fn fresh_stream(conn: &mut MultiplexedConnection, resized: bool) -> u64 {
         .version()
 }
 
-/// Producer::send_batch, with JSON serialization and routing, in batches of BATCH.
+/// Producer::send_batch of entries `range`, with JSON serialization and routing, in batches of BATCH.
 async fn run_producer(
-    conn: &mut MultiplexedConnection,
-    entries: u64,
-    max_len: u64,
-    resized: bool,
+    producer: &Producer<MultiplexedConnection>,
+    range: std::ops::Range<u64>,
 ) -> Duration {
-    fresh_stream(conn, resized).await;
-    let config = ProducerConfig {
-        max_len: Some(max_len),
-        ..ProducerConfig::default()
-    };
-    let producer = Producer::with_config(conn.clone(), "bench", config)
-        .await
-        .expect("producer");
     let start = Instant::now();
-    let mut next = 0u64;
-    while next < entries {
-        let end = (next + BATCH as u64).min(entries);
+    let mut next = range.start;
+    while next < range.end {
+        let end = (next + BATCH as u64).min(range.end);
         let batch: Vec<(String, Order)> = (next..end).map(order).collect();
         producer.send_batch(&batch).await.expect("send_batch");
         next = end;
@@ -93,15 +87,14 @@ async fn run_producer(
 /// BATCH at a time, with no producer logic.
 async fn run_raw(
     conn: &mut MultiplexedConnection,
-    entries: u64,
+    range: std::ops::Range<u64>,
     max_len: u64,
-    resized: bool,
+    version: u64,
 ) -> Duration {
-    let version = fresh_stream(conn, resized).await;
     let start = Instant::now();
-    let mut next = 0u64;
-    while next < entries {
-        let end = (next + BATCH as u64).min(entries);
+    let mut next = range.start;
+    while next < range.end {
+        let end = (next + BATCH as u64).min(range.end);
         let mut pipe = redis::pipe();
         for i in next..end {
             let (key, payload) = order(i);
@@ -126,6 +119,38 @@ async fn run_raw(
         next = end;
     }
     start.elapsed()
+}
+
+/// One round on one layout: `entries` for each side, written in SLICES alternating slices (which side
+/// goes first alternates too), so a machine that speeds up or slows down mid-round weighs on both alike.
+/// Returns (producer, raw) total times.
+async fn round(
+    conn: &mut MultiplexedConnection,
+    entries: u64,
+    max_len: u64,
+    resized: bool,
+) -> (Duration, Duration) {
+    let version = fresh_stream(conn, resized).await;
+    let config = ProducerConfig {
+        max_len: Some(max_len),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::with_config(conn.clone(), "bench", config)
+        .await
+        .expect("producer");
+    let slice = entries.div_ceil(SLICES).max(1);
+    let (mut ours, mut raw) = (Duration::ZERO, Duration::ZERO);
+    for (i, start) in (0..entries).step_by(slice as usize).enumerate() {
+        let range = start..(start + slice).min(entries);
+        if i % 2 == 0 {
+            ours += run_producer(&producer, range.clone()).await;
+            raw += run_raw(conn, range, max_len, version).await;
+        } else {
+            raw += run_raw(conn, range.clone(), max_len, version).await;
+            ours += run_producer(&producer, range).await;
+        }
+    }
+    (ours, raw)
 }
 
 fn rate(entries: u64, elapsed: Duration) -> f64 {
@@ -161,10 +186,9 @@ fn main() {
             version.2,
             server.port()
         );
-        // Warm up every path once, then rotate the order to even out drift.
+        // Warm up every path once.
         for resized in [false, true] {
-            run_producer(&mut conn, entries.min(10_000), max_len, resized).await;
-            run_raw(&mut conn, entries.min(10_000), max_len, resized).await;
+            round(&mut conn, entries.min(10_000), max_len, resized).await;
         }
         let rounds: usize = std::env::var("SL_BENCH_ROUNDS")
             .ok()
@@ -173,25 +197,15 @@ fn main() {
             .max(1);
         // [version 1, version 2]: producer / raw per round.
         let mut ratios = [Vec::new(), Vec::new()];
-        for round in 0..rounds {
-            // Rotate which side goes first, so none always meets a warmer server.
-            let mut times = [Duration::ZERO; 4];
-            for step in 0..4 {
-                let side = (round + step) % 4;
-                let resized = side >= 2;
-                times[side] = if side % 2 == 0 {
-                    run_producer(&mut conn, entries, max_len, resized).await
-                } else {
-                    run_raw(&mut conn, entries, max_len, resized).await
-                };
-            }
-            let [p1, r1, p2, r2] = times;
+        for round_no in 0..rounds {
+            let (p1, r1) = round(&mut conn, entries, max_len, false).await;
+            let (p2, r2) = round(&mut conn, entries, max_len, true).await;
             let (v1, v2) = (
                 r1.as_secs_f64() / p1.as_secs_f64(),
                 r2.as_secs_f64() / p2.as_secs_f64(),
             );
             println!(
-                "round {round}: version 1 (k,p): producer {:>9.0}/s raw {:>9.0}/s ratio {v1:.3}   \
+                "round {round_no}: version 1 (k,p): producer {:>9.0}/s raw {:>9.0}/s ratio {v1:.3}   \
                  version 2 (k,p,v): producer {:>9.0}/s raw {:>9.0}/s ratio {v2:.3}",
                 rate(entries, p1),
                 rate(entries, r1),
@@ -205,7 +219,7 @@ fn main() {
             list.sort_by(f64::total_cmp);
         }
         println!(
-            "median over {rounds} rotated rounds, producer / raw XADD of the same entries: never resized \
+            "median over {rounds} rounds, producer / raw XADD of the same entries: never resized \
              (k,p) {:.3}; resized (k,p,v) {:.3}",
             ratios[0][rounds / 2],
             ratios[1][rounds / 2]
