@@ -47,6 +47,46 @@ pub fn topology_stale(stream: &str) -> String {
     format!("{}:stale", topology(stream))
 }
 
+/// The hash tag that puts a key in the cluster slot of `key`: `key`'s own tag when it has one, else the whole
+/// key. (A key that contains `}` but has no tag of its own shares its slot with no other key: see
+/// [`has_slot_tag`].)
+fn slot_tag(key: &str) -> &str {
+    key.find('{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.find('}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key)
+}
+
+/// Whether keys can be put in the cluster slot of `key` (it has a hash tag, or contains no `}`). The shard
+/// streams of a cluster must: their fences share their slot.
+pub fn has_slot_tag(key: &str) -> bool {
+    slot_tag(key) != key || !key.contains('}')
+}
+
+/// The owner record of `group` on shard stream `shard_key`: `sl:owner:{<shard>}:<group>`, a string holding
+/// the newest owner's fencing token (in the shard's cluster slot). See [`shard_fence`].
+pub fn shard_owner(shard_key: &str, group: &str) -> String {
+    format!("sl:owner:{{{}}}:{group}", slot_tag(shard_key))
+}
+
+/// The prefix of the fences of one shard: `sl:fence:{<shard>}:` (a fence is the prefix, its token, `:`, the
+/// group; the fence script rebuilds the previous owner's key from it).
+pub fn shard_fence_prefix(shard_key: &str) -> String {
+    format!("sl:fence:{{{}}}:", slot_tag(shard_key))
+}
+
+/// The fence of one ownership of shard stream `shard_key` by `group` at fencing token `token`:
+/// `sl:fence:{<shard>}:<token>:<group>`, an empty stream with a consumer group named `group`. Every group read
+/// of the ownership names it, so Redis refuses the read (`NOGROUP`) once the next owner deleted it; claims
+/// check it in a script. The token comes before the group, so no two (token, group) pairs share a key.
+pub fn shard_fence(shard_key: &str, group: &str, token: i64) -> String {
+    format!("{}{token}:{group}", shard_fence_prefix(shard_key))
+}
+
 /// Suffixes of a group's keys (see [`group_key`]).
 pub mod group {
     /// Group metadata header (JSON: everything but the members, which it counts).
@@ -199,6 +239,34 @@ mod tests {
             assert!(key.starts_with(NAMESPACE), "{key}");
         }
         assert_eq!(NAMESPACE_PATTERN, format!("{NAMESPACE}*"));
+    }
+
+    #[test]
+    fn fences_live_in_their_shards_slot() {
+        assert_eq!(
+            shard_owner("orders:3", "billing"),
+            "sl:owner:{orders:3}:billing"
+        );
+        assert_eq!(
+            shard_fence("orders:3", "billing", 17),
+            "sl:fence:{orders:3}:17:billing"
+        );
+        // A group name that looks like a token cannot make one fence look like another's.
+        assert_ne!(shard_fence("o:1", "5:g", 4), shard_fence("o:1", "g", 45));
+        let slot = crate::connection::slot_of;
+        for shard in ["orders:3", "{orders}:3", "a{b}c:1", "a{b:1", "plain"] {
+            assert!(has_slot_tag(shard));
+            for key in [shard_owner(shard, "g:1"), shard_fence(shard, "{g}", 9)] {
+                assert_eq!(
+                    slot(key.as_bytes()),
+                    slot(shard.as_bytes()),
+                    "{key} vs {shard}"
+                );
+            }
+        }
+        for shard in ["x{}y:2", "{}:1", "a}b:1"] {
+            assert!(!has_slot_tag(shard), "{shard}");
+        }
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!
 //! [`wait_until_blocking`] and [`wait_for_blocking`] wait on a condition with a deadline from an OS thread.
 //! The feature `aio` adds the module `aio`: redis-rs connections, `aio::wait_until` on tokio, and the stream and
-//! `INFO` replies tests read back.
+//! `INFO` replies tests read back, and the module `proxy`: a TCP proxy that holds what clients send, to
+//! deliver commands late.
 
 use std::fmt;
 use std::fs;
@@ -30,6 +31,8 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "aio")]
 pub mod aio;
 mod cluster;
+#[cfg(feature = "aio")]
+pub mod proxy;
 pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
 

@@ -159,16 +159,19 @@ async fn client_count(conn: &mut impl ConnectionLike) -> usize {
     list.lines().filter(|l| !l.trim().is_empty()).count()
 }
 
+/// A grant's fencing token: epochs grow with every grant, as the coordinator issues them.
 fn token(member: &str) -> FencingToken {
+    static EPOCHS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
     FencingToken {
         member_id: Arc::from(member),
-        member_epoch: 1,
+        member_epoch: EPOCHS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     }
 }
 
 /// A consumer running in its own task, with its reports collected.
 struct Running {
     member: String,
+    pause: stream_listener::consumer::PauseHandle,
     commands: mpsc::UnboundedSender<ShardCommand>,
     reports: Arc<Mutex<Vec<ShardReport>>>,
     task: JoinHandle<()>,
@@ -190,6 +193,7 @@ impl Running {
             .await
             .unwrap()
             .with_deadline(deadline);
+        let pause = consumer.pause_handle();
         let (commands, command_rx) = mpsc::unbounded_channel();
         let (report_tx, mut report_rx) = mpsc::unbounded_channel();
         let reports = Arc::new(Mutex::new(Vec::new()));
@@ -202,6 +206,7 @@ impl Running {
         let task = tokio::spawn(consumer.run(command_rx, report_tx));
         Self {
             member,
+            pause,
             commands,
             reports,
             task,
@@ -1663,3 +1668,176 @@ on_every_target!(
     fence_aborts_handlers_and_reports_nothing,
     entries_a_zombie_left_pending_are_reclaimed_by_the_owner,
 );
+
+/// `INFO errorstats`: how many `NOGROUP` errors the server has replied so far.
+async fn nogroup_errors(conn: &mut impl ConnectionLike) -> u64 {
+    let stats = info(conn, "errorstats").await;
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_NOGROUP:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Single node only: the fault is injected by a proxy in front of one server.
+///
+/// A read that passed the member's deadline check but reached Redis late (the process froze with it on
+/// its way; here a proxy holds it) must not take entries once a newer owner took the shard: the read names
+/// the old ownership's fence, which the new owner deleted, so Redis refuses it and delivers nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "late", 0..1).await;
+    let proxy = stream_listener_test_support::proxy::HoldProxy::start(redis.addr()).await;
+    let (old_log, new_log) = (Log::default(), Log::default());
+    let old = Running::start(
+        &proxy.url(),
+        config("late", "old"),
+        recording_handler(&old_log),
+    )
+    .await;
+    old.assign([0]).await;
+    produce(&mut conn, "late", 0, 0, 1).await;
+    wait_until_async(
+        "the old owner handled the first entry",
+        Duration::from_secs(10),
+        || async { old_log.count() == 1 },
+    )
+    .await;
+    // The old owner idles in its wait (blocked in Redis); from now on what it sends stays in the proxy.
+    wait_for_blocked_client(&mut conn).await;
+    proxy.hold();
+    // A newer grant: the new owner installs its fence (deleting the old one), then is paused, so the next
+    // entry stays undelivered for the old owner's late read to find.
+    let new = Running::start(
+        redis.url().as_str(),
+        config("late", "new"),
+        recording_handler(&new_log),
+    )
+    .await;
+    new.assign([0]).await;
+    let fence_count = || {
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("sl:fence:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            keys.len()
+        }
+    };
+    wait_until_async(
+        "the new owner installed its fence",
+        Duration::from_secs(10),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let owner: Option<String> = redis::cmd("GET")
+                    .arg(stream_listener::names::shard_owner("late:0", GROUP))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                owner.is_some_and(|token| token != "0")
+            }
+        },
+    )
+    .await;
+    wait_until_async("one fence left", Duration::from_secs(10), || async {
+        fence_count().await == 1
+    })
+    .await;
+    new.pause.pause();
+    let errors_before = nogroup_errors(&mut conn).await;
+    produce(&mut conn, "late", 0, 1, 1).await;
+    // The old owner's wait answers (replies still flow), its job reads: that read is held.
+    wait_until_async(
+        "the old owner's read is on its way",
+        Duration::from_secs(10),
+        || async { proxy.held().contains("XREADGROUP") },
+    )
+    .await;
+    proxy.release();
+    wait_until_async(
+        "Redis refused the late read",
+        Duration::from_secs(10),
+        || {
+            let mut conn = conn.clone();
+            async move { nogroup_errors(&mut conn).await > errors_before }
+        },
+    )
+    .await;
+    assert_eq!(
+        xpending_count(&mut conn, "late:0", GROUP).await,
+        0,
+        "the late read took the entry from the new owner"
+    );
+    new.pause.resume();
+    wait_until_async(
+        "the new owner handled the second entry",
+        Duration::from_secs(10),
+        || async { new_log.count() == 1 },
+    )
+    .await;
+    assert_eq!(
+        old_log.count(),
+        1,
+        "the old owner handled an entry after the takeover"
+    );
+    assert_eq!(xpending_count(&mut conn, "late:0", GROUP).await, 0);
+    new.stop().await;
+    old.task.abort();
+}
+
+/// Single node only: it reads one node's keys.
+///
+/// An acknowledgement the old owner sends after a newer owner took the shard (its ownership still looks
+/// active to itself: no fence or revoke arrived) is refused by Redis, and the entry stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_after_a_takeover_is_refused_by_redis() {
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "late-ack", 0..1).await;
+    let held: Arc<Mutex<Vec<RawMessage>>> = Arc::default();
+    let keep = held.clone();
+    let handler = BoxedHandler::raw(move |msg: RawMessage| {
+        let keep = keep.clone();
+        async move {
+            keep.lock().unwrap().push(msg);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let mut cfg = config("late-ack", "old");
+    cfg.ack_policy = AckPolicy::Manual;
+    let old = Running::start(&redis.url(), cfg, handler).await;
+    old.assign([0]).await;
+    produce(&mut conn, "late-ack", 0, 0, 1).await;
+    wait_until_async(
+        "the old owner got the entry",
+        Duration::from_secs(10),
+        || async { held.lock().unwrap().len() == 1 },
+    )
+    .await;
+    let new_log = Log::default();
+    let mut cfg = config("late-ack", "new");
+    cfg.ack_policy = AckPolicy::Manual;
+    let new = Running::start(&redis.url(), cfg, recording_handler(&new_log)).await;
+    new.assign([0]).await;
+    wait_until_async(
+        "the new owner claimed the entry",
+        Duration::from_secs(10),
+        || async { new_log.count() == 1 },
+    )
+    .await;
+    let message = held.lock().unwrap().pop().unwrap();
+    let refused = message.ack().await;
+    assert!(
+        matches!(refused, Err(stream_listener::consumer::AckError::NotOwner)),
+        "{refused:?}"
+    );
+    // Manual acks: the new owner's handler did not ack either, so the entry is still pending (to it).
+    assert_eq!(xpending_count(&mut conn, "late-ack:0", GROUP).await, 1);
+    new.stop().await;
+    old.task.abort();
+}

@@ -1,6 +1,7 @@
--- Delete the consumers of group ARGV[1] on stream KEYS[1] other than ARGV[2] that have nothing pending.
--- Returns the deleted names.
+-- Delete the consumers of group ARGV[1] on stream KEYS[1] other than ARGV[2] that have nothing pending,
+-- while this ownership's fence KEYS[2] exists (see fence.rs). Returns the deleted names.
 local deleted = {}
+if redis.call('EXISTS', KEYS[2]) == 0 then return deleted end
 for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
   local name, pending
   for i = 1, #c, 2 do

@@ -30,6 +30,7 @@ use tracing::Instrument;
 use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
+use super::fence::{self, Fence, Installed};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, ShardOwnership};
 use super::shard_io::{Entry, Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
@@ -48,6 +49,10 @@ pub(crate) struct JobSpec {
     pub(crate) shard: u32,
     pub(crate) key: Arc<str>,
     pub(crate) token: FencingToken,
+    /// This ownership's fence in Redis (see the `fence` module).
+    pub(crate) fence: Arc<Fence>,
+    /// Install the fence before anything else (the ownership's first job, or its fence was found gone).
+    pub(crate) install_fence: bool,
     pub(crate) ownership: Arc<ShardOwnership>,
     pub(crate) read_mode: ReadMode,
     /// Set on revoke / shutdown: finish the running handler, ack, leave the rest pending.
@@ -89,6 +94,11 @@ pub(crate) struct JobOutcome {
     pub(crate) expired: bool,
     /// The shard's consumer group (or the stream) is missing: the store lost it.
     pub(crate) missing_group: bool,
+    /// The job installed the ownership's fence.
+    pub(crate) fence_installed: bool,
+    /// Redis refused a command because the fence is gone (a newer owner, or a loss), or a newer owner's
+    /// fence is in place: the next job installs it again, which tells the two apart.
+    pub(crate) fence_lost: bool,
     /// Shards the idle wait saw new entries on (their next job reads them).
     pub(crate) new_entries: Vec<u32>,
     /// Where the idle wait found it must watch shards from (the group's last-delivered id), by shard.
@@ -137,6 +147,33 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             }
         }
     }
+    if spec.install_fence {
+        if !spec.ownership.is_active() {
+            outcome.expired = true;
+            outcome.next_read_mode = Some(spec.read_mode.clone());
+            return outcome;
+        }
+        match io.install_fence(&spec.fence).await {
+            Ok(Installed::Installed) => outcome.fence_installed = true,
+            Ok(Installed::Superseded) => {
+                outcome.fence_lost = true;
+                outcome.error = Some(redis::make_extension_error(
+                    fence::FENCED.into(),
+                    Some(format!(
+                        "a newer owner's fence is in place (ours: {}): this ownership is over",
+                        spec.fence.key
+                    )),
+                ));
+                outcome.next_read_mode = Some(spec.read_mode.clone());
+                return outcome;
+            }
+            Err(error) => {
+                outcome.error = Some(error);
+                outcome.next_read_mode = Some(spec.read_mode.clone());
+                return outcome;
+            }
+        }
+    }
     loop {
         turns += 1;
         // The deadline is read right before every command this job sends: a process frozen past its
@@ -160,12 +197,25 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             fetch(&io, &mut spec).await
         } else {
             let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
-            io.ack_and_read_new(&spec.key, &ids)
+            io.ack_and_read_new(&spec.key, &spec.fence, &ids)
                 .await
                 .map(|entries| (entries, ReadMode::Live))
         };
         let (mut entries, next_read_mode) = match fetched {
             Ok(fetched) => fetched,
+            Err(error) if fence::is_fence_error(&error, &spec.fence) => {
+                // Nothing was read or acknowledged: Redis refused the command.
+                outcome.fence_lost = true;
+                outcome.error = Some(error);
+                outcome.next_read_mode = Some(if carried.is_empty() {
+                    spec.read_mode.clone()
+                } else {
+                    ReadMode::Claim {
+                        cursor: crate::names::START_ID.to_owned(),
+                    }
+                });
+                return outcome;
+            }
             Err(error) if is_missing_group(&error) => {
                 io.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
@@ -280,6 +330,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         let last_done = last_done.map(str::to_owned);
         if let Err(error) = finished {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
+            outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
             outcome.next_read_mode = Some(ReadMode::Claim {
@@ -349,7 +400,7 @@ async fn gate(io: &ShardIo, shard: u32, refreshed: &mut bool, entry: &Entry) -> 
 async fn fetch(io: &ShardIo, spec: &mut JobSpec) -> Result<(Vec<Entry>, ReadMode), RedisError> {
     if spec.reclaim {
         spec.reclaim = false;
-        let entries = io.reclaim_stale(&spec.key).await?;
+        let entries = io.reclaim_stale(&spec.key, &spec.fence).await?;
         if !entries.is_empty() {
             tracing::warn!(shard = spec.shard, entries = entries.len(), "claimed entries another consumer left pending too long (a zombie owner or a lost ack); handling them now");
             return Ok((entries, spec.read_mode.clone()));
@@ -357,9 +408,9 @@ async fn fetch(io: &ShardIo, spec: &mut JobSpec) -> Result<(Vec<Entry>, ReadMode
     }
     match &spec.read_mode {
         ReadMode::Claim { cursor } => {
-            let (next, entries) = io.claim(&spec.key, cursor).await?;
+            let (next, entries) = io.claim(&spec.key, &spec.fence, cursor).await?;
             if next == crate::names::START_ID {
-                match io.cleanup_consumers(&spec.key).await {
+                match io.cleanup_consumers(&spec.key, &spec.fence).await {
                     Ok(deleted) if !deleted.is_empty() => {
                         tracing::debug!(
                             shard = spec.shard,
@@ -377,7 +428,7 @@ async fn fetch(io: &ShardIo, spec: &mut JobSpec) -> Result<(Vec<Entry>, ReadMode
                 Ok((entries, ReadMode::Claim { cursor: next }))
             }
         }
-        ReadMode::Live => Ok((io.read_new(&spec.key).await?, ReadMode::Live)),
+        ReadMode::Live => Ok((io.read_new(&spec.key, &spec.fence).await?, ReadMode::Live)),
     }
 }
 
@@ -409,6 +460,7 @@ async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
     let acker = manual.then(|| Acker {
         io: io.clone(),
         stream_key: spec.key.clone(),
+        fence: spec.fence.clone(),
         ownership: spec.ownership.clone(),
         acked: acked.clone(),
     });
@@ -565,6 +617,7 @@ async fn handle_batch(
             acker: manual.then(|| Acker {
                 io: io.clone(),
                 stream_key: spec.key.clone(),
+                fence: spec.fence.clone(),
                 ownership: spec.ownership.clone(),
                 acked: acked.clone(),
             }),
@@ -700,12 +753,14 @@ async fn finish(
                 lettered = true;
                 crate::metrics::messages(&io.config, "dead_lettered", letters.len() as u64);
             }
-            io.ack(&spec.key, &all).await
+            io.ack(&spec.key, &spec.fence, &all).await
         }
         .await;
         match result {
             Ok(()) => return Ok(()),
-            Err(error) if attempt >= 3 => return Err(error),
+            Err(error) if attempt >= 3 || fence::is_fence_error(&error, &spec.fence) => {
+                return Err(error)
+            }
             Err(error) => {
                 tracing::debug!(shard = spec.shard, %error, attempt, "ack failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;

@@ -50,6 +50,7 @@
 
 mod cluster_wait;
 mod config;
+mod fence;
 mod fields;
 mod hooks;
 mod job;
@@ -172,7 +173,16 @@ impl Consumer {
                 "group and consumer_name must not be empty".into(),
             ));
         }
-        let io = ShardIo::connect(client.into(), config, handler).await?;
+        let client = client.into();
+        if matches!(client, crate::connection::RedisTarget::Cluster { .. })
+            && !crate::names::has_slot_tag(&config.shard_key(0))
+        {
+            return Err(ConsumerError::Config(format!(
+                "on a cluster, the shard streams' names must have a hash tag or no `}}` (an ownership's fence shares its shard's slot): {:?}",
+                config.stream_prefix
+            )));
+        }
+        let io = ShardIo::connect(client, config, handler).await?;
         let version = io.version;
         if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
             return Err(ConsumerError::Config(format!(
@@ -249,6 +259,9 @@ struct OwnedShard {
     generation: u64,
     key: Arc<str>,
     token: FencingToken,
+    /// This ownership's fence in Redis, and whether it is known to be in place (see the `fence` module).
+    fence: Arc<fence::Fence>,
+    fence_installed: bool,
     ownership: Arc<ShardOwnership>,
     revoking: bool,
     /// Where the shard's reads are (a claim's cursor is carried from job to job).
@@ -570,12 +583,16 @@ impl Scheduler {
 
     fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
+        let key: Arc<str> = self.io.config.shard_key(shard).into();
+        let fence = self.fence_of(&key, &token);
         self.shards.insert(
             shard,
             OwnedShard {
                 generation: self.next_generation,
-                key: self.io.config.shard_key(shard).into(),
+                key,
                 token,
+                fence,
+                fence_installed: false,
                 ownership: ShardOwnership::new(self.deadline.clone()),
                 revoking: false,
                 read_mode: claim_from_start(),
@@ -597,11 +614,31 @@ impl Scheduler {
         tracing::debug!(shard, "shard assigned");
     }
 
+    /// The fence of an ownership of the shard stream `key` at `token`.
+    fn fence_of(&self, key: &str, token: &FencingToken) -> Arc<fence::Fence> {
+        Arc::new(fence::Fence::new(
+            key,
+            &self.io.config.group,
+            token.member_epoch,
+        ))
+    }
+
     fn assign(&mut self, shard: u32, token: FencingToken, jobs: &mut JoinSet<JobOutcome>) {
         let epoch = token.member_epoch;
+        let fence = self
+            .shards
+            .get(&shard)
+            .map(|state| self.fence_of(&state.key, &token));
         match self.shards.get_mut(&shard) {
             Some(state) if state.revoking => state.reassign = Some(token),
-            Some(state) => state.token = token,
+            Some(state) => {
+                // A newer grant of a shard we hold: its fence replaces ours.
+                if let Some(fence) = fence.filter(|f| *f != state.fence) {
+                    state.fence = fence;
+                    state.fence_installed = false;
+                }
+                state.token = token;
+            }
             None => self.new_shard(shard, token),
         }
         let now = self.now();
@@ -700,6 +737,8 @@ impl Scheduler {
             shard,
             key: state.key.clone(),
             token: state.token.clone(),
+            fence: state.fence.clone(),
+            install_fence: !state.fence_installed,
             ownership: state.ownership.clone(),
             read_mode,
             stop: state.stop.clone(),
@@ -906,6 +945,13 @@ impl Scheduler {
         state.running = false;
         // A job that was aborted or crashed: re-deliver what it left pending before reading on.
         let mut outcome = outcome.unwrap_or_default();
+        if outcome.fence_installed {
+            state.fence_installed = true;
+        }
+        if outcome.fence_lost {
+            // Installing it again tells a newer owner (refused again) from a loss (installed again).
+            state.fence_installed = false;
+        }
         if outcome.fetched > 0 {
             state.last_delivered = outcome
                 .last_delivered

@@ -12,6 +12,7 @@ use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
 
 use super::config::{AckPolicy, ConsumerConfig};
+use super::fence::{Fence, Installed};
 use super::message::BoxedHandler;
 use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
 
@@ -186,6 +187,9 @@ pub(crate) struct ShardIo {
     pub(crate) dead_letter_key: String,
     ack_delete_script: Script,
     cleanup_script: Script,
+    /// Installs an ownership's fence, and runs single-key commands behind it (see the `fence` module).
+    fence_script: Script,
+    fenced_script: Script,
     layout: Mutex<LayoutCache>,
     warned_missing_group: std::sync::atomic::AtomicBool,
     /// Last stale-layout warning, and stale writes seen since.
@@ -224,6 +228,8 @@ impl ShardIo {
             handler,
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
             cleanup_script: Script::new(CLEANUP_SCRIPT),
+            fence_script: Script::new(super::fence::INSTALL_SCRIPT),
+            fenced_script: Script::new(super::fence::FENCED_SCRIPT),
             layout: Mutex::new(LayoutCache::default()),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             stale_warned: Mutex::new((None, 0)),
@@ -400,10 +406,11 @@ impl ShardIo {
         Ok((conn, id))
     }
 
-    /// `XREADGROUP ... COUNT n STREAMS key >`: the shard's new entries, delivered to this member. Never
-    /// blocks: a group read is sent only right after a deadline check (the idle wait blocks with `XREAD`,
-    /// which delivers nothing, see [`wait_for_new`](Self::wait_for_new)).
-    fn read_cmd(&self, key: &str) -> redis::Cmd {
+    /// `XREADGROUP ... COUNT n STREAMS key fence > >`: the shard's new entries, delivered to this member,
+    /// unless the ownership's fence is gone (then `NOGROUP` naming the fence, and nothing is delivered; see
+    /// the `fence` module). Never blocks: a group read is sent only right after a deadline check (the idle
+    /// wait blocks with `XREAD`, which delivers nothing, see [`wait_for_new`](Self::wait_for_new)).
+    fn read_cmd(&self, key: &str, fence: &Fence) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
@@ -412,14 +419,35 @@ impl ShardIo {
             .arg(self.config.batch_size)
             .arg("STREAMS")
             .arg(key)
+            .arg(&*fence.key)
+            .arg(">")
             .arg(">");
         cmd
     }
 
-    /// `XREADGROUP ... STREAMS key >`: new entries, without blocking (the idle wait blocks, see `wait`).
-    pub(crate) async fn read_new(&self, key: &str) -> RedisResult<Vec<Entry>> {
+    /// Installs this ownership's fence before its first command on the shard (see the `fence` module).
+    pub(crate) async fn install_fence(&self, fence: &Fence) -> RedisResult<Installed> {
+        fence
+            .install(
+                &self.fence_script,
+                &mut self.conn.clone(),
+                &self.config.group,
+            )
+            .await
+    }
+
+    /// The single-key command `args` (on shard stream `key`), run only while `fence` exists.
+    fn fenced<'a>(&'a self, key: &str, fence: &Fence) -> redis::ScriptInvocation<'a> {
+        let mut invocation = self.fenced_script.key(key);
+        invocation.key(&*fence.key);
+        invocation
+    }
+
+    /// `XREADGROUP ... STREAMS key fence > >`: new entries, without blocking (the idle wait blocks, see
+    /// `wait`).
+    pub(crate) async fn read_new(&self, key: &str, fence: &Fence) -> RedisResult<Vec<Entry>> {
         let reply: Value = self
-            .read_cmd(key)
+            .read_cmd(key, fence)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(parse_read_reply(reply))
@@ -478,7 +506,7 @@ impl ShardIo {
     /// Claims entries that other consumers of the group have left pending for longer than
     /// `reclaim_idle` (a zombie owner that read after it lost the shard, an ack that never arrived): so
     /// nothing stays pending for good. Our own pending entries are left alone (deferred or left on purpose).
-    pub(crate) async fn reclaim_stale(&self, key: &str) -> RedisResult<Vec<Entry>> {
+    pub(crate) async fn reclaim_stale(&self, key: &str, fence: &Fence) -> RedisResult<Vec<Entry>> {
         let idle = self.config.reclaim_idle.as_millis() as u64;
         let mut conn = self.conn.clone();
         let pending: Value = redis::cmd("XPENDING")
@@ -499,13 +527,16 @@ impl ShardIo {
         if stale.is_empty() {
             return Ok(Vec::new());
         }
-        let claimed: Value = redis::cmd("XCLAIM")
+        // At most a batch of ids: well inside what the script's `unpack` takes.
+        let claimed: Value = self
+            .fenced(key, fence)
+            .arg("XCLAIM")
             .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg(idle)
             .arg(&stale)
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await?;
         let mut entries: Vec<Entry> = parse_entries(claimed)
             .into_iter()
@@ -562,25 +593,43 @@ impl ShardIo {
     pub(crate) async fn ack_and_read_new(
         &self,
         key: &str,
+        fence: &Fence,
         ids: &[&str],
     ) -> RedisResult<Vec<Entry>> {
-        let Some(ack) = self.ack_cmd(key, ids) else {
-            self.ack(key, ids).await?;
-            return self.read_new(key).await;
+        let Some(ack) = self.ack_invocation(key, fence, ids) else {
+            self.ack(key, fence, ids).await?;
+            return self.read_new(key, fence).await;
         };
         let mut pipe = redis::pipe();
-        pipe.add_command(ack).ignore();
-        pipe.add_command(self.read_cmd(key));
-        let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok(parse_read_reply(reply))
+        pipe.invoke_script(&ack).ignore();
+        pipe.add_command(self.read_cmd(key, fence));
+        let result: RedisResult<(Value,)> = pipe.query_async(&mut self.conn.clone()).await;
+        match result {
+            Ok((reply,)) => Ok(parse_read_reply(reply)),
+            Err(error) => {
+                if error.code() == Some("NOSCRIPT") {
+                    // Redis lost its scripts (a restart, `SCRIPT FLUSH`): load it for the next time. The
+                    // job's error path re-delivers what this round trip read or left unacknowledged.
+                    let _ = ack.load_async(&mut self.conn.clone()).await;
+                }
+                Err(error)
+            }
+        }
     }
 
     /// `XAUTOCLAIM key group me 0 cursor COUNT n`, then the delivery counts of what was claimed. Returns
     /// the next cursor (`0-0` when the pending list was walked to its end) and the live entries; entries
     /// deleted from the stream are dropped from the pending list by Redis itself.
-    pub(crate) async fn claim(&self, key: &str, cursor: &str) -> RedisResult<(String, Vec<Entry>)> {
+    pub(crate) async fn claim(
+        &self,
+        key: &str,
+        fence: &Fence,
+        cursor: &str,
+    ) -> RedisResult<(String, Vec<Entry>)> {
         let mut conn = self.conn.clone();
-        let reply: Value = redis::cmd("XAUTOCLAIM")
+        let reply: Value = self
+            .fenced(key, fence)
+            .arg("XAUTOCLAIM")
             .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
@@ -588,7 +637,7 @@ impl ShardIo {
             .arg(cursor)
             .arg("COUNT")
             .arg(self.config.batch_size)
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await?;
         let Value::Array(mut parts) = reply else {
             return Ok((crate::names::START_ID.to_owned(), Vec::new()));
@@ -637,50 +686,66 @@ impl ShardIo {
 
     /// Delete consumer names of this shard's group, other than ours, that have nothing pending: pods come
     /// and go, and their names would otherwise pile up in `XINFO CONSUMERS` forever.
-    pub(crate) async fn cleanup_consumers(&self, key: &str) -> RedisResult<Vec<String>> {
+    pub(crate) async fn cleanup_consumers(
+        &self,
+        key: &str,
+        fence: &Fence,
+    ) -> RedisResult<Vec<String>> {
         self.cleanup_script
             .key(key)
+            .key(&*fence.key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .invoke_async(&mut self.conn.clone())
             .await
     }
 
-    /// The single command that acknowledges `ids` per the ack policy, or `None` when it takes the
+    /// The fenced command that acknowledges `ids` per the ack policy, or `None` when it takes the
     /// ack-and-delete script (servers without `XACKDEL`). `Manual` acks with plain `XACK`: the consumer
-    /// only acks entries it finished itself, such as dead letters.
-    fn ack_cmd(&self, key: &str, ids: &[&str]) -> Option<redis::Cmd> {
+    /// only acks entries it finished itself, such as dead letters. (At most a batch of ids: well inside what
+    /// the fenced script's `unpack` takes.)
+    fn ack_invocation<'a>(
+        &'a self,
+        key: &str,
+        fence: &Fence,
+        ids: &[&str],
+    ) -> Option<redis::ScriptInvocation<'a>> {
+        let mut invocation = self.fenced(key, fence);
         match self.config.ack_policy {
             AckPolicy::Ack | AckPolicy::Manual => {
-                let mut cmd = redis::cmd("XACK");
-                cmd.arg(key).arg(&self.config.group).arg(ids);
-                Some(cmd)
+                invocation
+                    .arg("XACK")
+                    .arg(key)
+                    .arg(&self.config.group)
+                    .arg(ids);
             }
             AckPolicy::AckDelete(mode) if self.version.has_xackdel() => {
-                let mut cmd = redis::cmd("XACKDEL");
-                cmd.arg(key)
+                invocation
+                    .arg("XACKDEL")
+                    .arg(key)
                     .arg(&self.config.group)
                     .arg(mode.keyword())
                     .arg("IDS")
                     .arg(ids.len())
                     .arg(ids);
-                Some(cmd)
             }
-            AckPolicy::AckDelete(_) => None,
+            AckPolicy::AckDelete(_) => return None,
         }
+        Some(invocation)
     }
 
-    /// Acknowledge `ids` per the ack policy.
-    pub(crate) async fn ack(&self, key: &str, ids: &[&str]) -> RedisResult<()> {
+    /// Acknowledge `ids` per the ack policy, while `fence` exists.
+    pub(crate) async fn ack(&self, key: &str, fence: &Fence, ids: &[&str]) -> RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
         let mut conn = self.conn.clone();
-        if let Some(cmd) = self.ack_cmd(key, ids) {
-            cmd.query_async::<Value>(&mut conn).await?;
+        if let Some(invocation) = self.ack_invocation(key, fence, ids) {
+            invocation.invoke_async::<Value>(&mut conn).await?;
         } else if let AckPolicy::AckDelete(mode) = self.config.ack_policy {
             self.ack_delete_script
                 .key(key)
+                .key(&*fence.key)
                 .arg(&self.config.group)
                 .arg(mode.keyword())
                 .arg(ids)
