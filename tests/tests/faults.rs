@@ -1200,7 +1200,23 @@ struct MonLine {
     key: String,
     /// The arguments after the command, for reports (`GROUP chaos w0-m1 COUNT 20 STREAMS orders:3 >`).
     args: String,
+    /// Redis refused it: the ownership fence it names had been deleted by a newer owner (see
+    /// [`MonState`]).
+    refused: bool,
 }
+
+/// What one node's `MONITOR` feed has shown so far about ownership fences (`stream-listener`'s
+/// `consumer/fence.rs`): the fences a newer owner's install script deleted, and not created again since.
+/// A group read naming one of them fails with `NOGROUP` before serving anything, and a claim or ack run
+/// through the fenced script is refused. Fences deleted before the feed started are unknown: commands
+/// naming them count as accepted (the check can over-count, never under-count).
+#[derive(Debug, Default)]
+struct MonState {
+    deleted: HashSet<String>,
+}
+
+/// The prefix of every ownership fence key.
+const FENCE_PREFIX: &str = "sl:fence:";
 
 #[derive(Debug)]
 struct Monitor {
@@ -1271,6 +1287,7 @@ fn monitor_once(
     (&stream).write_all(b"MONITOR\r\n")?;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
+    let mut state = MonState::default();
     let born = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) || born.elapsed() > MONITOR_LIFETIME {
@@ -1283,7 +1300,7 @@ fn monitor_once(
                 line.clear();
                 if text.starts_with("+OK") {
                     ready.store(true, Ordering::Relaxed);
-                } else if let Some(mut parsed) = parse_monitor_line(text.trim_end()) {
+                } else if let Some(mut parsed) = state.observe(text.trim_end()) {
                     parsed.node = port;
                     lines.lock().expect("monitor lines").push(parsed);
                 }
@@ -1300,43 +1317,85 @@ fn monitor_once(
 }
 
 /// `+1700000000.123456 [0 127.0.0.1:5555] "XREADGROUP" "GROUP" "g" "c" ...` -> a [`MonLine`] when the
-/// command is watched.
+/// command is watched, without fence replay (see [`MonState::observe`]).
+#[cfg(test)]
 fn parse_monitor_line(text: &str) -> Option<MonLine> {
-    let text = text.strip_prefix('+')?;
-    let (time, rest) = text.split_once(' ')?;
-    let (secs, micros) = time.split_once('.')?;
-    let at = secs.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?;
-    let rest = rest.strip_prefix('[')?;
-    let (client, args) = rest.split_once(']')?;
-    let port = client
-        .split_whitespace()
-        .nth(1)
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok());
-    let args = parse_quoted(args);
-    let command = args.first()?.to_ascii_uppercase();
-    if !WATCHED.contains(&command.as_str()) {
-        return None;
-    }
-    let (consumer, key) = match command.as_str() {
-        "XREADGROUP" => {
-            let streams = args
-                .iter()
-                .position(|a| a.eq_ignore_ascii_case("STREAMS"))?;
-            (args.get(3).cloned(), args.get(streams + 1).cloned()?)
+    MonState::default().observe(text)
+}
+
+impl MonState {
+    /// Reads one line of the node's feed, in order: a [`MonLine`] when the command is watched. A script's
+    /// own commands (`[0 lua]`, fed after its `EVALSHA` line) only update the fence replay: the claims and
+    /// acks they run are counted from their `EVALSHA` line, with the fence it names.
+    fn observe(&mut self, text: &str) -> Option<MonLine> {
+        let text = text.strip_prefix('+')?;
+        let (time, rest) = text.split_once(' ')?;
+        let (secs, micros) = time.split_once('.')?;
+        let at = secs.parse::<u64>().ok()? * 1_000_000 + micros.parse::<u64>().ok()?;
+        let rest = rest.strip_prefix('[')?;
+        let (client, args) = rest.split_once(']')?;
+        let from_script = client.split_whitespace().nth(1) == Some("lua");
+        let port = client
+            .split_whitespace()
+            .nth(1)
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok());
+        let args = parse_quoted(args);
+        let command = args.first()?.to_ascii_uppercase();
+        if from_script {
+            match (command.as_str(), args.get(1), args.get(2)) {
+                ("DEL", Some(key), _) if key.starts_with(FENCE_PREFIX) => {
+                    self.deleted.insert(key.clone());
+                }
+                ("XGROUP", _, Some(key)) if key.starts_with(FENCE_PREFIX) => {
+                    self.deleted.remove(key);
+                }
+                _ => {}
+            }
+            return None;
         }
-        "XCLAIM" | "XAUTOCLAIM" => (args.get(3).cloned(), args.get(1).cloned()?),
-        _ => (None, args.get(1).cloned()?),
-    };
-    Some(MonLine {
-        at,
-        port,
-        node: 0,
-        command,
-        consumer,
-        key,
-        args: args[1..].join(" ").chars().take(120).collect(),
-    })
+        // `EVALSHA <sha> 2 <shard> <fence> <command> <shard> ...`: a claim or ack behind the fence.
+        let (command, args, fence) = match command.as_str() {
+            "EVALSHA" | "EVAL" if args.get(4).is_some_and(|k| k.starts_with(FENCE_PREFIX)) => {
+                let inner = args.get(5)?.to_ascii_uppercase();
+                (inner, args[5..].to_vec(), args.get(4).cloned())
+            }
+            "XREADGROUP" => {
+                let streams = args
+                    .iter()
+                    .position(|a| a.eq_ignore_ascii_case("STREAMS"))?;
+                let fence = args
+                    .get(streams + 2)
+                    .filter(|k| k.starts_with(FENCE_PREFIX))
+                    .cloned();
+                (command, args, fence)
+            }
+            _ => (command, args, None),
+        };
+        if !WATCHED.contains(&command.as_str()) {
+            return None;
+        }
+        let (consumer, key) = match command.as_str() {
+            "XREADGROUP" => {
+                let streams = args
+                    .iter()
+                    .position(|a| a.eq_ignore_ascii_case("STREAMS"))?;
+                (args.get(3).cloned(), args.get(streams + 1).cloned()?)
+            }
+            "XCLAIM" | "XAUTOCLAIM" => (args.get(3).cloned(), args.get(1).cloned()?),
+            _ => (None, args.get(1).cloned()?),
+        };
+        Some(MonLine {
+            at,
+            port,
+            node: 0,
+            command,
+            consumer,
+            key,
+            args: args[1..].join(" ").chars().take(120).collect(),
+            refused: fence.is_some_and(|f| self.deleted.contains(&f)),
+        })
+    }
 }
 
 /// The quoted, escaped arguments of a monitor line (`sdscatrepr`).
@@ -1665,7 +1724,10 @@ fn in_flight_across(r: &Record, faults: &[FaultLog]) -> Option<InFlight> {
 struct PauseReport {
     victim: String,
     rejoin_ms: Option<u64>,
+    /// Commands Redis accepted (the verdict fails on any).
     commands: usize,
+    /// Commands that reached Redis and were refused by their ownership's fence.
+    refused: usize,
     first: Option<String>,
     handles: usize,
     first_handle: Option<String>,
@@ -1698,6 +1760,8 @@ struct Verdict {
     token_decrease_handles: u64,
     token_examples: Vec<String>,
     zombie_commands: u64,
+    /// Commands of paused processes that Redis refused (their ownership's fence was gone): info.
+    zombie_refused: u64,
     zombie_handles: u64,
     pauses: Vec<PauseReport>,
     pending: u64,
@@ -1951,6 +2015,11 @@ fn verify(
             let Some(shard) = shard_of(&line.key) else {
                 continue;
             };
+            if line.refused {
+                // It reached Redis, which refused it: the fence it names was gone.
+                report.refused += 1;
+                continue;
+            }
             if !granted(by_name, shard, line.at, None) {
                 report.commands += 1;
                 v.blame("paused cmds", line.at, faults);
@@ -1995,6 +2064,7 @@ fn verify(
             }
         }
         v.zombie_commands += report.commands as u64;
+        v.zombie_refused += report.refused as u64;
         v.zombie_handles += report.handles as u64;
         v.pauses.push(report);
     }
@@ -2155,11 +2225,12 @@ impl Verdict {
             for p in &self.pauses {
                 let _ = writeln!(
                     out,
-                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds {:>4} (first: {})  handle starts w/o grant {:>4} (first: {})",
+                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds accepted {:>4} (first: {}), refused by the fence {:>4}  handle starts w/o grant {:>4} (first: {})",
                     p.victim,
                     p.rejoin_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "never".into()),
                     p.commands,
                     p.first.as_deref().unwrap_or("-"),
+                    p.refused,
                     p.handles,
                     p.first_handle.as_deref().unwrap_or("-")
                 );
@@ -2198,6 +2269,7 @@ impl Verdict {
             ("excused: in flight, pause", self.excused_pause),
             ("excused: in flight, Redis down", self.excused_outage),
             ("overlapping pairs (info)", self.overlap_pairs),
+            ("paused cmds refused by fence (info)", self.zombie_refused),
             (
                 "handles with a decreased token",
                 self.token_decrease_handles,
@@ -2265,6 +2337,35 @@ fn monitor_lines_parse() {
     let ack = r#"+1700000000.5 [0 127.0.0.1:1] "XACK" "orders:1" "chaos" "1-0""#;
     assert_eq!(parse_monitor_line(ack).expect("watched").consumer, None);
     assert!(parse_monitor_line(r#"+1.000001 [0 lua] "GET" "x""#).is_none());
+    // The fence replay: a read or a fenced claim naming a fence a script deleted is refused by Redis.
+    let fence = "sl:fence:{orders:3}:7:chaos";
+    let read = format!(
+        r#"+2.0 [0 127.0.0.1:2] "XREADGROUP" "GROUP" "chaos" "w1-m0" "COUNT" "20" "STREAMS" "orders:3" "{fence}" ">" ">""#
+    );
+    let claim = format!(
+        r#"+2.0 [0 127.0.0.1:2] "EVALSHA" "ab12" "2" "orders:3" "{fence}" "XAUTOCLAIM" "orders:3" "chaos" "w1-m0" "0" "0-0""#
+    );
+    let mut state = MonState::default();
+    assert!(!state.observe(&read).expect("watched").refused);
+    let claimed = state.observe(&claim).expect("watched");
+    assert_eq!(
+        (
+            claimed.command.as_str(),
+            claimed.consumer.as_deref(),
+            claimed.key.as_str()
+        ),
+        ("XAUTOCLAIM", Some("w1-m0"), "orders:3")
+    );
+    assert!(!claimed.refused);
+    assert!(state
+        .observe(&format!(r#"+1.5 [0 lua] "DEL" "{fence}""#))
+        .is_none());
+    assert!(state.observe(&read).expect("watched").refused);
+    assert!(state.observe(&claim).expect("watched").refused);
+    state.observe(&format!(
+        r#"+3.0 [0 lua] "XGROUP" "CREATE" "{fence}" "chaos" "$" "MKSTREAM""#
+    ));
+    assert!(!state.observe(&read).expect("watched").refused);
     assert_eq!(parse_quoted(r#""a\"b" "\x41c""#), vec!["a\"b", "Ac"]);
 }
 
