@@ -1790,54 +1790,94 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
     old.task.abort();
 }
 
-/// Single node only: it reads one node's keys.
+/// Single node only: the fault is injected by a proxy in front of one server.
 ///
-/// An acknowledgement the old owner sends after a newer owner took the shard (its ownership still looks
-/// active to itself: no fence or revoke arrived) is refused by Redis, and the entry stays pending.
+/// An owner whose first commands (the fence install, then the takeover claim) reach Redis only after a
+/// newer owner took the shard changes nothing: its install finds the newer token and is refused, so it
+/// neither deletes the newer owner's fence nor claims or reads anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ack_after_a_takeover_is_refused_by_redis() {
+async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
     let redis = RedisServer::start();
     let mut conn = connect_multiplexed(&redis.url()).await;
-    create_groups(&mut conn, "late-ack", 0..1).await;
-    let held: Arc<Mutex<Vec<RawMessage>>> = Arc::default();
-    let keep = held.clone();
-    let handler = BoxedHandler::raw(move |msg: RawMessage| {
-        let keep = keep.clone();
-        async move {
-            keep.lock().unwrap().push(msg);
-            Ok::<(), HandlerError>(())
-        }
-    });
-    let mut cfg = config("late-ack", "old");
-    cfg.ack_policy = AckPolicy::Manual;
-    let old = Running::start(&redis.url(), cfg, handler).await;
-    old.assign([0]).await;
-    produce(&mut conn, "late-ack", 0, 0, 1).await;
-    wait_until_async(
-        "the old owner got the entry",
-        Duration::from_secs(10),
-        || async { held.lock().unwrap().len() == 1 },
+    create_groups(&mut conn, "late-install", 0..1).await;
+    produce(&mut conn, "late-install", 0, 0, 1).await;
+    let proxy = stream_listener_test_support::proxy::HoldProxy::start(redis.addr()).await;
+    let (old_log, new_log) = (Log::default(), Log::default());
+    let old = Running::start(
+        &proxy.url(),
+        config("late-install", "old"),
+        recording_handler(&old_log),
     )
     .await;
-    let new_log = Log::default();
-    let mut cfg = config("late-ack", "new");
-    cfg.ack_policy = AckPolicy::Manual;
-    let new = Running::start(&redis.url(), cfg, recording_handler(&new_log)).await;
+    proxy.hold();
+    old.assign([0]).await;
+    wait_until_async(
+        "the old grant's install is on its way",
+        Duration::from_secs(10),
+        || async { proxy.held().contains("EVALSHA") },
+    )
+    .await;
+    let new = Running::start(
+        redis.url().as_str(),
+        config("late-install", "new"),
+        recording_handler(&new_log),
+    )
+    .await;
     new.assign([0]).await;
     wait_until_async(
-        "the new owner claimed the entry",
+        "the new owner handled the entry",
         Duration::from_secs(10),
         || async { new_log.count() == 1 },
     )
     .await;
-    let message = held.lock().unwrap().pop().unwrap();
-    let refused = message.ack().await;
-    assert!(
-        matches!(refused, Err(stream_listener::consumer::AckError::NotOwner)),
-        "{refused:?}"
+    let probe = conn.clone();
+    let owner = || {
+        let mut conn = probe.clone();
+        async move {
+            let token: Option<String> = redis::cmd("GET")
+                .arg(stream_listener::names::shard_owner("late-install:0", GROUP))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            token
+        }
+    };
+    let newer = owner().await.expect("the new owner's token");
+    // The new owner idles in its wait and sends no script; from here on, scripts are the old owner's.
+    wait_for_blocked_client(&mut conn).await;
+    let evalsha = || {
+        let mut conn = probe.clone();
+        async move {
+            command_calls(&mut conn)
+                .await
+                .get("evalsha")
+                .copied()
+                .unwrap_or(0)
+        }
+    };
+    let before = evalsha().await;
+    proxy.release();
+    // The late install, then (refused, so the old owner backs off and tries again) a second one.
+    wait_until_async(
+        "the late install reached Redis, and its retry",
+        Duration::from_secs(10),
+        || async { evalsha().await >= before + 2 },
+    )
+    .await;
+    produce(&mut conn, "late-install", 0, 1, 3).await;
+    wait_until_async(
+        "the new owner handled the later entries",
+        Duration::from_secs(10),
+        || async { new_log.count() == 4 },
+    )
+    .await;
+    assert_eq!(
+        owner().await,
+        Some(newer),
+        "the late install replaced the newer token"
     );
-    // Manual acks: the new owner's handler did not ack either, so the entry is still pending (to it).
-    assert_eq!(xpending_count(&mut conn, "late-ack:0", GROUP).await, 1);
+    assert_eq!(old_log.count(), 0, "the superseded owner handled entries");
+    assert_eq!(xpending_count(&mut conn, "late-install:0", GROUP).await, 0);
     new.stop().await;
     old.task.abort();
 }

@@ -1203,6 +1203,8 @@ struct MonLine {
     /// Redis refused it: the ownership fence it names had been deleted by a newer owner (see
     /// [`MonState`]).
     refused: bool,
+    /// The entry ids an `XACK` / `XACKDEL` acknowledges.
+    ids: Vec<String>,
 }
 
 /// What one node's `MONITOR` feed has shown so far about ownership fences (`stream-listener`'s
@@ -1385,6 +1387,12 @@ impl MonState {
             "XCLAIM" | "XAUTOCLAIM" => (args.get(3).cloned(), args.get(1).cloned()?),
             _ => (None, args.get(1).cloned()?),
         };
+        // `XACK key group id...`, `XACKDEL key group mode IDS n id...`.
+        let ids = match command.as_str() {
+            "XACK" => args.iter().skip(3).cloned().collect(),
+            "XACKDEL" => args.iter().skip(6).cloned().collect(),
+            _ => Vec::new(),
+        };
         Some(MonLine {
             at,
             port,
@@ -1394,6 +1402,7 @@ impl MonState {
             key,
             args: args[1..].join(" ").chars().take(120).collect(),
             refused: fence.is_some_and(|f| self.deleted.contains(&f)),
+            ids,
         })
     }
 }
@@ -1728,6 +1737,8 @@ struct PauseReport {
     commands: usize,
     /// Commands that reached Redis and were refused by their ownership's fence.
     refused: usize,
+    /// Acks that reached Redis late, each naming only entries this process had handled.
+    late_acks: usize,
     first: Option<String>,
     handles: usize,
     first_handle: Option<String>,
@@ -1762,6 +1773,8 @@ struct Verdict {
     zombie_commands: u64,
     /// Commands of paused processes that Redis refused (their ownership's fence was gone): info.
     zombie_refused: u64,
+    /// Late acks of paused processes naming only entries they handled: info.
+    zombie_late_acks: u64,
     zombie_handles: u64,
     pauses: Vec<PauseReport>,
     pending: u64,
@@ -1994,6 +2007,11 @@ fn verify(
                     && epoch.is_none_or(|ep| e.epoch <= ep)
             })
         };
+        let handled_by_victim: HashSet<&str> = records
+            .iter()
+            .filter(|r| r.pid == *pid)
+            .map(|r| r.id.as_str())
+            .collect();
         let mut report = PauseReport {
             victim: format!("{victim} (pid {pid})"),
             rejoin_ms: first_rejoin.map(|t| (t - cont) / 1000),
@@ -2018,6 +2036,17 @@ fn verify(
             if line.refused {
                 // It reached Redis, which refused it: the fence it names was gone.
                 report.refused += 1;
+                continue;
+            }
+            // Acks are not fenced in Redis: a late one must name only entries this process handled (it
+            // acknowledges work that was done; the next owner handles them again).
+            if !line.ids.is_empty()
+                && line
+                    .ids
+                    .iter()
+                    .all(|id| handled_by_victim.contains(id.as_str()))
+            {
+                report.late_acks += 1;
                 continue;
             }
             if !granted(by_name, shard, line.at, None) {
@@ -2065,6 +2094,7 @@ fn verify(
         }
         v.zombie_commands += report.commands as u64;
         v.zombie_refused += report.refused as u64;
+        v.zombie_late_acks += report.late_acks as u64;
         v.zombie_handles += report.handles as u64;
         v.pauses.push(report);
     }
@@ -2225,12 +2255,13 @@ impl Verdict {
             for p in &self.pauses {
                 let _ = writeln!(
                     out,
-                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds accepted {:>4} (first: {}), refused by the fence {:>4}  handle starts w/o grant {:>4} (first: {})",
+                    "  {:<16} rejoin after {:>8}  read/ack/claim cmds accepted {:>4} (first: {}), refused by the fence {:>4}, late acks of its own handled entries {:>4}  handle starts w/o grant {:>4} (first: {})",
                     p.victim,
                     p.rejoin_ms.map(|ms| format!("{ms} ms")).unwrap_or_else(|| "never".into()),
                     p.commands,
                     p.first.as_deref().unwrap_or("-"),
                     p.refused,
+                    p.late_acks,
                     p.handles,
                     p.first_handle.as_deref().unwrap_or("-")
                 );
@@ -2270,6 +2301,7 @@ impl Verdict {
             ("excused: in flight, Redis down", self.excused_outage),
             ("overlapping pairs (info)", self.overlap_pairs),
             ("paused cmds refused by fence (info)", self.zombie_refused),
+            ("paused late acks, own work (info)", self.zombie_late_acks),
             (
                 "handles with a decreased token",
                 self.token_decrease_handles,
@@ -2334,8 +2366,12 @@ fn monitor_lines_parse() {
     assert_eq!(m.port, Some(51234));
     assert_eq!(m.consumer.as_deref(), Some("w1-m0"));
     assert_eq!(m.key, "orders:3");
-    let ack = r#"+1700000000.5 [0 127.0.0.1:1] "XACK" "orders:1" "chaos" "1-0""#;
-    assert_eq!(parse_monitor_line(ack).expect("watched").consumer, None);
+    let ack = r#"+1700000000.5 [0 127.0.0.1:1] "XACK" "orders:1" "chaos" "1-0" "2-0""#;
+    let acked = parse_monitor_line(ack).expect("watched");
+    assert_eq!(
+        (acked.consumer, acked.ids),
+        (None, vec!["1-0".into(), "2-0".into()])
+    );
     assert!(parse_monitor_line(r#"+1.000001 [0 lua] "GET" "x""#).is_none());
     // The fence replay: a read or a fenced claim naming a fence a script deleted is refused by Redis.
     let fence = "sl:fence:{orders:3}:7:chaos";

@@ -1,10 +1,6 @@
 -- Acknowledge the ids in group ARGV[1] of stream KEYS[1], then delete them per ARGV[2] (KEEPREF, DELREF,
 -- ACKED): XACKDEL for servers older than 8.2. ARGV[3..]: the ids. Returns how many were acknowledged.
--- Refused while this ownership's fence KEYS[2] is gone (see fence.rs).
 local key, group, mode = KEYS[1], ARGV[1], ARGV[2]
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  return redis.error_reply('FENCED ' .. KEYS[2] .. ' is gone: a newer owner took the shard, or Redis lost it')
-end
 local ids = {}
 for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
 local function chunked(cmd, a, b)

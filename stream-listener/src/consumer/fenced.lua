@@ -1,5 +1,5 @@
 -- Runs the command ARGV (on shard stream KEYS[1]) only while this ownership's fence KEYS[2] exists: a claim
--- or an acknowledgement that reaches Redis after the next owner took the shard is refused (see fence.rs).
+-- that reaches Redis after the next owner took the shard is refused (see fence.rs).
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return redis.error_reply('FENCED ' .. KEYS[2] .. ' is gone: a newer owner took the shard, or Redis lost it')
 end

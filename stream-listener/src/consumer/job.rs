@@ -204,7 +204,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         let (mut entries, next_read_mode) = match fetched {
             Ok(fetched) => fetched,
             Err(error) if fence::is_fence_error(&error, &spec.fence) => {
-                // Nothing was read or acknowledged: Redis refused the command.
+                // Redis refused the read: nothing was delivered (acks carried along may have gone through).
                 outcome.fence_lost = true;
                 outcome.error = Some(error);
                 outcome.next_read_mode = Some(if carried.is_empty() {
@@ -330,7 +330,6 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         let last_done = last_done.map(str::to_owned);
         if let Err(error) = finished {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
-            outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
             outcome.next_read_mode = Some(ReadMode::Claim {
@@ -460,7 +459,6 @@ async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
     let acker = manual.then(|| Acker {
         io: io.clone(),
         stream_key: spec.key.clone(),
-        fence: spec.fence.clone(),
         ownership: spec.ownership.clone(),
         acked: acked.clone(),
     });
@@ -617,7 +615,6 @@ async fn handle_batch(
             acker: manual.then(|| Acker {
                 io: io.clone(),
                 stream_key: spec.key.clone(),
-                fence: spec.fence.clone(),
                 ownership: spec.ownership.clone(),
                 acked: acked.clone(),
             }),
@@ -753,14 +750,12 @@ async fn finish(
                 lettered = true;
                 crate::metrics::messages(&io.config, "dead_lettered", letters.len() as u64);
             }
-            io.ack(&spec.key, &spec.fence, &all).await
+            io.ack(&spec.key, &all).await
         }
         .await;
         match result {
             Ok(()) => return Ok(()),
-            Err(error) if attempt >= 3 || fence::is_fence_error(&error, &spec.fence) => {
-                return Err(error)
-            }
+            Err(error) if attempt >= 3 => return Err(error),
             Err(error) => {
                 tracing::debug!(shard = spec.shard, %error, attempt, "ack failed, retrying");
                 tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;

@@ -56,18 +56,7 @@ impl<T> Message<T> {
         if acker.acked.load(Ordering::Acquire) {
             return Ok(());
         }
-        match acker
-            .io
-            .ack(&acker.stream_key, &acker.fence, &[self.id.as_str()])
-            .await
-        {
-            Ok(()) => {}
-            // Redis refused it: a newer owner took the shard.
-            Err(error) if super::fence::is_fence_error(&error, &acker.fence) => {
-                return Err(AckError::NotOwner)
-            }
-            Err(error) => return Err(error.into()),
-        }
+        acker.io.ack(&acker.stream_key, &[self.id.as_str()]).await?;
         acker.acked.store(true, Ordering::Release);
         Ok(())
     }
@@ -133,7 +122,6 @@ impl ShardOwnership {
 pub(crate) struct Acker {
     pub(crate) io: Arc<ShardIo>,
     pub(crate) stream_key: Arc<str>,
-    pub(crate) fence: Arc<super::fence::Fence>,
     pub(crate) ownership: Arc<ShardOwnership>,
     pub(crate) acked: Arc<AtomicBool>,
 }
