@@ -2038,6 +2038,9 @@ fn verify(
                 report.refused += 1;
                 continue;
             }
+            if granted(by_name, shard, line.at, None) {
+                continue;
+            }
             // Acks are not fenced in Redis: a late one must name only entries this process handled (it
             // acknowledges work that was done; the next owner handles them again).
             if !line.ids.is_empty()
@@ -2047,29 +2050,36 @@ fn verify(
                     .all(|id| handled_by_victim.contains(id.as_str()))
             {
                 report.late_acks += 1;
-                continue;
-            }
-            if !granted(by_name, shard, line.at, None) {
-                report.commands += 1;
-                v.blame("paused cmds", line.at, faults);
-                if report.first.is_none() {
-                    report.first = Some(format!(
-                        "{} {} {} +{:.1} ms",
-                        line.command,
-                        line.key,
-                        line.consumer.as_deref().unwrap_or(""),
-                        (line.at - cont) as f64 / 1e3
-                    ));
-                }
                 if report.examples.len() < 4 {
                     report.examples.push(format!(
-                        "+{:.1} ms port {} {} {}",
+                        "late ack +{:.1} ms port {} {} entries {}",
                         (line.at - cont) as f64 / 1e3,
                         line.port.map_or("lua".to_string(), |p| p.to_string()),
-                        line.command,
-                        line.args
+                        line.key,
+                        line.ids.len()
                     ));
                 }
+                continue;
+            }
+            report.commands += 1;
+            v.blame("paused cmds", line.at, faults);
+            if report.first.is_none() {
+                report.first = Some(format!(
+                    "{} {} {} +{:.1} ms",
+                    line.command,
+                    line.key,
+                    line.consumer.as_deref().unwrap_or(""),
+                    (line.at - cont) as f64 / 1e3
+                ));
+            }
+            if report.examples.len() < 4 {
+                report.examples.push(format!(
+                    "+{:.1} ms port {} {} {}",
+                    (line.at - cont) as f64 / 1e3,
+                    line.port.map_or("lua".to_string(), |p| p.to_string()),
+                    line.command,
+                    line.args
+                ));
             }
         }
         for r in records {

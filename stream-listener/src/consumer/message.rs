@@ -99,18 +99,24 @@ pub enum AckError {
 pub(crate) struct ShardOwnership {
     active: AtomicBool,
     deadline: Arc<OwnershipDeadline>,
+    /// The deadline's withdrawals when this ownership began: a later one ends it for good.
+    withdrawals: u64,
 }
 
 impl ShardOwnership {
     pub(crate) fn new(deadline: Arc<OwnershipDeadline>) -> Arc<Self> {
         Arc::new(Self {
             active: AtomicBool::new(true),
+            withdrawals: deadline.withdrawals(),
             deadline,
         })
     }
 
     pub(crate) fn is_active(&self) -> bool {
-        self.active.load(Ordering::Acquire) && self.deadline.is_valid()
+        // The deadline first: a deadline moved ahead by a rejoin comes with the withdrawal before it.
+        self.deadline.is_valid()
+            && self.deadline.withdrawals() == self.withdrawals
+            && self.active.load(Ordering::Acquire)
     }
 
     pub(crate) fn end(&self) {
@@ -510,5 +516,36 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod ownership_tests {
+    use super::*;
+    use crate::clock::LocalMillis;
+
+    #[test]
+    fn an_ownership_from_before_a_fence_stays_over_after_the_rejoin() {
+        let deadline = OwnershipDeadline::new();
+        deadline.set(deadline.local_now().plus_ms(10_000));
+        let old = ShardOwnership::new(deadline.clone());
+        assert!(old.is_active());
+        // Fenced (the membership was lost), then rejoined before the consumer handled the fence.
+        deadline.set(LocalMillis::MIN);
+        deadline.set(deadline.local_now().plus_ms(10_000));
+        assert!(!old.is_active(), "the rejoin revived the old ownership");
+        assert!(ShardOwnership::new(deadline.clone()).is_active());
+    }
+
+    #[test]
+    fn a_lease_that_lapsed_and_came_back_keeps_its_ownership() {
+        // A heartbeat answered late: the deadline passed and moved ahead again, without a fence.
+        let deadline = OwnershipDeadline::new();
+        deadline.set(deadline.local_now().plus_ms(10_000));
+        let ownership = ShardOwnership::new(deadline.clone());
+        deadline.set(deadline.local_now().plus_ms(-1));
+        assert!(!ownership.is_active());
+        deadline.set(deadline.local_now().plus_ms(10_000));
+        assert!(ownership.is_active());
     }
 }

@@ -81,6 +81,10 @@ pub struct OwnershipDeadline {
     until_ms: std::sync::atomic::AtomicI64,
     /// Heartbeats accepted so far: a consumer that saw the store lose state waits for the next one.
     confirmations: std::sync::atomic::AtomicU64,
+    /// How many times the deadline was withdrawn ([`LocalMillis::MIN`]: fenced, membership lost,
+    /// leaving). Ownership granted before a withdrawal is over for good, even once a rejoin moves the
+    /// deadline ahead again before the consumption layer has handled the [`ShardCommand::Fence`].
+    withdrawals: std::sync::atomic::AtomicU64,
 }
 
 impl OwnershipDeadline {
@@ -99,6 +103,7 @@ impl OwnershipDeadline {
             origin: std::time::Instant::now(),
             until_ms: std::sync::atomic::AtomicI64::new(until_ms),
             confirmations: std::sync::atomic::AtomicU64::new(0),
+            withdrawals: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -113,10 +118,22 @@ impl OwnershipDeadline {
         LocalMillis(self.origin.elapsed().as_millis() as i64)
     }
 
-    /// Moves the deadline to local time `until` (the session's `valid_until`).
+    /// Moves the deadline to local time `until` (the session's `valid_until`); [`LocalMillis::MIN`]
+    /// withdraws it (see [`withdrawals`](Self::withdrawals)).
     pub fn set(&self, until: LocalMillis) {
+        if until == LocalMillis::MIN {
+            // Counted before the deadline moves: whoever sees a later deadline sees this count too.
+            self.withdrawals
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         self.until_ms
             .store(until.0, std::sync::atomic::Ordering::Release);
+    }
+
+    /// How many times the deadline was withdrawn so far: an ownership is valid only under the count it
+    /// was granted under.
+    pub fn withdrawals(&self) -> u64 {
+        self.withdrawals.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The deadline ([`LocalMillis::MIN`]: none, [`LocalMillis::MAX`]: unbounded).
