@@ -2007,6 +2007,15 @@ fn verify(
                     && epoch.is_none_or(|ep| e.epoch <= ep)
             })
         };
+        let example = |line: &MonLine| {
+            format!(
+                "+{:.1} ms port {} {} {}",
+                (line.at - cont) as f64 / 1e3,
+                line.port.map_or("lua".to_string(), |p| p.to_string()),
+                line.command,
+                line.args
+            )
+        };
         let handled_by_victim: HashSet<&str> = records
             .iter()
             .filter(|r| r.pid == *pid)
@@ -2051,13 +2060,9 @@ fn verify(
             {
                 report.late_acks += 1;
                 if report.examples.len() < 4 {
-                    report.examples.push(format!(
-                        "late ack +{:.1} ms port {} {} entries {}",
-                        (line.at - cont) as f64 / 1e3,
-                        line.port.map_or("lua".to_string(), |p| p.to_string()),
-                        line.key,
-                        line.ids.len()
-                    ));
+                    report
+                        .examples
+                        .push(format!("late ack of its own: {}", example(line)));
                 }
                 continue;
             }
@@ -2073,13 +2078,7 @@ fn verify(
                 ));
             }
             if report.examples.len() < 4 {
-                report.examples.push(format!(
-                    "+{:.1} ms port {} {} {}",
-                    (line.at - cont) as f64 / 1e3,
-                    line.port.map_or("lua".to_string(), |p| p.to_string()),
-                    line.command,
-                    line.args
-                ));
+                report.examples.push(example(line));
             }
         }
         for r in records {

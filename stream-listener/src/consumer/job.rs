@@ -203,20 +203,9 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         };
         let (mut entries, next_read_mode) = match fetched {
             Ok(fetched) => fetched,
-            Err(error) if fence::is_fence_error(&error, &spec.fence) => {
-                // Redis refused the read: nothing was delivered (acks carried along may have gone through).
-                outcome.fence_lost = true;
-                outcome.error = Some(error);
-                outcome.next_read_mode = Some(if carried.is_empty() {
-                    spec.read_mode.clone()
-                } else {
-                    ReadMode::Claim {
-                        cursor: crate::names::START_ID.to_owned(),
-                    }
-                });
-                return outcome;
-            }
-            Err(error) if is_missing_group(&error) => {
+            Err(error)
+                if is_missing_group(&error) && !fence::is_fence_error(&error, &spec.fence) =>
+            {
                 io.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
                 outcome.next_read_mode = Some(ReadMode::Claim {
@@ -225,6 +214,8 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
                 return outcome;
             }
             Err(error) => {
+                // Refused by the fence: nothing was read, and the next job installs it again.
+                outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
                 outcome.error = Some(error);
                 // Unknown whether carried acks went through: re-deliver our own pending entries.
                 outcome.next_read_mode = Some(if carried.is_empty() {
