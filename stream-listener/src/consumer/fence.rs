@@ -41,32 +41,23 @@ use redis::{RedisError, RedisResult, Script};
 use crate::connection::Connection;
 use crate::names;
 
-/// Installs an ownership's fence (see the module docs for its `KEYS` and `ARGV`).
+/// Installs an ownership's fence (its header says what `KEYS` and `ARGV` are).
 pub(crate) const INSTALL_SCRIPT: &str = include_str!("fence.lua");
 
 /// Runs a single-key command (a claim) only while the ownership's fence exists.
 pub(crate) const FENCED_SCRIPT: &str = include_str!("fenced.lua");
 
-/// The error code of a command [`FENCED_SCRIPT`] refused.
+/// The error code of a command [`FENCED_SCRIPT`] refused, or of an install a newer token refused.
 pub(crate) const FENCED: &str = "FENCED";
 
 /// The Redis keys of one ownership of a shard by a group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Fence {
     /// This ownership's fence stream.
     pub(crate) key: Arc<str>,
     owner: String,
     prefix: String,
     token: i64,
-}
-
-/// What installing a fence found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Installed {
-    /// The fence is in place; the previous owner's, if any, is gone.
-    Installed,
-    /// A newer owner's fence is in place: this ownership is over, whatever the member was told.
-    Superseded,
 }
 
 impl Fence {
@@ -80,14 +71,15 @@ impl Fence {
         }
     }
 
-    /// Installs the fence: deletes the previous owner's and records this token, unless a newer one is
-    /// recorded. Idempotent (a retry after a lost answer installs nothing twice).
+    /// Installs the fence: deletes the previous owner's and records this token. A [`FENCED`] error when a
+    /// newer token is recorded: this ownership is over, whatever the member was told. Idempotent (a retry
+    /// after a lost answer installs nothing twice).
     pub(crate) async fn install(
         &self,
         script: &Script,
         conn: &mut Connection,
         group: &str,
-    ) -> RedisResult<Installed> {
+    ) -> RedisResult<()> {
         let status: i64 = script
             .key(&self.owner)
             .key(&*self.key)
@@ -97,12 +89,18 @@ impl Fence {
             .invoke_async(conn)
             .await?;
         match status {
-            0 => Ok(Installed::Superseded),
+            0 => Err(redis::make_extension_error(
+                FENCED.into(),
+                Some(format!(
+                    "a newer owner's fence is in place (ours: {}): this ownership is over",
+                    self.key
+                )),
+            )),
             2 => {
                 tracing::warn!(owner = %self.owner, fence = %self.key, "the shard's owner record held no fencing token (corrupt?): replaced; a previous owner's fence, if any, stays");
-                Ok(Installed::Installed)
+                Ok(())
             }
-            _ => Ok(Installed::Installed),
+            _ => Ok(()),
         }
     }
 }

@@ -30,7 +30,7 @@ use tracing::Instrument;
 use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
-use super::fence::{self, Fence, Installed};
+use super::fence::{self, Fence};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, ShardOwnership};
 use super::shard_io::{Entry, Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
@@ -154,20 +154,11 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             return outcome;
         }
         match io.install_fence(&spec.fence).await {
-            Ok(Installed::Installed) => outcome.fence_installed = true,
-            Ok(Installed::Superseded) => {
-                outcome.fence_lost = true;
-                outcome.error = Some(redis::make_extension_error(
-                    fence::FENCED.into(),
-                    Some(format!(
-                        "a newer owner's fence is in place (ours: {}): this ownership is over",
-                        spec.fence.key
-                    )),
-                ));
-                outcome.next_read_mode = Some(spec.read_mode.clone());
-                return outcome;
-            }
+            Ok(()) => outcome.fence_installed = true,
             Err(error) => {
+                // `FENCED`: a newer owner's fence is in place; the next job tries again until the
+                // revoke or fence arrives.
+                outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
                 outcome.error = Some(error);
                 outcome.next_read_mode = Some(spec.read_mode.clone());
                 return outcome;

@@ -584,7 +584,11 @@ impl Scheduler {
     fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
         let key: Arc<str> = self.io.config.shard_key(shard).into();
-        let fence = self.fence_of(&key, &token);
+        let fence = Arc::new(fence::Fence::new(
+            &key,
+            &self.io.config.group,
+            token.member_epoch,
+        ));
         self.shards.insert(
             shard,
             OwnedShard {
@@ -614,27 +618,15 @@ impl Scheduler {
         tracing::debug!(shard, "shard assigned");
     }
 
-    /// The fence of an ownership of the shard stream `key` at `token`.
-    fn fence_of(&self, key: &str, token: &FencingToken) -> Arc<fence::Fence> {
-        Arc::new(fence::Fence::new(
-            key,
-            &self.io.config.group,
-            token.member_epoch,
-        ))
-    }
-
     fn assign(&mut self, shard: u32, token: FencingToken, jobs: &mut JoinSet<JobOutcome>) {
         let epoch = token.member_epoch;
-        let fence = self
-            .shards
-            .get(&shard)
-            .map(|state| self.fence_of(&state.key, &token));
         match self.shards.get_mut(&shard) {
             Some(state) if state.revoking => state.reassign = Some(token),
             Some(state) => {
-                // A newer grant of a shard we hold: its fence replaces ours.
-                if let Some(fence) = fence.filter(|f| *f != state.fence) {
-                    state.fence = fence;
+                if state.token.member_epoch != epoch {
+                    // A newer grant of a shard we hold: its fence replaces ours.
+                    let group = &self.io.config.group;
+                    state.fence = Arc::new(fence::Fence::new(&state.key, group, epoch));
                     state.fence_installed = false;
                 }
                 state.token = token;

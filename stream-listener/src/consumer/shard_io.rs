@@ -12,7 +12,7 @@ use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
 
 use super::config::{AckPolicy, ConsumerConfig};
-use super::fence::{Fence, Installed};
+use super::fence::Fence;
 use super::message::BoxedHandler;
 use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
 
@@ -426,7 +426,7 @@ impl ShardIo {
     }
 
     /// Installs this ownership's fence before its first command on the shard (see the `fence` module).
-    pub(crate) async fn install_fence(&self, fence: &Fence) -> RedisResult<Installed> {
+    pub(crate) async fn install_fence(&self, fence: &Fence) -> RedisResult<()> {
         fence
             .install(
                 &self.fence_script,
