@@ -1881,3 +1881,58 @@ async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
     new.stop().await;
     old.task.abort();
 }
+
+/// An assignment of a membership that was lost (queued before the fence, handled after the rejoin moved
+/// the deadline ahead again) starts nothing: its token is below the floor the loss raised, while a grant
+/// of the new membership is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assignment_of_a_lost_membership_handled_after_the_rejoin_reads_nothing() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "lost-grant", 0..2).await;
+    let deadline = OwnershipDeadline::new();
+    // The old membership held epochs up to 9; it was lost, and the member rejoined.
+    deadline.withdraw(10);
+    deadline.set(deadline.local_now().plus_ms(30_000));
+    let log = Log::default();
+    // One worker: the shards take turns, so each turn of shard 1 follows one of shard 0.
+    let mut cfg = config("lost-grant", "m0");
+    cfg.runtime_max_concurrency = 1;
+    let running =
+        Running::start_with_deadline(redis.url(), cfg, recording_handler(&log), deadline).await;
+    let grant = |shard, member_epoch| ShardCommand::Assign {
+        shard,
+        token: FencingToken {
+            member_id: Arc::from("m0"),
+            member_epoch,
+        },
+    };
+    running.commands.send(grant(0, 9)).unwrap();
+    running.commands.send(grant(1, 12)).unwrap();
+    produce(&mut conn, "lost-grant", 0, 0, 1).await;
+    produce(&mut conn, "lost-grant", 1, 0, 1).await;
+    wait_until_async(
+        "the new grant is served",
+        Duration::from_secs(10),
+        || async { log.count() >= 1 },
+    )
+    .await;
+    // Shard 0 had turns in between (no fence follows here, so it stays in the rotation).
+    produce(&mut conn, "lost-grant", 1, 1, 1).await;
+    wait_until_async(
+        "the new grant is served again",
+        Duration::from_secs(10),
+        || async { log.ids().iter().filter(|(shard, _)| *shard == 1).count() == 2 },
+    )
+    .await;
+    assert!(
+        log.ids().iter().all(|(shard, _)| *shard == 1),
+        "the lost membership's shard was handled"
+    );
+    let owner: Option<String> = redis::cmd("GET")
+        .arg(stream_listener::names::shard_owner("lost-grant:0", GROUP))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(owner, None, "the lost membership installed a fence");
+    assert_eq!(xpending_count(&mut conn, "lost-grant:0", GROUP).await, 0);
+    running.task.abort();
+}

@@ -99,23 +99,23 @@ pub enum AckError {
 pub(crate) struct ShardOwnership {
     active: AtomicBool,
     deadline: Arc<OwnershipDeadline>,
-    /// The deadline's withdrawals when this ownership began: a later one ends it for good.
-    withdrawals: u64,
+    /// The grant's fencing token (member epoch): below the deadline's epoch floor, the ownership is over.
+    epoch: i64,
 }
 
 impl ShardOwnership {
-    pub(crate) fn new(deadline: Arc<OwnershipDeadline>) -> Arc<Self> {
+    pub(crate) fn new(deadline: Arc<OwnershipDeadline>, epoch: i64) -> Arc<Self> {
         Arc::new(Self {
             active: AtomicBool::new(true),
-            withdrawals: deadline.withdrawals(),
             deadline,
+            epoch,
         })
     }
 
     pub(crate) fn is_active(&self) -> bool {
-        // The deadline first: a deadline moved ahead by a rejoin comes with the withdrawal before it.
+        // The deadline first: a deadline moved ahead by a rejoin comes with the floor raised before it.
         self.deadline.is_valid()
-            && self.deadline.withdrawals() == self.withdrawals
+            && self.epoch >= self.deadline.epoch_floor()
             && self.active.load(Ordering::Acquire)
     }
 
@@ -522,19 +522,21 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod ownership_tests {
     use super::*;
-    use crate::clock::LocalMillis;
 
     #[test]
     fn an_ownership_from_before_a_fence_stays_over_after_the_rejoin() {
         let deadline = OwnershipDeadline::new();
         deadline.set(deadline.local_now().plus_ms(10_000));
-        let old = ShardOwnership::new(deadline.clone());
+        let old = ShardOwnership::new(deadline.clone(), 7);
         assert!(old.is_active());
-        // Fenced (the membership was lost), then rejoined before the consumer handled the fence.
-        deadline.set(LocalMillis::MIN);
+        // The membership was lost at epoch 9, then the member rejoined before the consumer handled the
+        // fence, or an assignment of the lost session that was queued before it.
+        deadline.withdraw(10);
+        assert!(!old.is_active());
         deadline.set(deadline.local_now().plus_ms(10_000));
         assert!(!old.is_active(), "the rejoin revived the old ownership");
-        assert!(ShardOwnership::new(deadline.clone()).is_active());
+        assert!(!ShardOwnership::new(deadline.clone(), 9).is_active());
+        assert!(ShardOwnership::new(deadline.clone(), 12).is_active());
     }
 
     #[test]
@@ -542,7 +544,7 @@ mod ownership_tests {
         // A heartbeat answered late: the deadline passed and moved ahead again, without a fence.
         let deadline = OwnershipDeadline::new();
         deadline.set(deadline.local_now().plus_ms(10_000));
-        let ownership = ShardOwnership::new(deadline.clone());
+        let ownership = ShardOwnership::new(deadline.clone(), 7);
         deadline.set(deadline.local_now().plus_ms(-1));
         assert!(!ownership.is_active());
         deadline.set(deadline.local_now().plus_ms(10_000));

@@ -584,11 +584,8 @@ impl Scheduler {
     fn new_shard(&mut self, shard: u32, token: FencingToken) {
         self.next_generation += 1;
         let key: Arc<str> = self.io.config.shard_key(shard).into();
-        let fence = Arc::new(fence::Fence::new(
-            &key,
-            &self.io.config.group,
-            token.member_epoch,
-        ));
+        let epoch = token.member_epoch;
+        let fence = Arc::new(fence::Fence::new(&key, &self.io.config.group, epoch));
         self.shards.insert(
             shard,
             OwnedShard {
@@ -597,7 +594,7 @@ impl Scheduler {
                 token,
                 fence,
                 fence_installed: false,
-                ownership: ShardOwnership::new(self.deadline.clone()),
+                ownership: ShardOwnership::new(self.deadline.clone(), epoch),
                 revoking: false,
                 read_mode: claim_from_start(),
                 running: false,

@@ -340,7 +340,14 @@ impl MemberLoop {
             self.deadline.set(LocalMillis::MIN);
             return;
         }
-        self.deadline.set(self.session.valid_until());
+        match self.session.valid_until() {
+            // The membership is gone (lost, fenced, left): no token it handed down counts again, even
+            // once a rejoin moves the deadline ahead before the consumption layer handled the fence.
+            LocalMillis::MIN => self
+                .deadline
+                .withdraw(self.session.highest_epoch().saturating_add(1)),
+            until => self.deadline.set(until),
+        }
         for command in commands {
             // A consumption layer that is gone cannot read either.
             let _ = self.commands.send(command);

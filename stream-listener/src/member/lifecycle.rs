@@ -81,10 +81,11 @@ pub struct OwnershipDeadline {
     until_ms: std::sync::atomic::AtomicI64,
     /// Heartbeats accepted so far: a consumer that saw the store lose state waits for the next one.
     confirmations: std::sync::atomic::AtomicU64,
-    /// How many times the deadline was withdrawn ([`LocalMillis::MIN`]: fenced, membership lost,
-    /// leaving). Ownership granted before a withdrawal is over for good, even once a rejoin moves the
-    /// deadline ahead again before the consumption layer has handled the [`ShardCommand::Fence`].
-    withdrawals: std::sync::atomic::AtomicU64,
+    /// The lowest fencing token (member epoch) ownership may still be trusted under: raised above every
+    /// epoch of a session whose membership was lost ([`withdraw`](Self::withdraw)). Ownership granted
+    /// before is over for good, even once the rejoin moves the deadline ahead again before the
+    /// consumption layer has handled the [`ShardCommand::Fence`], or an `Assign` queued before it.
+    epoch_floor: std::sync::atomic::AtomicI64,
 }
 
 impl OwnershipDeadline {
@@ -103,7 +104,7 @@ impl OwnershipDeadline {
             origin: std::time::Instant::now(),
             until_ms: std::sync::atomic::AtomicI64::new(until_ms),
             confirmations: std::sync::atomic::AtomicU64::new(0),
-            withdrawals: std::sync::atomic::AtomicU64::new(0),
+            epoch_floor: std::sync::atomic::AtomicI64::new(i64::MIN),
         })
     }
 
@@ -118,22 +119,24 @@ impl OwnershipDeadline {
         LocalMillis(self.origin.elapsed().as_millis() as i64)
     }
 
-    /// Moves the deadline to local time `until` (the session's `valid_until`); [`LocalMillis::MIN`]
-    /// withdraws it (see [`withdrawals`](Self::withdrawals)).
+    /// Moves the deadline to local time `until` (the session's `valid_until`).
     pub fn set(&self, until: LocalMillis) {
-        if until == LocalMillis::MIN {
-            // Counted before the deadline moves: whoever sees a later deadline sees this count too.
-            self.withdrawals
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
         self.until_ms
             .store(until.0, std::sync::atomic::Ordering::Release);
     }
 
-    /// How many times the deadline was withdrawn so far: an ownership is valid only under the count it
-    /// was granted under.
-    pub fn withdrawals(&self) -> u64 {
-        self.withdrawals.load(std::sync::atomic::Ordering::Acquire)
+    /// The membership was lost: nothing may be touched now, and ownership granted at an epoch below
+    /// `epoch_floor` (every epoch of the lost session) never again, whatever later moves the deadline.
+    pub fn withdraw(&self, epoch_floor: i64) {
+        // Raised before the deadline moves: whoever sees a later deadline sees this floor too.
+        self.epoch_floor
+            .fetch_max(epoch_floor, std::sync::atomic::Ordering::AcqRel);
+        self.set(LocalMillis::MIN);
+    }
+
+    /// The lowest member epoch ownership may still be trusted under (see [`withdraw`](Self::withdraw)).
+    pub fn epoch_floor(&self) -> i64 {
+        self.epoch_floor.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The deadline ([`LocalMillis::MIN`]: none, [`LocalMillis::MAX`]: unbounded).

@@ -55,6 +55,8 @@ pub struct MemberSession {
     identity: MemberIdentity,
     phase: Phase,
     epoch: i64,
+    /// The highest member epoch ever applied: every token this session handed down is at most this.
+    highest_epoch: i64,
     metadata_version: i64,
     /// Shards being read.
     owned: BTreeSet<u32>,
@@ -87,6 +89,7 @@ impl MemberSession {
             identity,
             phase: Phase::Joining,
             epoch: JOIN_EPOCH,
+            highest_epoch: JOIN_EPOCH,
             metadata_version: 0,
             owned: BTreeSet::new(),
             revoking: BTreeMap::new(),
@@ -115,6 +118,12 @@ impl MemberSession {
     /// The member epoch in use (0 while joining).
     pub fn epoch(&self) -> i64 {
         self.epoch
+    }
+
+    /// The highest member epoch this session has applied, across rejoins: no fencing token it handed
+    /// down is above it.
+    pub fn highest_epoch(&self) -> i64 {
+        self.highest_epoch
     }
 
     /// The heartbeat interval the coordinator asked for.
@@ -267,6 +276,7 @@ impl MemberSession {
             return self.drop_everything_quietly();
         }
         self.epoch = resp.member_epoch;
+        self.highest_epoch = self.highest_epoch.max(self.epoch);
         self.awaiting = !resp.assignment.pending_shards.is_empty();
         if self.phase == Phase::Joining {
             self.phase = Phase::Member;
