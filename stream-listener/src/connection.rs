@@ -285,16 +285,20 @@ fn invalid(detail: &'static str) -> redis::RedisError {
         .into()
 }
 
-/// The cluster slot of a key: CRC16 (XMODEM) of its hash tag (the part between the first `{` and the
-/// next `}`, when not empty) or of the whole key, modulo 16384, as Redis computes it.
-pub fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+/// A key's hash tag: the part between the first `{` and the next `}`, when not empty.
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &key[open + 1..];
         let close = rest.iter().position(|&b| b == b'}')?;
         (close > 0).then(|| &rest[..close])
-    });
+    })
+}
+
+/// The cluster slot of a key: CRC16 (XMODEM) of its [`hash_tag`] or of the whole key, modulo 16384, as
+/// Redis computes it.
+pub fn slot_of(key: &[u8]) -> u16 {
     let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(key) {
+    for &byte in hash_tag(key).unwrap_or(key) {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
             crc = if crc & 0x8000 != 0 {

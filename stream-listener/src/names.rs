@@ -51,20 +51,16 @@ pub fn topology_stale(stream: &str) -> String {
 /// key. (A key that contains `}` but has no tag of its own shares its slot with no other key: see
 /// [`has_slot_tag`].)
 fn slot_tag(key: &str) -> &str {
-    key.find('{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.find('}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
+    crate::connection::hash_tag(key.as_bytes())
+        // Cut at ASCII braces, so still UTF-8.
+        .and_then(|tag| std::str::from_utf8(tag).ok())
         .unwrap_or(key)
 }
 
 /// Whether keys can be put in the cluster slot of `key` (it has a hash tag, or contains no `}`). The shard
 /// streams of a cluster must: their fences share their slot.
 pub fn has_slot_tag(key: &str) -> bool {
-    slot_tag(key) != key || !key.contains('}')
+    crate::connection::hash_tag(key.as_bytes()).is_some() || !key.contains('}')
 }
 
 /// The owner record of `group` on shard stream `shard_key`: `sl:owner:{<shard>}:<group>`, a string holding
