@@ -43,6 +43,7 @@ impl Ctx {
             connection_timeout: Some(Duration::from_secs(3)),
             response_timeout: Some(Duration::from_secs(10)),
             retries: Some(1),
+            ..Default::default()
         };
         let conn = target.connect(options).await.map_err(connect_error)?;
         Ok(Self { conn })

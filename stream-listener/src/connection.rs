@@ -68,6 +68,10 @@ pub struct ConnectOptions {
     pub connection_timeout: Option<Duration>,
     /// Reconnection attempts per command before it fails (`None`: redis-rs's default).
     pub retries: Option<usize>,
+    /// Never send a command again after its connection failed (cluster only: the cluster client retries
+    /// by default, the single-node manager never does). A group read (`>`) whose reply was lost may have
+    /// delivered entries; sent again, it would answer with later ones and hide the loss from the caller.
+    pub no_resend: bool,
 }
 
 impl RedisTarget {
@@ -172,7 +176,9 @@ impl RedisTarget {
                 if let Some(timeout) = options.connection_timeout {
                     builder = builder.connection_timeout(timeout);
                 }
-                if let Some(retries) = options.retries {
+                if options.no_resend {
+                    builder = builder.retries(0);
+                } else if let Some(retries) = options.retries {
                     builder = builder.retries(retries as u32);
                 }
                 let conn = builder.build()?.get_async_connection().await?;

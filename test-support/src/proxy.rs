@@ -1,86 +1,94 @@
-//! A loopback TCP proxy in front of a Redis server that can hold what clients send (feature `aio`).
+//! A loopback TCP proxy in front of a Redis server that injects network faults (feature `aio`).
 //!
-//! It injects the fault a frozen process leaves behind: a command that passed every check in the client and
-//! was on its way when the process froze reaches Redis only later, after the world moved on. While held,
-//! the proxy reads what clients send and keeps it (the clients see nothing unusual); replies still flow back.
-//! [`HoldProxy::release`] forwards everything held, in order.
+//! Each fault is one a real network or a frozen process brings:
+//! - [`hold`](FaultProxy::hold): what clients send is kept, replies still flow back. A command that passed
+//!   every check in the client and was on its way when the process froze reaches Redis only later, after
+//!   the world moved on; [`release`](FaultProxy::release) forwards everything held, in order.
+//! - [`lose_reply_after`](FaultProxy::lose_reply_after): the next command that contains a pattern reaches
+//!   Redis, Redis runs it, and the connection is reset before the reply gets back: a reset (or an EOF)
+//!   right after a command reached Redis.
+//! - [`delay_reply_after`](FaultProxy::delay_reply_after): the same command's reply (and everything after
+//!   it on that connection) arrives only after a delay, so the client's response timeout fires first.
+//! - [`blackhole`](FaultProxy::blackhole): nothing gets through either way until lifted (TCP retransmits, so
+//!   what was sent arrives then, unless a side gave up and closed).
+//! - [`set_latency`](FaultProxy::set_latency): every chunk waits that long, each way (a slow link).
+//! - [`reset_all`](FaultProxy::reset_all): every open connection is closed at once.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// What happens to the reply of the next command that contains the armed pattern.
+#[derive(Debug, Clone, Copy)]
+enum ReplyFault {
+    /// Drop it and close the connection.
+    Lose,
+    /// Deliver it (and what follows) this much later.
+    Delay(Duration),
+}
+
+/// How long replies are dropped after an armed command before its connection is closed.
+const LOSE_GRACE: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Client bytes sent while held, for [`FaultProxy::held`].
+    held: Vec<u8>,
+    /// One-shot: the pattern and what to do with its reply.
+    armed: Option<(Vec<u8>, ReplyFault)>,
+    /// How many armed faults fired.
+    fired: u64,
+}
+
+/// The proxy's switches, read by every connection's pumps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Switches {
+    holding: bool,
+    blackhole: bool,
+    latency: Duration,
+    /// Bumped by `reset_all`: connections opened before close.
+    resets: u64,
+}
 
 /// A proxy to one server; dropping it stops accepting (open connections live on until either side closes).
 #[derive(Debug)]
-pub struct HoldProxy {
+pub struct FaultProxy {
     addr: SocketAddr,
-    holding: watch::Sender<bool>,
-    held: Arc<Mutex<Vec<u8>>>,
+    switches: watch::Sender<Switches>,
+    shared: Arc<Mutex<Shared>>,
     accept: tokio::task::JoinHandle<()>,
 }
 
-impl HoldProxy {
+impl FaultProxy {
     /// A proxy on a free loopback port, forwarding to `upstream`.
     ///
     /// # Panics
     /// If no loopback port can be bound.
-    pub async fn start(upstream: SocketAddr) -> HoldProxy {
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .expect("bind a loopback port for the proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let holding = watch::Sender::new(false);
-        let held = Arc::new(Mutex::new(Vec::new()));
-        let (rx, log) = (holding.subscribe(), held.clone());
+        let switches = watch::Sender::new(Switches::default());
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (rx, state) = (switches.subscribe(), shared.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (mut from_client, mut to_client) = client.into_split();
-                let (mut from_server, mut to_server) = server.into_split();
-                let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-                let (mut rx, log) = (rx.clone(), log.clone());
-                let mut gate = rx.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match from_client.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        if *rx.borrow_and_update() {
-                            log.lock().expect("held log").extend_from_slice(&buf[..n]);
-                        }
-                        if chunks.send(buf[..n].to_vec()).is_err() {
-                            break;
-                        }
-                    }
-                });
-                tokio::spawn(async move {
-                    while let Some(chunk) = queue.recv().await {
-                        if gate.wait_for(|holding| !holding).await.is_err()
-                            || to_server.write_all(&chunk).await.is_err()
-                        {
-                            break;
-                        }
-                    }
-                    let _ = to_server.shutdown().await;
-                });
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
-                    let _ = to_client.shutdown().await;
-                });
+                tokio::spawn(connection(client, server, rx.clone(), state.clone()));
             }
         });
-        HoldProxy {
+        FaultProxy {
             addr,
-            holding,
-            held,
+            switches,
+            shared,
             accept,
         }
     }
@@ -90,25 +98,187 @@ impl HoldProxy {
         format!("redis://{}", self.addr)
     }
 
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().expect("proxy state")
+    }
+
     /// From now on, keep what clients send instead of forwarding it.
     pub fn hold(&self) {
-        self.held.lock().expect("held log").clear();
-        self.holding.send_replace(true);
+        self.shared().held.clear();
+        self.switches.send_modify(|s| s.holding = true);
     }
 
     /// What clients sent since [`hold`](Self::hold), as text (RESP is mostly ASCII).
     pub fn held(&self) -> String {
-        String::from_utf8_lossy(&self.held.lock().expect("held log")).into_owned()
+        String::from_utf8_lossy(&self.shared().held).into_owned()
     }
 
     /// Forward everything held, in order, and everything sent from now on.
     pub fn release(&self) {
-        self.holding.send_replace(false);
+        self.switches.send_modify(|s| s.holding = false);
+    }
+
+    /// The next command containing `pattern` (say `XREADGROUP`) reaches Redis; the reply that follows is
+    /// dropped and the connection closed (every other reply still in flight on it is lost too).
+    pub fn lose_reply_after(&self, pattern: &str) {
+        self.shared().armed = Some((pattern.as_bytes().to_vec(), ReplyFault::Lose));
+    }
+
+    /// The next command containing `pattern` reaches Redis; what Redis answers on that connection from then
+    /// on is delivered `delay` later.
+    pub fn delay_reply_after(&self, pattern: &str, delay: Duration) {
+        self.shared().armed = Some((pattern.as_bytes().to_vec(), ReplyFault::Delay(delay)));
+    }
+
+    /// How many faults armed by [`lose_reply_after`](Self::lose_reply_after) or
+    /// [`delay_reply_after`](Self::delay_reply_after) have fired.
+    pub fn fired(&self) -> u64 {
+        self.shared().fired
+    }
+
+    /// While on, nothing gets through in either direction; what was sent is delivered when lifted.
+    pub fn blackhole(&self, on: bool) {
+        self.switches.send_modify(|s| s.blackhole = on);
+    }
+
+    /// Every chunk waits `latency` before it is forwarded, each way (so a round trip takes twice that).
+    pub fn set_latency(&self, latency: Duration) {
+        self.switches.send_modify(|s| s.latency = latency);
+    }
+
+    /// Closes every connection open now (new ones are accepted as usual).
+    pub fn reset_all(&self) {
+        self.switches.send_modify(|s| s.resets += 1);
     }
 }
 
-impl Drop for HoldProxy {
+impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.accept.abort();
+    }
+}
+
+/// One client connection: a pump each way, each chunk stamped when read and forwarded once the switches
+/// allow it; both pumps end when either side closes, on a reset, or when an armed fault closes it.
+async fn connection(
+    client: TcpStream,
+    server: TcpStream,
+    switches: watch::Receiver<Switches>,
+    shared: Arc<Mutex<Shared>>,
+) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let born = switches.borrow().resets;
+    let (from_client, to_client) = client.into_split();
+    let (from_server, to_server) = server.into_split();
+    // Set by the client pump when an armed pattern goes by, taken by the reply pump at its next chunk.
+    let fault: Arc<Mutex<Option<ReplyFault>>> = Arc::default();
+    let armed = fault.clone();
+    let upstream = pump(
+        from_client,
+        to_server,
+        switches.clone(),
+        born,
+        |s| s.holding || s.blackhole,
+        move |chunk: &[u8], holding: bool| {
+            let mut state = shared.lock().expect("proxy state");
+            if holding {
+                state.held.extend_from_slice(chunk);
+            }
+            if let Some((pattern, reply_fault)) = &state.armed {
+                if contains(chunk, pattern) {
+                    *armed.lock().expect("armed fault") = Some(*reply_fault);
+                    state.armed = None;
+                    state.fired += 1;
+                }
+            }
+        },
+        None,
+    );
+    let downstream = pump(
+        from_server,
+        to_client,
+        switches,
+        born,
+        |s| s.blackhole,
+        |_: &[u8], _| {},
+        Some(fault),
+    );
+    // Either pump ending closes the connection both ways.
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Reads chunks from `from` and writes them to `to` in order, each no earlier than its read time plus the
+/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and whether it is held);
+/// `reply_fault` (downstream only) drops or delays the next chunk after an armed command.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    switches: watch::Receiver<Switches>,
+    born: u64,
+    stopped: fn(&Switches) -> bool,
+    mut seen: impl FnMut(&[u8], bool) + Send,
+    reply_fault: Option<Arc<Mutex<Option<ReplyFault>>>>,
+) {
+    let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let mut reset = switches.clone();
+    let mut gate = switches.clone();
+    let read = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            seen(&buf[..n], switches.borrow().holding);
+            if chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+        // The writer forwards what was read, then closes its side.
+        drop(chunks);
+        std::future::pending::<()>().await;
+    };
+    let write = async move {
+        while let Some((at, chunk)) = queue.recv().await {
+            let fault = reply_fault
+                .as_ref()
+                .and_then(|f| f.lock().expect("armed fault").take());
+            match fault {
+                Some(ReplyFault::Lose) => {
+                    // Drop what Redis answers for a moment (so the armed command surely reached Redis and
+                    // ran, even behind replies to earlier commands), then close.
+                    let until = Instant::now() + LOSE_GRACE;
+                    while let Ok(Some(_)) = tokio::time::timeout_at(until, queue.recv()).await {}
+                    break;
+                }
+                Some(ReplyFault::Delay(delay)) => tokio::time::sleep(delay).await,
+                None => {}
+            }
+            let latency = gate.borrow().latency;
+            tokio::time::sleep_until(at + latency).await;
+            if gate.wait_for(|s| !stopped(s)).await.is_err() || to.write_all(&chunk).await.is_err()
+            {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::select! {
+        _ = read => {}
+        _ = write => {}
+        _ = reset.wait_for(|s| s.resets != born) => {}
     }
 }

@@ -1689,7 +1689,7 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
     let redis = RedisServer::start();
     let mut conn = connect_multiplexed(&redis.url()).await;
     create_groups(&mut conn, "late", 0..1).await;
-    let proxy = stream_listener_test_support::proxy::HoldProxy::start(redis.addr()).await;
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
     let (old_log, new_log) = (Log::default(), Log::default());
     let old = Running::start(
         &proxy.url(),
@@ -1801,7 +1801,7 @@ async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
     let mut conn = connect_multiplexed(&redis.url()).await;
     create_groups(&mut conn, "late-install", 0..1).await;
     produce(&mut conn, "late-install", 0, 0, 1).await;
-    let proxy = stream_listener_test_support::proxy::HoldProxy::start(redis.addr()).await;
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
     let (old_log, new_log) = (Log::default(), Log::default());
     let old = Running::start(
         &proxy.url(),
@@ -1935,4 +1935,104 @@ async fn an_assignment_of_a_lost_membership_handled_after_the_rejoin_reads_nothi
     assert_eq!(owner, None, "the lost membership installed a fence");
     assert_eq!(xpending_count(&mut conn, "lost-grant:0", GROUP).await, 0);
     running.task.abort();
+}
+
+/// How a group read's reply goes missing in [`a_read_whose_reply_is_lost`].
+#[derive(Debug, Clone, Copy)]
+enum LostReply {
+    /// The connection resets right after Redis ran the read.
+    Reset,
+    /// The reply arrives after the response timeout.
+    Timeout,
+}
+
+/// Single node only: the fault is injected by a proxy in front of one server.
+///
+/// A group read that reached Redis but whose reply never arrived (a reset, or the response timeout) may
+/// have moved entries into the member's own pending list. The member must treat it as "may have
+/// delivered": the entries are handled, before any later entry of the shard (per-key order), and nothing
+/// stays pending while the member runs.
+async fn a_read_whose_reply_is_lost(fault: LostReply) {
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "lost", 0..1).await;
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    let order = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let seen = order.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(msg.payload.n);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let mut cfg = config("lost", "m0");
+    cfg.response_timeout = Duration::from_millis(500);
+    let running = Running::start(&proxy.url(), cfg, handler).await;
+    running.assign([0]).await;
+    produce(&mut conn, "lost", 0, 0, 1).await;
+    let handled = |n: usize| {
+        let order = order.clone();
+        move || {
+            let order = order.clone();
+            async move { order.lock().unwrap().len() >= n }
+        }
+    };
+    wait_until_async(
+        "the first entry handled",
+        Duration::from_secs(10),
+        handled(1),
+    )
+    .await;
+    // Idle in its wait; the next group read's reply goes missing after Redis delivered the entries.
+    wait_for_blocked_client(&mut conn).await;
+    match fault {
+        LostReply::Reset => proxy.lose_reply_after("XREADGROUP"),
+        LostReply::Timeout => proxy.delay_reply_after("XREADGROUP", Duration::from_millis(1500)),
+    }
+    produce(&mut conn, "lost", 0, 1, 5).await;
+    wait_until_async("the fault fired", Duration::from_secs(10), || async {
+        proxy.fired() == 1
+    })
+    .await;
+    // Redis delivered the five entries to the member (they are pending under it) and the member never saw
+    // the reply.
+    wait_until_async(
+        "the lost read's entries are pending",
+        Duration::from_secs(5),
+        || {
+            let mut conn = conn.clone();
+            async move { xpending_count(&mut conn, "lost:0", GROUP).await >= 5 }
+        },
+    )
+    .await;
+    produce(&mut conn, "lost", 0, 6, 5).await;
+    wait_until_async(
+        "every entry handled, the stranded ones too",
+        Duration::from_secs(20),
+        handled(11),
+    )
+    .await;
+    wait_until_async("nothing pending", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xpending_count(&mut conn, "lost:0", GROUP).await == 0 }
+    })
+    .await;
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        (0..11).collect::<Vec<u64>>(),
+        "entries handled out of order (or twice) after the lost reply"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_connection_resets_after_redis_ran_it_strands_nothing() {
+    a_read_whose_reply_is_lost(LostReply::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_reply_comes_after_the_timeout_strands_nothing() {
+    a_read_whose_reply_is_lost(LostReply::Timeout).await;
 }

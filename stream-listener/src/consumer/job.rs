@@ -44,6 +44,42 @@ pub(crate) enum ReadMode {
     Live,
 }
 
+impl ReadMode {
+    /// Claiming from the start of the pending list: our own entries first, whatever a read or an ack left
+    /// in doubt.
+    pub(crate) fn claim_own() -> Self {
+        Self::Claim {
+            cursor: crate::names::START_ID.to_owned(),
+        }
+    }
+
+    /// Where the shard's next job reads after a command of this one failed with `error`, `acks_in_doubt`
+    /// if acks went out with it.
+    ///
+    /// Only an error reply from Redis proves that a command changed nothing. A reset, an EOF, a response
+    /// timeout or a reply that did not parse may come after Redis ran it: a `>` read (or a claim) has then
+    /// moved entries into this member's own pending list that the member never saw, and the periodic
+    /// reclaim skips our own entries. Reading `>` on would strand them until the shard changes owner and
+    /// let later entries of their keys be handled first; so the next job claims our own pending entries
+    /// from the start, in id order, before it reads new ones.
+    pub(crate) fn after_failure(&self, acks_in_doubt: bool, error: &RedisError) -> Self {
+        if !acks_in_doubt && is_error_reply(error) {
+            self.clone()
+        } else {
+            Self::claim_own()
+        }
+    }
+}
+
+/// Whether Redis itself answered with an error (so the command did nothing), rather than the answer being
+/// lost or garbled on the way (see [`ReadMode::after_failure`]).
+pub(crate) fn is_error_reply(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    )
+}
+
 /// What a job needs to know about its shard.
 pub(crate) struct JobSpec {
     pub(crate) shard: u32,
@@ -141,8 +177,8 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
         {
             Ok(()) => {}
             Err(error) => {
+                outcome.next_read_mode = Some(spec.read_mode.after_failure(false, &error));
                 outcome.error = Some(error);
-                outcome.next_read_mode = Some(spec.read_mode.clone());
                 return outcome;
             }
         }
@@ -159,8 +195,8 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
                 // `FENCED`: a newer owner's fence is in place; the next job tries again until the
                 // revoke or fence arrives.
                 outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
+                outcome.next_read_mode = Some(spec.read_mode.after_failure(false, &error));
                 outcome.error = Some(error);
-                outcome.next_read_mode = Some(spec.read_mode.clone());
                 return outcome;
             }
         }
@@ -173,9 +209,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             outcome.expired = true;
             // If the lease comes back (the heartbeat got through late), start over from our own pending
             // entries: some may have been read and then stopped at the deadline.
-            outcome.next_read_mode = Some(ReadMode::Claim {
-                cursor: crate::names::START_ID.to_owned(),
-            });
+            outcome.next_read_mode = Some(ReadMode::claim_own());
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
@@ -199,23 +233,15 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             {
                 io.warn_missing_group(&spec.key);
                 outcome.missing_group = true;
-                outcome.next_read_mode = Some(ReadMode::Claim {
-                    cursor: crate::names::START_ID.to_owned(),
-                });
+                outcome.next_read_mode = Some(ReadMode::claim_own());
                 return outcome;
             }
             Err(error) => {
                 // Refused by the fence: nothing was read, and the next job installs it again.
                 outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
+                outcome.next_read_mode =
+                    Some(spec.read_mode.after_failure(!carried.is_empty(), &error));
                 outcome.error = Some(error);
-                // Unknown whether carried acks went through: re-deliver our own pending entries.
-                outcome.next_read_mode = Some(if carried.is_empty() {
-                    spec.read_mode.clone()
-                } else {
-                    ReadMode::Claim {
-                        cursor: crate::names::START_ID.to_owned(),
-                    }
-                });
                 return outcome;
             }
         };
@@ -314,9 +340,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             tracing::warn!(shard = spec.shard, %error, "acknowledging failed; the batch stays pending");
             outcome.error = Some(error);
             // Re-deliver our own pending entries before reading new ones.
-            outcome.next_read_mode = Some(ReadMode::Claim {
-                cursor: crate::names::START_ID.to_owned(),
-            });
+            outcome.next_read_mode = Some(ReadMode::claim_own());
             return outcome;
         }
         if let Some(last) = last_done {
@@ -750,4 +774,73 @@ async fn finish(
 /// `NOGROUP`: the shard stream or its consumer group does not exist (Redis restarted empty, a flush).
 pub(crate) fn is_missing_group(error: &RedisError) -> bool {
     error.code() == Some("NOGROUP")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_error(kind: std::io::ErrorKind) -> RedisError {
+        RedisError::from(std::io::Error::new(kind, "injected"))
+    }
+
+    fn error_replies() -> Vec<RedisError> {
+        vec![
+            redis::make_extension_error("NOGROUP".into(), Some("No such key".into())),
+            redis::make_extension_error("FENCED".into(), Some("the fence is gone".into())),
+            RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                "ERR",
+            )),
+        ]
+    }
+
+    fn lost_replies() -> Vec<RedisError> {
+        vec![
+            io_error(std::io::ErrorKind::ConnectionReset),
+            io_error(std::io::ErrorKind::UnexpectedEof),
+            io_error(std::io::ErrorKind::TimedOut),
+            io_error(std::io::ErrorKind::BrokenPipe),
+            RedisError::from((redis::ErrorKind::Parse, "garbled reply")),
+            RedisError::from((redis::ErrorKind::Client, "dropped before the answer")),
+        ]
+    }
+
+    #[test]
+    fn a_read_refused_by_redis_reads_on_where_it_was() {
+        for error in error_replies() {
+            assert!(is_error_reply(&error), "{error}");
+            assert_eq!(ReadMode::Live.after_failure(false, &error), ReadMode::Live);
+            let claim = ReadMode::Claim {
+                cursor: "5-0".into(),
+            };
+            assert_eq!(claim.after_failure(false, &error), claim);
+        }
+    }
+
+    #[test]
+    fn a_read_whose_reply_was_lost_claims_our_own_pending_entries_first() {
+        for error in lost_replies() {
+            assert!(!is_error_reply(&error), "{error}");
+            assert_eq!(
+                ReadMode::Live.after_failure(false, &error),
+                ReadMode::claim_own(),
+                "{error}"
+            );
+            let claim = ReadMode::Claim {
+                cursor: "5-0".into(),
+            };
+            assert_eq!(claim.after_failure(false, &error), ReadMode::claim_own());
+        }
+    }
+
+    #[test]
+    fn acks_in_doubt_claim_our_own_pending_entries_even_after_an_error_reply() {
+        for error in error_replies().into_iter().chain(lost_replies()) {
+            assert_eq!(
+                ReadMode::Live.after_failure(true, &error),
+                ReadMode::claim_own()
+            );
+        }
+    }
 }

@@ -338,12 +338,6 @@ struct Scheduler {
     paused: Arc<AtomicBool>,
 }
 
-fn claim_from_start() -> ReadMode {
-    ReadMode::Claim {
-        cursor: crate::names::START_ID.to_owned(),
-    }
-}
-
 impl Scheduler {
     fn new(
         io: Arc<ShardIo>,
@@ -596,7 +590,7 @@ impl Scheduler {
                 fence_installed: false,
                 ownership: ShardOwnership::new(self.deadline.clone(), epoch),
                 revoking: false,
-                read_mode: claim_from_start(),
+                read_mode: ReadMode::claim_own(),
                 running: false,
                 stop: Arc::new(AtomicBool::new(false)),
                 in_flight: Arc::new(AtomicU32::new(0)),
@@ -718,7 +712,7 @@ impl Scheduler {
             return false;
         };
         let read_mode = match (kind, &state.read_mode) {
-            (JobKind::ClaimOwn, ReadMode::Live) => claim_from_start(),
+            (JobKind::ClaimOwn, ReadMode::Live) => ReadMode::claim_own(),
             (_, read_mode) => read_mode.clone(),
         };
         state.running = true;
@@ -968,7 +962,7 @@ impl Scheduler {
         state.read_mode = outcome
             .next_read_mode
             .take()
-            .unwrap_or_else(claim_from_start);
+            .unwrap_or_else(ReadMode::claim_own);
         self.io.probe.read_result(shard, outcome.error.is_some());
         let later = |delay: Duration| {
             Millis(

@@ -208,6 +208,8 @@ impl ShardIo {
             response_timeout: Some(config.response_timeout),
             connection_timeout: Some(config.response_timeout),
             retries: None,
+            // A read's lost reply must reach the job (see `ReadMode::after_failure`).
+            no_resend: true,
         };
         let mut conn = client.connect(options).await?;
         warn_about_other_groups(&mut conn, &config).await;
@@ -436,7 +438,8 @@ impl ShardIo {
             .await
     }
 
-    /// The single-key command `args` (on shard stream `key`), run only while `fence` exists.
+    /// The command named by the first argument added, on shard stream `key` with the arguments after it
+    /// (the key is not repeated), run only while `fence` exists.
     fn fenced<'a>(&'a self, key: &str, fence: &Fence) -> redis::ScriptInvocation<'a> {
         let mut invocation = self.fenced_script.key(key);
         invocation.key(&*fence.key);
@@ -531,7 +534,6 @@ impl ShardIo {
         let claimed: Value = self
             .fenced(key, fence)
             .arg("XCLAIM")
-            .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg(idle)
@@ -620,7 +622,6 @@ impl ShardIo {
         let reply: Value = self
             .fenced(key, fence)
             .arg("XAUTOCLAIM")
-            .arg(key)
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg(0)

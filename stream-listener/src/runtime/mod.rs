@@ -519,6 +519,7 @@ impl Runtime {
             response_timeout: Some(interval),
             connection_timeout: Some(interval.max(MIN_CONNECTION_TIMEOUT)),
             retries: Some(2),
+            ..Default::default()
         };
         let mut conn = client.connect(options).await?;
         let stream = plan.consumer.stream_prefix.clone();
