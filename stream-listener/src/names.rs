@@ -69,18 +69,12 @@ pub fn shard_owner(shard_key: &str, group: &str) -> String {
     format!("sl:owner:{{{}}}:{group}", slot_tag(shard_key))
 }
 
-/// The prefix of the fences of one shard: `sl:fence:{<shard>}:` (a fence is the prefix, its token, `:`, the
-/// group; the fence script rebuilds the previous owner's key from it).
-pub fn shard_fence_prefix(shard_key: &str) -> String {
-    format!("sl:fence:{{{}}}:", slot_tag(shard_key))
-}
-
 /// The fence of one ownership of shard stream `shard_key` by `group` at fencing token `token`:
 /// `sl:fence:{<shard>}:<token>:<group>`, an empty stream with a consumer group named `group`. Every group read
 /// of the ownership names it, so Redis refuses the read (`NOGROUP`) once the next owner deleted it; claims
 /// check it in a script. The token comes before the group, so no two (token, group) pairs share a key.
 pub fn shard_fence(shard_key: &str, group: &str, token: i64) -> String {
-    format!("{}{token}:{group}", shard_fence_prefix(shard_key))
+    format!("sl:fence:{{{}}}:{token}:{group}", slot_tag(shard_key))
 }
 
 /// Suffixes of a group's keys (see [`group_key`]).

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 pub mod aio;
 mod cluster;
 #[cfg(feature = "aio")]
+pub mod monitor;
+#[cfg(feature = "aio")]
 pub mod proxy;
 pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};

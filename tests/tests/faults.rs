@@ -69,6 +69,7 @@ use stream_listener::store::GroupStore;
 use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
 use stream_listener_test_support::aio::poll_until;
+use stream_listener_test_support::monitor::parse_quoted;
 use stream_listener_test_support::{RedisCluster, RedisServer};
 use stream_listener_tests::{on_every_target, Target};
 use tokio::process::{Child, Command};
@@ -498,6 +499,7 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
         response_timeout: Some(Duration::from_secs(30)),
         connection_timeout: Some(Duration::from_secs(5)),
         retries: None,
+        ..Default::default()
     };
     let mut conn = RedisTarget::open(&url)?.connect(options).await?;
     let mut rec = redis::Client::open(record_url.as_str())?
@@ -1356,11 +1358,14 @@ impl MonState {
             }
             return None;
         }
-        // `EVALSHA <sha> 2 <shard> <fence> <command> <shard> ...`: a claim or ack behind the fence.
+        // `EVALSHA <sha> 2 <shard> <fence> <command> <arguments after the shard>`: a claim behind the
+        // fence, read as the command it runs (`<command> <shard> <arguments>`).
         let (command, args, fence) = match command.as_str() {
             "EVALSHA" | "EVAL" if args.get(4).is_some_and(|k| k.starts_with(FENCE_PREFIX)) => {
                 let inner = args.get(5)?.to_ascii_uppercase();
-                (inner, args[5..].to_vec(), args.get(4).cloned())
+                let mut run = vec![inner.clone(), args[3].clone()];
+                run.extend_from_slice(&args[6..]);
+                (inner, run, args.get(4).cloned())
             }
             "XREADGROUP" => {
                 let streams = args
@@ -1407,39 +1412,6 @@ impl MonState {
     }
 }
 
-/// The quoted, escaped arguments of a monitor line (`sdscatrepr`).
-fn parse_quoted(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '"' {
-            continue;
-        }
-        let mut arg = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '"' => break,
-                '\\' => match chars.next() {
-                    Some('n') => arg.push('\n'),
-                    Some('r') => arg.push('\r'),
-                    Some('t') => arg.push('\t'),
-                    Some('x') => {
-                        let hex: String = chars.by_ref().take(2).collect();
-                        if let Ok(b) = u8::from_str_radix(&hex, 16) {
-                            arg.push(b as char);
-                        }
-                    }
-                    Some(other) => arg.push(other),
-                    None => break,
-                },
-                other => arg.push(other),
-            }
-        }
-        out.push(arg);
-    }
-    out
-}
-
 // ------------------------------------------------------------------------------------------------
 // The audit copy
 // ------------------------------------------------------------------------------------------------
@@ -1461,6 +1433,7 @@ impl AuditCopy {
             response_timeout: Some(Duration::from_secs(5)),
             connection_timeout: Some(Duration::from_millis(500)),
             retries: None,
+            ..Default::default()
         };
         let from = RedisTarget::open(url)?.connect(options).await?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -2388,7 +2361,7 @@ fn monitor_lines_parse() {
         r#"+2.0 [0 127.0.0.1:2] "XREADGROUP" "GROUP" "chaos" "w1-m0" "COUNT" "20" "STREAMS" "orders:3" "{fence}" ">" ">""#
     );
     let claim = format!(
-        r#"+2.0 [0 127.0.0.1:2] "EVALSHA" "ab12" "2" "orders:3" "{fence}" "XAUTOCLAIM" "orders:3" "chaos" "w1-m0" "0" "0-0""#
+        r#"+2.0 [0 127.0.0.1:2] "EVALSHA" "ab12" "2" "orders:3" "{fence}" "XAUTOCLAIM" "chaos" "w1-m0" "0" "0-0""#
     );
     let mut state = MonState::default();
     assert!(!state.observe(&read).expect("watched").refused);

@@ -56,7 +56,7 @@ pub(crate) struct Fence {
     /// This ownership's fence stream.
     pub(crate) key: Arc<str>,
     owner: String,
-    prefix: String,
+    shard_key: String,
     token: i64,
 }
 
@@ -66,7 +66,7 @@ impl Fence {
         Self {
             key: names::shard_fence(shard_key, group, token).into(),
             owner: names::shard_owner(shard_key, group),
-            prefix: names::shard_fence_prefix(shard_key),
+            shard_key: shard_key.to_owned(),
             token,
         }
     }
@@ -74,36 +74,65 @@ impl Fence {
     /// Installs the fence: deletes the previous owner's and records this token. A [`FENCED`] error when a
     /// newer token is recorded: this ownership is over, whatever the member was told. Idempotent (a retry
     /// after a lost answer installs nothing twice).
+    ///
+    /// The previous owner's fence is named by the token in the owner record, so the record is read first
+    /// and the script (which may touch only the keys it is given) installs only if the record still holds
+    /// what was read; a record that changed in between is read again.
     pub(crate) async fn install(
         &self,
         script: &Script,
         conn: &mut Connection,
         group: &str,
     ) -> RedisResult<()> {
-        let status: i64 = script
-            .key(&self.owner)
-            .key(&*self.key)
-            .arg(group)
-            .arg(self.token)
-            .arg(&self.prefix)
-            .invoke_async(conn)
-            .await?;
-        match status {
-            0 => Err(redis::make_extension_error(
-                FENCED.into(),
-                Some(format!(
-                    "a newer owner's fence is in place (ours: {}): this ownership is over",
-                    self.key
+        for _ in 0..INSTALL_ATTEMPTS {
+            let current: Option<String> =
+                redis::cmd("GET").arg(&self.owner).query_async(conn).await?;
+            let previous = current
+                .as_deref()
+                .and_then(|t| t.parse::<i64>().ok())
+                .filter(|&t| t > 0)
+                .map_or_else(
+                    || self.key.to_string(),
+                    |t| names::shard_fence(&self.shard_key, group, t),
+                );
+            let status: i64 = script
+                .key(&self.owner)
+                .key(&*self.key)
+                .key(previous)
+                .arg(group)
+                .arg(self.token)
+                .arg(current.as_deref().unwrap_or(""))
+                .invoke_async(conn)
+                .await?;
+            return match status {
+                0 => Err(redis::make_extension_error(
+                    FENCED.into(),
+                    Some(format!(
+                        "a newer owner's fence is in place (ours: {}): this ownership is over",
+                        self.key
+                    )),
                 )),
-            )),
-            2 => {
-                tracing::warn!(owner = %self.owner, fence = %self.key, "the shard's owner record held no fencing token (corrupt?): replaced; a previous owner's fence, if any, stays");
-                Ok(())
-            }
-            _ => Ok(()),
+                2 => {
+                    tracing::warn!(owner = %self.owner, fence = %self.key, "the shard's owner record held no fencing token (corrupt?): replaced; a previous owner's fence, if any, stays");
+                    Ok(())
+                }
+                3 => continue,
+                _ => Ok(()),
+            };
         }
+        Err(redis::make_extension_error(
+            "BUSY".into(),
+            Some(format!(
+                "the owner record {} changed under every one of {INSTALL_ATTEMPTS} installs",
+                self.owner
+            )),
+        ))
     }
 }
+
+/// Reads of the owner record before an install gives up (each lost only to another owner's install in
+/// between, which is rare: a shard changes owner once per hand-off).
+const INSTALL_ATTEMPTS: usize = 8;
 
 /// Whether `error` says this ownership's fence is gone: a read's `NOGROUP` naming it, or [`FENCED_SCRIPT`]'s
 /// refusal. (A `NOGROUP` naming the shard stream is the shard's own group gone, handled apart.)
