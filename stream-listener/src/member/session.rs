@@ -181,13 +181,19 @@ impl MemberSession {
     }
 
     /// Builds the next heartbeat, sent at local time `now`; it replaces any request still awaiting a
-    /// response.
+    /// response. The caller gives up the attempt it replaces: it never passes that attempt's response to
+    /// [`on_response`](Self::on_response) (the runtime drops the call; a response it does pass answers
+    /// the latest attempt).
     pub fn heartbeat(&mut self, now: LocalMillis, available_concurrency: u32) -> HeartbeatRequest {
         // A join is retried under its first requestId, so the coordinator recognises a replay; every other
         // attempt gets a new one, so a late response to an abandoned attempt is never mistaken for current.
-        // (A retried join keeps its first send time: that attempt may be the one that renewed the lease.)
+        // A retried join is trusted from its own send time: the coordinator renews the lease of a replayed
+        // join when it processes the replay, which is after this send. (Counting from the first attempt
+        // instead made every join retried across a Redis stall longer than the session arrive already
+        // expired: granted its shards, it self-fenced at once and joined again as a new incarnation, whose
+        // shards the coordinator then held for a session.)
         let (request_id, sent_at) = match (&self.in_flight, self.phase) {
-            (Some((id, sent_at)), Phase::Joining) => (id.clone(), *sent_at),
+            (Some((id, _)), Phase::Joining) => (id.clone(), now),
             _ => {
                 self.request_seq += 1;
                 (
@@ -393,5 +399,79 @@ impl MemberSession {
         self.full = true;
         self.valid_until = LocalMillis::MIN;
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::wire::Assignment;
+
+    fn session() -> MemberSession {
+        let identity = MemberIdentity {
+            member_id: Arc::from("m0"),
+            member_name: None,
+            weight: 1,
+            runtime_max_concurrency: 1,
+        };
+        MemberSession::new(identity, 5_000, 1)
+    }
+
+    fn joined(request: &HeartbeatRequest, shards: &[u32]) -> HeartbeatResponse {
+        HeartbeatResponse {
+            response_to: request.request_id.clone(),
+            status: HeartbeatStatus::Ok,
+            member_id: request.member_id.clone(),
+            member_epoch: 7,
+            heartbeat_interval_ms: 500,
+            rebalance_timeout_ms: 5_000,
+            session_timeout_ms: 5_000,
+            group_epoch: 1,
+            assignment_epoch: 1,
+            metadata_version: 1,
+            shard_count: 2,
+            assignment: Assignment {
+                assigned_shards: shards.iter().copied().map(ShardId::new).collect(),
+                ..Assignment::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_join_retried_after_a_stall_is_trusted_from_the_retry_and_keeps_its_shards() {
+        let mut member = session();
+        // The first attempt goes out as Redis stalls; retries follow, the last one 12 s later (a stall
+        // longer than the 5 s session), and its answer is a replay of the first.
+        let first = member.heartbeat(LocalMillis(1_000), 0);
+        let retry = member.heartbeat(LocalMillis(13_000), 0);
+        assert_eq!(
+            retry.request_id, first.request_id,
+            "a join retries under its id"
+        );
+        let commands = member.on_response(&joined(&retry, &[0, 1]));
+        assert_eq!(commands.len(), 2, "both shards granted: {commands:?}");
+        assert_eq!(member.valid_until(), LocalMillis(13_000 + 4_000));
+        assert!(
+            member.check_lease(LocalMillis(13_001)).is_empty(),
+            "the member self-fenced a grant it had just received"
+        );
+        assert!(member.may_touch(0, LocalMillis(16_999)));
+        assert!(!member.may_touch(0, LocalMillis(17_000)));
+    }
+
+    #[test]
+    fn a_response_to_a_replaced_attempt_other_than_a_join_is_ignored() {
+        let mut member = session();
+        let join = member.heartbeat(LocalMillis(0), 0);
+        let _ = member.on_response(&joined(&join, &[0]));
+        let first = member.heartbeat(LocalMillis(1_000), 0);
+        let second = member.heartbeat(LocalMillis(9_000), 0);
+        assert_ne!(first.request_id, second.request_id);
+        assert!(member.on_response(&joined(&first, &[0])).is_empty());
+        assert_eq!(
+            member.valid_until(),
+            LocalMillis(4_000),
+            "the ignored response renewed trust"
+        );
     }
 }
