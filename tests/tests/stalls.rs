@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::{names, ConsumerBuilder, Message, RunningRuntime};
-use stream_listener_test_support::aio::{wait_until, wait_until_async, xrange};
+use stream_listener_test_support::aio::{poll_until, wait_until, wait_until_async, xrange};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{connection, orders, producer, test_runtime, Order};
 use tokio::time::Instant;
@@ -206,4 +206,99 @@ async fn a_client_pause_longer_than_the_session_idles_no_shard_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debug_sleep_longer_than_the_session_idles_no_shard_after_it() {
     stall_and_recover("slept", Duration::from_millis(5_000), Stall::DebugSleep).await;
+}
+
+/// Heartbeats every 500 ms, a member expires after 5 s: a 300 ms round trip is a large fraction of the
+/// interval.
+const SLOW_LINK_TIMING: GroupConfig = GroupConfig {
+    heartbeat_interval_ms: 500,
+    session_timeout_ms: 5_000,
+    rebalance_timeout_ms: 10_000,
+};
+
+async fn start_timed(
+    url: &str,
+    stream: &str,
+    id: &str,
+    handled: &Handled,
+    timing: GroupConfig,
+) -> RunningRuntime {
+    test_runtime(url)
+        .group_config(timing)
+        .consumer(member(stream, id, handled))
+        .start()
+        .await
+        .unwrap()
+}
+
+/// One member's link gets 150 ms each way (a 300 ms round trip against 500 ms heartbeats), then members
+/// elsewhere join and leave, so its heartbeats need a reload and a renewal or a commit. It stays a member
+/// (no self-fence, not expired, not fenced), and it holds back no healthy member: none of them self-fences
+/// or is fenced, and every order is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_on_a_slow_link_stays_a_member_through_membership_changes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    let stream = "slowlink";
+    let handled: Handled = Arc::default();
+    let send = producer(&url, stream, 8).await;
+    let slow = start_timed(&proxy.url(), stream, "slow", &handled, SLOW_LINK_TIMING).await;
+    let fast_a = start_timed(&url, stream, "fast-a", &handled, SLOW_LINK_TIMING).await;
+    let fast_b = start_timed(&url, stream, "fast-b", &handled, SLOW_LINK_TIMING).await;
+    send.send_batch(&orders(16, 0..3)).await.unwrap();
+    wait_until("the first orders handled", Duration::from_secs(30), || {
+        handled.lock().unwrap().len() == 48
+    })
+    .await;
+    let events_before = audit_types(&url, stream).await.len();
+    proxy.set_latency(Duration::from_millis(150));
+    // Membership changes elsewhere: a member joins, another leaves, one more joins.
+    let fast_c = start_timed(&url, stream, "fast-c", &handled, SLOW_LINK_TIMING).await;
+    send.send_batch(&orders(16, 3..6)).await.unwrap();
+    fast_a.shutdown().await;
+    let fast_d = start_timed(&url, stream, "fast-d", &handled, SLOW_LINK_TIMING).await;
+    send.send_batch(&orders(16, 6..9)).await.unwrap();
+    let runtimes = [&slow, &fast_b, &fast_c, &fast_d];
+    let settled = || {
+        handled.lock().unwrap().len() == 144
+            && runtimes
+                .iter()
+                .all(|r| r.statuses().iter().all(|(_, s)| s.owned.len() == 2))
+    };
+    let done = poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        let settled = settled();
+        async move { settled }
+    })
+    .await;
+    let count = handled.lock().unwrap().len();
+    assert!(
+        done,
+        "not settled: {count} of 144 handled, members {:#?}, audit {:?}",
+        runtimes
+            .iter()
+            .flat_map(|r| r.statuses())
+            .collect::<Vec<_>>(),
+        &audit_types(&url, stream).await[events_before..]
+    );
+    let events = audit_types(&url, stream).await;
+    let after: Vec<&String> = events[events_before..].iter().collect();
+    assert!(
+        !after
+            .iter()
+            .any(|t| *t == "MEMBER_EXPIRED" || *t == "MEMBER_FENCED"),
+        "a member was expired or fenced: {after:?}"
+    );
+    assert_eq!(
+        self_fences(&runtimes),
+        0,
+        "a member self-fenced: {:?}",
+        runtimes
+            .iter()
+            .flat_map(|r| r.statuses())
+            .collect::<Vec<_>>()
+    );
+    for runtime in [slow, fast_b, fast_c, fast_d] {
+        runtime.shutdown().await;
+    }
 }

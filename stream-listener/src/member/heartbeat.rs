@@ -216,10 +216,11 @@ impl MemberLoop {
                 continue;
             }
             let interval = Duration::from_millis(self.session.heartbeat_interval_ms() as u64);
-            // Never wait on Redis past the point where ownership must be given up.
-            let budget = lease_deadline
-                .saturating_duration_since(Instant::now())
-                .clamp(Duration::from_millis(10), interval);
+            let budget = attempt_budget(
+                lease_deadline.saturating_duration_since(Instant::now()),
+                interval,
+                Duration::from_millis(self.session.session_timeout_ms().max(0) as u64),
+            );
             let request = self.session.heartbeat(local(), 0);
             let span = tracing::debug_span!("heartbeat", member = %self.session.member_id(), epoch = request.member_epoch);
             match tokio::time::timeout(
@@ -410,7 +411,44 @@ impl Counts {
     }
 }
 
+/// How long one heartbeat attempt may wait for Redis, with `lease_left` until the member must give up its
+/// shards: never past that point, and at most two thirds of the session (at least an interval). An attempt
+/// may need several round trips (a reload, then a renewal or a commit, or a join's load, enqueue, commit
+/// and release); capping it at one interval
+/// abandoned every attempt of a member whose round trip is a large fraction of the interval, although Redis
+/// applied them, until it self-fenced while the group still counted it alive. Each command also has its
+/// own response timeout of an interval, so a dead connection still fails fast.
+pub fn attempt_budget(lease_left: Duration, interval: Duration, session: Duration) -> Duration {
+    lease_left.clamp(Duration::from_millis(10), interval.max(session * 2 / 3))
+}
+
 /// Exponential backoff from 50 ms, capped at the heartbeat interval.
 fn backoff(failures: u32, interval: Duration) -> Duration {
     crate::util::exponential_backoff(Duration::from_millis(50), failures, interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn an_attempt_may_take_two_thirds_of_the_session_over_a_slow_link() {
+        // 500 ms heartbeats, a 5 s session: a join's five round trips at 300 ms each fit, and so do a
+        // reload and a renewal with 1 s of lease left.
+        assert_eq!(attempt_budget(MS(3_600_000), MS(500), MS(5_000)), MS(3_333));
+        assert_eq!(attempt_budget(MS(1_000), MS(500), MS(5_000)), MS(1_000));
+    }
+
+    #[test]
+    fn an_attempt_never_waits_past_the_lease() {
+        assert_eq!(attempt_budget(MS(120), MS(500), MS(5_000)), MS(120));
+        assert_eq!(attempt_budget(Duration::ZERO, MS(500), MS(5_000)), MS(10));
+    }
+
+    #[test]
+    fn an_attempt_may_always_take_an_interval() {
+        assert_eq!(attempt_budget(MS(60_000), MS(2_000), MS(3_000)), MS(2_000));
+    }
 }

@@ -126,6 +126,11 @@ impl MemberSession {
         self.highest_epoch
     }
 
+    /// The session timeout the coordinator last gave (a first guess until then).
+    pub fn session_timeout_ms(&self) -> i64 {
+        self.session_timeout_ms
+    }
+
     /// The heartbeat interval the coordinator asked for.
     pub fn heartbeat_interval_ms(&self) -> i64 {
         self.heartbeat_interval_ms

@@ -305,6 +305,10 @@ pub struct GroupStore {
     defer_reload: bool,
     /// The group's heartbeat interval as last read.
     interval_ms: i64,
+    /// The group's session timeout as last read.
+    session_ms: i64,
+    /// The round trip of the last lease renewal or enqueue (see [`GroupStore::slow_link`]).
+    last_round_trip: Duration,
     scripts: Scripts,
 }
 
@@ -379,6 +383,8 @@ impl GroupStore {
             clock: None,
             defer_reload: false,
             interval_ms: config.heartbeat_interval_ms,
+            session_ms: config.session_timeout_ms,
+            last_round_trip: Duration::ZERO,
             scripts: Scripts {
                 load: Script::new(include_str!("load.lua")),
                 renew: Script::new(include_str!("renew.lua")),
@@ -473,6 +479,12 @@ impl GroupStore {
         let token = format!("{:x}", crate::util::random_u64());
         let ttl = self.queue_ttl_ms();
         let reply_key = self.keys.reply(&id);
+        // Over a slow link, leave the lock to faster writers for an interval: they apply this heartbeat
+        // with theirs, and none of theirs waits for our round trips.
+        let defer_lock_until = self
+            .slow_link()
+            .then(|| Instant::now() + Duration::from_millis(self.interval_ms.max(0) as u64));
+        let sent = Instant::now();
         let (taken, now): (i64, i64) = self
             .scripts
             .enqueue
@@ -483,8 +495,10 @@ impl GroupStore {
             .arg(ttl)
             .arg(&token)
             .arg(WRITER_LOCK_MS)
+            .arg(if defer_lock_until.is_some() { 0 } else { 1 })
             .invoke_async(&mut self.conn)
             .await?;
+        self.last_round_trip = sent.elapsed();
         self.observe_time(now);
         stats::add(&stats::QUEUED, 1);
         let mut locked = taken == 1;
@@ -523,7 +537,8 @@ impl GroupStore {
                 return self.answer(&reply_key, &answer);
             }
             stats::add(&stats::LOCK_WAITS, 1);
-            if self.try_lock(&token).await? {
+            let deferring = defer_lock_until.is_some_and(|until| Instant::now() < until);
+            if !deferring && self.try_lock(&token).await? {
                 // The previous writer may have answered between the wait and the lock.
                 let answer: Option<Vec<u8>> = redis::cmd("LPOP")
                     .arg(&reply_key)
@@ -569,8 +584,19 @@ impl GroupStore {
     }
 
     /// How long a queued heartbeat waits to be applied: the member's own response timeout.
+    /// How long a queued heartbeat may be applied: as long as its sender waits for the answer (see
+    /// [`attempt_budget`](crate::member::heartbeat::attempt_budget)).
     fn queue_ttl_ms(&self) -> i64 {
-        self.interval_ms.max(100)
+        self.interval_ms.max(self.session_ms * 2 / 3).max(100)
+    }
+
+    /// Whether this process's link to Redis is too slow for it to be the group's writer while others can
+    /// be: a writer holds the lock for a few round trips (peek, reload, commit, release), and every
+    /// heartbeat queued meanwhile waits for them. From a quarter of the heartbeat interval on, it takes the
+    /// lock only when no other heartbeat is queued, and else leaves it to the others for an interval (see
+    /// [`queued`](Self::queued)).
+    fn slow_link(&self) -> bool {
+        self.last_round_trip.as_millis() as i64 * 4 > self.interval_ms
     }
 
     /// As the writer: applies `own` and the queued heartbeats, a batch per commit, until the inbox is
@@ -1029,6 +1055,7 @@ impl GroupStore {
             stored.leases.insert(member, deadline);
         }
         self.interval_ms = coordinator.metadata().config.heartbeat_interval_ms;
+        self.session_ms = session;
         self.cache = Some(Snapshot {
             revision,
             coordinator,
@@ -1040,6 +1067,7 @@ impl GroupStore {
     async fn renew(&mut self, snapshot: &mut Snapshot, member: &str) -> Result<bool, StoreError> {
         let timer = snapshot.coordinator.next_timer().map_or(-1, |t| t.0);
         let session = snapshot.coordinator.metadata().config.session_timeout_ms;
+        let sent = Instant::now();
         let reply: Vec<i64> = self
             .scripts
             .renew
@@ -1053,6 +1081,7 @@ impl GroupStore {
             .arg(timer)
             .invoke_async(&mut self.conn)
             .await?;
+        self.last_round_trip = sent.elapsed();
         let (renewed, now, min_lease) = decode_reply("renew.lua", reply)?;
         self.observe_time(now);
         let Some(min_lease) = min_lease.filter(|_| renewed) else {
