@@ -112,8 +112,16 @@ impl RedisServer {
     /// # Panics
     /// If the server cannot be started or does not answer within [`STARTUP_TIMEOUT`].
     pub fn start_with_aof() -> RedisServer {
+        Self::start_with_aof_and(Vec::new())
+    }
+
+    /// [`start_with_aof`](Self::start_with_aof) with extra arguments (each `--name value` as two items).
+    ///
+    /// # Panics
+    /// If the server does not start.
+    pub fn start_with_aof_and(extra: Vec<String>) -> RedisServer {
         let binary = default_binary();
-        Self::try_start_with(&binary, true, Vec::new(), None)
+        Self::try_start_with(&binary, true, extra, None)
             .unwrap_or_else(|e| panic!("could not start {}: {e}", binary.display()))
     }
 

@@ -43,6 +43,10 @@ struct Shared {
     armed: Option<(Vec<u8>, ReplyFault)>,
     /// How many armed faults fired.
     fired: u64,
+    /// The local ports of the open connections to the server, by connection.
+    upstream: std::collections::BTreeMap<u64, u16>,
+    /// Connections opened so far (their ids).
+    opened: u64,
 }
 
 /// The proxy's switches, read by every connection's pumps.
@@ -82,7 +86,21 @@ impl FaultProxy {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                tokio::spawn(connection(client, server, rx.clone(), state.clone()));
+                let id = {
+                    let mut shared = state.lock().expect("proxy state");
+                    shared.opened += 1;
+                    let id = shared.opened;
+                    if let Ok(local) = server.local_addr() {
+                        shared.upstream.insert(id, local.port());
+                    }
+                    id
+                };
+                let state = state.clone();
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    connection(client, server, rx, state.clone()).await;
+                    state.lock().expect("proxy state").upstream.remove(&id);
+                });
             }
         });
         FaultProxy {
@@ -139,6 +157,12 @@ impl FaultProxy {
     /// [`delay_reply_after`](Self::delay_reply_after) have fired.
     pub fn fired(&self) -> u64 {
         self.shared().fired
+    }
+
+    /// The local ports of the proxy's open connections to the server: what the server sees as this
+    /// proxy's clients (`CLIENT LIST`, `MONITOR`).
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.shared().upstream.values().copied().collect()
     }
 
     /// While on, nothing gets through in either direction; what was sent is delivered when lifted.

@@ -16,8 +16,13 @@
 //! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data), `delmeta`
 //! (`DEL` of the metadata header `sl:{<stream>/<group>}:meta`, of the member records `...:members`, or of
 //! both, in turn) and `empty` (SIGKILL Redis, delete its data files, start it again on
-//! the same port, empty, while the workers run). `FAULT_KINDS=kill,stop,term,redis,delmeta,empty` picks the
-//! kinds.
+//! the same port, empty, while the workers run); Redis stalls: `pause` (`CLIENT PAUSE ... ALL` for 1.3-1.8
+//! session timeouts) and `sleep` (`DEBUG SLEEP` as long); and network faults on one worker's link, through
+//! a proxy per worker (`test-support::proxy::FaultProxy`, single node): `blackhole` (nothing gets through
+//! for 1.3-1.8 sessions, then what was sent arrives), `blip` (the same for a third to a half of a session,
+//! within the lease), `latency` (150 ms each way for a session) and `resets` (every connection reset every
+//! 1-3 s for two sessions). `FAULT_KINDS=kill,stop,term,redis,delmeta,empty,pause,sleep,blackhole,blip,
+//! latency,resets` picks the kinds.
 //!
 //! What the checks read lives in a second `redis-server`, the record server, which is never faulted: the
 //! workers' handle log (`chaos:log`, `chaos:done`) and a copy of the group's audit stream (`chaos:audit`,
@@ -45,8 +50,12 @@
 //! - `XPENDING` of every shard empty after every worker stopped gracefully.
 //!
 //! It runs on a single node and on a Redis Cluster (the test process's shared one): there `MONITOR` watches
-//! every master, a paused process's client ports are read per master, and the `redis` and `empty` faults
-//! are left out (the shared cluster's nodes are never restarted; `tests/cluster.rs` fails masters over).
+//! every master, a paused process's client ports are read per master, and the `redis`, `empty` and
+//! `sleep` faults are left out (the shared cluster's nodes are never restarted; `tests/cluster.rs` fails
+//! masters over), as are the network faults (cluster clients follow the nodes' own addresses).
+//!
+//! A `blackhole` past the lease counts as a pause for the checks (what the process sent meanwhile reaches
+//! Redis late); its client ports are its proxy's connections.
 //!
 //! The recovery time of each fault (until every shard had a handle started after the fault, by a process
 //! other than a paused victim) is printed, never asserted.
@@ -70,6 +79,7 @@ use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::Producer;
 use stream_listener_test_support::aio::poll_until;
 use stream_listener_test_support::monitor::parse_quoted;
+use stream_listener_test_support::proxy::FaultProxy;
 use stream_listener_test_support::{RedisCluster, RedisServer};
 use stream_listener_tests::{on_every_target, Target};
 use tokio::process::{Child, Command};
@@ -124,16 +134,34 @@ enum FaultKind {
     Redis,
     DelMeta,
     Empty,
+    /// `CLIENT PAUSE <1.3-1.8 sessions> ALL` (every master of a cluster).
+    Pause,
+    /// `DEBUG SLEEP <1.3-1.8 sessions>` (single node).
+    Sleep,
+    /// The victim's link drops everything for 1.3-1.8 sessions, then delivers what was held.
+    Blackhole,
+    /// The same for a third to a half of a session, shorter than the lease.
+    Blip,
+    /// 150 ms each way on the victim's link for a session.
+    Latency,
+    /// The victim's connections are reset every 1-3 s for two sessions.
+    Resets,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 6] = [
+    const ALL: [FaultKind; 12] = [
         FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::Term,
         FaultKind::Redis,
         FaultKind::DelMeta,
         FaultKind::Empty,
+        FaultKind::Pause,
+        FaultKind::Sleep,
+        FaultKind::Blackhole,
+        FaultKind::Blip,
+        FaultKind::Latency,
+        FaultKind::Resets,
     ];
 
     fn name(self) -> &'static str {
@@ -144,7 +172,35 @@ impl FaultKind {
             FaultKind::Redis => "redis",
             FaultKind::DelMeta => "delmeta",
             FaultKind::Empty => "empty",
+            FaultKind::Pause => "pause",
+            FaultKind::Sleep => "sleep",
+            FaultKind::Blackhole => "blackhole",
+            FaultKind::Blip => "blip",
+            FaultKind::Latency => "latency",
+            FaultKind::Resets => "resets",
         }
+    }
+
+    /// Faults on one worker's link, through its proxy: a single node only (a cluster's clients follow
+    /// the nodes' own addresses).
+    fn is_network(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Blackhole | FaultKind::Blip | FaultKind::Latency | FaultKind::Resets
+        )
+    }
+
+    /// How long the fault lasts, for a session of `session_ms` and a pause of `pause_pct` percent.
+    fn busy(self, session_ms: u64, pause_pct: u64) -> Duration {
+        Duration::from_millis(match self {
+            FaultKind::Stop | FaultKind::Pause | FaultKind::Sleep | FaultKind::Blackhole => {
+                session_ms * pause_pct / 100
+            }
+            FaultKind::Blip => session_ms * pause_pct / 400,
+            FaultKind::Latency => session_ms,
+            FaultKind::Resets => session_ms * 2,
+            _ => 0,
+        })
     }
 
     fn parse_list(text: &str) -> Vec<FaultKind> {
@@ -238,11 +294,7 @@ fn schedule(s: &Scenario) -> Vec<PlannedFault> {
         let gap = Duration::from_millis(rng.range(s.gap_ms.0, s.gap_ms.1));
         let pause_pct = rng.range(130, 180);
         let victim = rng.below(s.procs);
-        let busy = if kind == FaultKind::Stop {
-            Duration::from_millis(s.timing.session_timeout_ms as u64 * pause_pct / 100)
-        } else {
-            Duration::ZERO
-        };
+        let busy = kind.busy(s.timing.session_timeout_ms as u64, pause_pct);
         if i >= kinds.len() && total + gap > s.fault_for {
             break;
         }
@@ -343,7 +395,9 @@ async fn fault_injection(target: Target) {
     let seed = env_seed();
     let mut kinds = env_kinds();
     if target == Target::Cluster {
-        kinds.retain(|&k| !matches!(k, FaultKind::Redis | FaultKind::Empty));
+        kinds.retain(|&k| {
+            !matches!(k, FaultKind::Redis | FaultKind::Empty | FaultKind::Sleep) && !k.is_network()
+        });
     }
     let long = std::env::var("FAULT_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
     let scenarios = if long {
@@ -398,7 +452,11 @@ enum Backend {
 impl Backend {
     fn start(target: Target) -> Backend {
         match target {
-            Target::Single => Backend::Single(RedisServer::start_with_aof()),
+            // `DEBUG SLEEP` is off by default from Redis 7 on.
+            Target::Single => Backend::Single(RedisServer::start_with_aof_and(vec![
+                "--enable-debug-command".into(),
+                "local".into(),
+            ])),
             Target::Cluster => {
                 // Scenarios share the cluster: each starts empty, as on its own single node. A group left
                 // by the previous scenario would keep that scenario's timing (an existing group keeps its
@@ -511,9 +569,16 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     let monitor = Monitor::start(&server.command_ports());
     let audit_copy = AuditCopy::start(&url, rec.clone()).await?;
 
+    let mut proxies = Vec::new();
+    if let Backend::Single(single) = &server {
+        for _ in 0..s.procs {
+            proxies.push(FaultProxy::start(single.addr()).await);
+        }
+    }
     let urls = Urls {
         redis: url.clone(),
         record: record_url.clone(),
+        proxies,
     };
     let mut procs: Vec<WorkerProc> = Vec::new();
     for slot in 0..s.procs {
@@ -894,11 +959,29 @@ fn wiped_by(wipes: &[(usize, (u64, u64))], at: u64) -> Option<usize> {
 // Worker processes and faults
 // ------------------------------------------------------------------------------------------------
 
-/// Where the workers connect: the Redis under test and the record server.
+/// Where the workers connect: the Redis under test (on a single node through a proxy per worker slot, which
+/// the network faults act on) and the record server.
 #[derive(Debug)]
 struct Urls {
     redis: String,
     record: String,
+    proxies: Vec<FaultProxy>,
+}
+
+impl Urls {
+    /// The proxy of worker `slot` (single node only).
+    fn proxy(&self, slot: usize) -> Res<&FaultProxy> {
+        self.proxies
+            .get(slot)
+            .ok_or_else(|| "network faults need a proxy per worker (single node only)".into())
+    }
+
+    /// The Redis URL of worker `slot`.
+    fn worker(&self, slot: usize) -> String {
+        self.proxies
+            .get(slot)
+            .map_or_else(|| self.redis.clone(), FaultProxy::url)
+    }
 }
 
 #[derive(Debug)]
@@ -919,7 +1002,7 @@ impl WorkerProc {
         let name = format!("w{slot}");
         let log = fs::File::create(log_dir.join(format!("{name}-{generation}.log")))?;
         let child = Command::new(WORKER)
-            .env("REDIS_URL", &urls.redis)
+            .env("REDIS_URL", urls.worker(slot))
             .env("CHAOS_RECORD_URL", &urls.record)
             .env("CHAOS_SHARDS", s.shards.to_string())
             .env("CHAOS_PROC", &name)
@@ -1048,15 +1131,7 @@ async fn inject(
             let stopped = now_us();
             // The pause itself is the fault: a fixed length, past the lease.
             tokio::time::sleep(pause).await;
-            log.ports = server
-                .command_ports()
-                .into_iter()
-                .flat_map(|node| {
-                    client_ports(p.pid, node)
-                        .into_iter()
-                        .map(move |p| (node, p))
-                })
-                .collect();
+            log.ports = victim_ports(server, urls, slot, p.pid);
             let cont = now_us();
             p.signal("CONT");
             log.pause = Some((stopped, cont));
@@ -1120,8 +1195,148 @@ async fn inject(
                 }
             );
         }
+        FaultKind::Pause | FaultKind::Sleep => {
+            let stall = planned
+                .kind
+                .busy(s.timing.session_timeout_ms as u64, planned.pause_pct);
+            log.at = now_us();
+            let down = now_us();
+            stall_redis(server, planned.kind, stall).await?;
+            // Redis answers again (a stalled server queues the PING).
+            let _: String = redis::cmd("PING").query_async(conn).await?;
+            let up = now_us();
+            log.outage = Some((down, up));
+            log.note = format!(
+                "{} {:.1} s ({}% of the session timeout); answered again after {:.2} s",
+                if planned.kind == FaultKind::Pause {
+                    "CLIENT PAUSE ALL"
+                } else {
+                    "DEBUG SLEEP"
+                },
+                stall.as_secs_f64(),
+                planned.pause_pct,
+                (up - down) as f64 / 1e6
+            );
+        }
+        FaultKind::Blackhole | FaultKind::Blip => {
+            let p = &procs[slot];
+            let proxy = urls.proxy(slot)?;
+            log.victim = Some((p.name.clone(), p.pid));
+            let cut = planned
+                .kind
+                .busy(s.timing.session_timeout_ms as u64, planned.pause_pct);
+            log.at = now_us();
+            proxy.blackhole(true);
+            let from = now_us();
+            tokio::time::sleep(cut).await; // the fault itself: a fixed length
+            let ports = victim_ports(server, urls, slot, p.pid);
+            let to = now_us();
+            proxy.blackhole(false);
+            if planned.kind == FaultKind::Blackhole {
+                // Past the lease: from the group's side the process is gone, as if paused, and what it
+                // sent meanwhile reaches Redis late (the pause checks apply).
+                log.members = p.member_ids(s.members);
+                log.pause = Some((from, to));
+                log.ports = ports;
+            }
+            log.note = format!(
+                "link cut {:.2} s ({} the lease)",
+                cut.as_secs_f64(),
+                if planned.kind == FaultKind::Blackhole {
+                    "past"
+                } else {
+                    "within"
+                }
+            );
+        }
+        FaultKind::Latency => {
+            let p = &procs[slot];
+            let proxy = urls.proxy(slot)?;
+            log.victim = Some((p.name.clone(), p.pid));
+            let slow = planned.kind.busy(s.timing.session_timeout_ms as u64, 0);
+            log.at = now_us();
+            proxy.set_latency(NETWORK_LATENCY);
+            tokio::time::sleep(slow).await; // the fault itself
+            proxy.set_latency(Duration::ZERO);
+            log.note = format!(
+                "{} ms each way for {:.1} s",
+                NETWORK_LATENCY.as_millis(),
+                slow.as_secs_f64()
+            );
+        }
+        FaultKind::Resets => {
+            let p = &procs[slot];
+            let proxy = urls.proxy(slot)?;
+            log.victim = Some((p.name.clone(), p.pid));
+            let until = Instant::now() + planned.kind.busy(s.timing.session_timeout_ms as u64, 0);
+            log.at = now_us();
+            let mut rng = Rng(planned.pause_pct ^ (slot as u64) << 8);
+            let mut resets = 0;
+            while Instant::now() < until && resets < 100 {
+                // The fault's own rhythm: a reset every 1-3 s.
+                tokio::time::sleep(Duration::from_millis(rng.range(1_000, 3_000))).await;
+                proxy.reset_all();
+                resets += 1;
+            }
+            log.note = format!("{resets} connection resets");
+        }
     }
     Ok(log)
+}
+
+/// Added latency of a `latency` fault, each way: a 300 ms round trip.
+const NETWORK_LATENCY: Duration = Duration::from_millis(150);
+
+/// Stalls the Redis under test for `stall`: `CLIENT PAUSE ... ALL` on every master, or `DEBUG SLEEP` on the
+/// single node (returns when the sleep is over).
+async fn stall_redis(server: &Backend, kind: FaultKind, stall: Duration) -> Res<()> {
+    let ms = stall.as_millis().to_string();
+    let secs = format!("{:.3}", stall.as_secs_f64());
+    let args: Vec<&str> = if kind == FaultKind::Pause {
+        vec!["CLIENT", "PAUSE", &ms, "ALL"]
+    } else {
+        vec!["DEBUG", "SLEEP", &secs]
+    };
+    match server {
+        Backend::Single(single) => {
+            let mut control = redis::Client::open(single.url().as_str())?
+                .get_multiplexed_async_connection_with_config(
+                    &redis::AsyncConnectionConfig::new()
+                        .set_response_timeout(Some(stall + Duration::from_secs(10))),
+                )
+                .await?;
+            let mut cmd = redis::cmd(args[0]);
+            cmd.arg(&args[1..]);
+            let () = cmd.query_async(&mut control).await?;
+        }
+        Backend::Cluster(cluster) => {
+            for node in &cluster.nodes()[..3] {
+                tokio::task::block_in_place(|| cluster.cli(node.port(), &args))?;
+            }
+        }
+    }
+    if kind == FaultKind::Pause {
+        // `CLIENT PAUSE` answers at once; the stall is the pause's length.
+        tokio::time::sleep(stall).await;
+    }
+    Ok(())
+}
+
+/// The client ports (with the node they reach) of worker `slot` (pid `pid`) as Redis sees them: its own
+/// sockets' ports, or those of its proxy's connections on a single node.
+fn victim_ports(server: &Backend, urls: &Urls, slot: usize, pid: u32) -> Vec<(u16, u16)> {
+    if let (Backend::Single(single), Some(proxy)) = (server, urls.proxies.get(slot)) {
+        return proxy
+            .upstream_ports()
+            .into_iter()
+            .map(|p| (single.port(), p))
+            .collect();
+    }
+    server
+        .command_ports()
+        .into_iter()
+        .flat_map(|node| client_ports(pid, node).into_iter().map(move |p| (node, p)))
+        .collect()
 }
 
 /// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
@@ -2089,23 +2304,38 @@ fn verify(
         .collect();
     v.pending = pending.iter().sum();
 
-    // Recovery: from the fault until every shard had a handle started after it (by anyone but a paused
-    // victim); approximate, from the records.
+    // Recovery: from the fault (a Redis stall: from when Redis answered again) until every shard had a
+    // handle started after it (by anyone but a paused victim); approximate, from the records.
     let t_first = faults.first().map(|f| f.at).unwrap_or(0);
     for (i, f) in faults.iter().enumerate() {
         let excluded_pid = f.pause.and(f.victim.as_ref().map(|(_, p)| *p));
+        let from = match f.kind {
+            FaultKind::Pause | FaultKind::Sleep => f.outage.map_or(f.at, |(_, up)| up),
+            _ => f.at,
+        };
         let mut worst: Option<u64> = Some(0);
+        let mut earliest: Option<u64> = None;
         for rs in by_shard.values() {
             let first = rs
                 .iter()
-                .filter(|r| r.t0 >= f.at && Some(r.pid) != excluded_pid)
+                .filter(|r| r.t0 >= from && Some(r.pid) != excluded_pid)
                 .map(|r| r.t0)
                 .min();
             match first {
-                Some(t) => worst = worst.map(|w| w.max(t - f.at)),
+                Some(t) => {
+                    worst = worst.map(|w| w.max(t - from));
+                    earliest = Some(earliest.map_or(t, |e| e.min(t)));
+                }
                 None => worst = None,
             }
         }
+        let resumed = match (f.kind, earliest) {
+            (FaultKind::Pause | FaultKind::Sleep, Some(t)) => format!(
+                "; first handle {:.0} ms after Redis answered",
+                (t - from) as f64 / 1e3
+            ),
+            _ => String::new(),
+        };
         v.faults.push((
             f.kind.name().to_string(),
             f.victim
@@ -2116,11 +2346,11 @@ fn verify(
             worst.map(|w| w as f64 / 1e6),
             match wiped.get(&i) {
                 Some((n, age)) => format!(
-                    "{}; {n} unhandled entries wiped (oldest {:.2} s old)",
+                    "{}{resumed}; {n} unhandled entries wiped (oldest {:.2} s old)",
                     f.note,
                     *age as f64 / 1e6
                 ),
-                None => f.note.clone(),
+                None => format!("{}{resumed}", f.note),
             },
         ));
     }

@@ -45,12 +45,7 @@ fn member(stream: &str, id: &str, handled: &Handled) -> ConsumerBuilder {
 }
 
 async fn start(url: &str, stream: &str, id: &str, handled: &Handled) -> RunningRuntime {
-    test_runtime(url)
-        .group_config(STALL_TIMING)
-        .consumer(member(stream, id, handled))
-        .start()
-        .await
-        .unwrap()
+    start_timed(url, stream, id, handled, STALL_TIMING).await
 }
 
 /// The `type` of every audit event of `stream`'s group `g`, in order.
