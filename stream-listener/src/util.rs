@@ -1,5 +1,5 @@
-//! The one implementation of each small thing the library needs in several places: exponential backoff
-//! and its jitter, a random number, and RFC 3339 time (public, for the CLI).
+//! Small things the library needs in several places: exponential backoff and its jitter, a random
+//! number, and RFC 3339 time (public, for the CLI).
 
 use std::time::Duration;
 

@@ -7,8 +7,9 @@
 //! # Scheduling
 //!
 //! Owned shards wait in one round-robin ready queue. Up to `runtime_max_concurrency` jobs run at once; a
-//! job takes one shard, fetches one batch, runs the handler on each entry in order, acknowledges, and puts
-//! the shard back at the end of the queue. So:
+//! job takes one shard, fetches a batch, runs the handler on each entry in order, acknowledges, and puts
+//! the shard back at the end of the queue (it keeps the shard for up to 64 full batches while no other
+//! shard waits for a worker, see the `job` module). So:
 //!
 //! * a shard is in at most one job at a time: one read loop per shard, one batch in flight, per-key order;
 //! * a member with far more shards than workers still visits every shard once per rotation: no starvation;
@@ -24,11 +25,13 @@
 //!
 //! # Connections
 //!
-//! One multiplexed connection (a redis-rs `ConnectionManager`, reconnecting by itself) carries every
-//! non-blocking command: reads without `BLOCK`, claims, acks, dead letters, scripts. The idle wait has a
-//! second connection of its own, used only for its `XREAD BLOCK` (redis-rs would queue every other
-//! command behind a blocking read on a shared connection). A member therefore opens two connections,
-//! however many shards it owns and workers it has.
+//! One multiplexed connection (on a single node a redis-rs `ConnectionManager`, reconnecting by itself; on
+//! a cluster the cluster client) carries every non-blocking command: reads without `BLOCK`, claims, acks,
+//! dead letters, scripts. The idle wait has a connection of its own, used only for its `XREAD BLOCK`
+//! (redis-rs would queue every other command behind a blocking read on a shared connection), plus one to
+//! interrupt it. On a single node a member so opens a handful of connections, however many shards it owns
+//! and workers it has; on a cluster, one blocking connection per slot group of its idle shards (see
+//! ARCHITECTURE.md, "Redis Cluster").
 //!
 //! # Delivery
 //!

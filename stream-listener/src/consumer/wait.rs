@@ -13,8 +13,9 @@
 //! the group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's
 //! last-delivered id, below which everything was delivered, so no undelivered entry is above-but-missed.
 //!
-//! The wait never blocks past the member's self-fencing deadline. The scheduler aborts the wait when
-//! ownership changes (an assignment, a revocation, a fence, shutdown).
+//! The wait never blocks past the member's self-fencing deadline. The scheduler interrupts it (`CLIENT
+//! UNBLOCK`) when ownership changes (an assignment, a revocation, a fence, shutdown): aborting the task
+//! would leave the blocked `XREAD` in Redis, holding the wait's connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -6,8 +6,11 @@
 //! store persists the result; a test or the seeded simulation drives it directly. Same inputs, same outputs.
 //!
 //! Inputs: [`Coordinator::heartbeat`], [`Coordinator::tick`] (expiry, rebalance timeouts, fenced holds) and
-//! [`Coordinator::command`] (shard count changes, fencing by an operator). Outputs to act on:
-//! [`Coordinator::next_deadline`] says when a tick is next needed.
+//! [`Coordinator::command`] (shard count changes, fencing by an operator). Outputs besides the outcome:
+//! [`Coordinator::next_timer`] says when a tick is next needed for a rebalance timeout or a fenced hold
+//! (the store tracks leases itself and refuses a renewal once one is due, see `renew.lua`);
+//! [`Coordinator::next_deadline`] adds the leases, for drivers without such a store (tests, the
+//! simulation).
 
 pub mod assignor;
 pub mod events;

@@ -87,7 +87,7 @@ const WRITER_WAIT_S: f64 = 0.05;
 /// | `sl:{<stream>/<group>}:leases` | sorted set | memberId scored by lease deadline (Redis ms) |
 /// | `sl:{<stream>/<group>}:audit` | stream | audit events, capped at about 10,000 |
 /// | `sl:{<stream>/<group>}:projection` | string | schema version 1's stored projection; deleted by the next commit |
-/// | `sl:{<stream>/<group>}:writer` | string | the writer lock (writer's token, expires after 500 ms) |
+/// | `sl:{<stream>/<group>}:writer` | string | the writer lock (writer's token, expires after 1 s unless extended) |
 /// | `sl:{<stream>/<group>}:turn` | list | wakes one waiting writer when the lock is released |
 /// | `sl:{<stream>/<group>}:inbox` | list | heartbeats queued for the writer (see `store/inbox.rs`) |
 /// | `sl:{<stream>/<group>}:reply:<id>` | list | the answer to one queued heartbeat (short-lived) |
@@ -1255,7 +1255,6 @@ impl GroupStore {
 /// (reply id, answer), and every member answered by it or by the caller's own response, with the number
 /// of the commit's events its answer reflects (what it learns from the answer needs no wake-up; see
 /// [`wakeup::to_wake`]).
-/// need no wake-up).
 #[derive(Debug, Default)]
 struct Answering {
     taken: usize,
