@@ -34,6 +34,10 @@ const FLAP_REJOINS: usize = 3;
 const FLAP_WINDOW_SESSIONS: i64 = 3;
 /// Longest memberId accepted.
 const MAX_MEMBER_ID_LEN: usize = 256;
+/// How far ahead of this store's clock the clock of the store that issued a reported epoch or metadata
+/// version may have been (a failed-over or restored Redis on another host): far beyond any real clock
+/// skew, and tiny against the range of epochs (`now * 1000` is about 1.8e15 today).
+const PLAUSIBLE_CLOCK_LEAD_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// How much of the metadata an input changed; the store writes accordingly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -336,7 +340,7 @@ impl Coordinator {
         if req.protocol_version != PROTOCOL_VERSION {
             return Verdict::Rejected(HeartbeatStatus::UnsupportedProtocol);
         }
-        if !is_well_formed(req) {
+        if !is_well_formed(req) || !self.is_plausible(req, now) {
             return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
         }
         self.detect_loss(req, now, effects);
@@ -390,7 +394,9 @@ impl Coordinator {
     /// version above the store's, an epoch above any issued, or (from a member the store does not know)
     /// an epoch from before this metadata was created. Whatever that member, or any other member of the
     /// lost state, was granted may still be read until its lease passes: grants pause for a session
-    /// timeout, and epochs and versions move above what was reported so they never go backwards.
+    /// timeout, and epochs and versions move above what was reported so they never go backwards. Only
+    /// plausible values get here ([`is_plausible`](Self::is_plausible)): a value no honest store can have
+    /// issued is garbage, not evidence.
     fn detect_loss(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) {
         let known = self.meta.members.contains_key(&req.member_id)
             || self
@@ -432,6 +438,17 @@ impl Coordinator {
         } else {
             effects.changed = true;
         }
+    }
+
+    /// Whether the request's epoch and metadata version can have been issued by an honest store at `now`:
+    /// by this one (at most its counters), or by any within [`plausible_limit`]. An implausible one is
+    /// refused before it can count as evidence of a loss, which would raise the group's counters to it
+    /// and pause every grant.
+    fn is_plausible(&self, req: &HeartbeatRequest, now: i64) -> bool {
+        let limit = plausible_limit(now);
+        let epochs = self.meta.last_member_epoch.max(limit).max(JOIN_EPOCH);
+        let versions = self.meta.metadata_version.max(limit).max(0);
+        req.member_epoch <= epochs && (0..=versions).contains(&req.metadata_version)
     }
 
     fn join(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
@@ -1094,6 +1111,18 @@ impl Coordinator {
 /// The lowest member epoch issued at store time `now`.
 fn epoch_floor(now: i64) -> i64 {
     now.saturating_mul(1000)
+}
+
+/// The highest member epoch or metadata version an honest store can have issued by store time `now`.
+///
+/// Epochs are `max(last + 1, epoch_floor(now))`: one above `epoch_floor(now + PLAUSIBLE_CLOCK_LEAD_MS)`
+/// needs an issuing clock more than [`PLAUSIBLE_CLOCK_LEAD_MS`] ahead of ours, or more than a thousand
+/// epochs per millisecond on average since the clock's zero (the assumption that already keeps epochs
+/// growing across a loss). Metadata versions start at 0 at every creation and grow by one per change
+/// (or are raised to a reported version, itself within the bound), so the same bound holds for them
+/// under the same assumption. It leaves counters far below `i64::MAX`, so `+ 1` on them cannot overflow.
+fn plausible_limit(now: i64) -> i64 {
+    epoch_floor(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS))
 }
 
 /// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids.

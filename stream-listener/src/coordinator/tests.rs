@@ -380,6 +380,121 @@ fn recovery_a_metadata_version_the_store_never_wrote_pauses_grants() {
     assert_eq!(shards(&out.response.assignment.assigned_shards), vec![0, 1]);
 }
 
+// ---- implausible counters: garbage, not evidence ----
+
+/// Store time in 2023, so epochs are in their real range.
+const T_REAL: i64 = 1_700_000_000_000;
+
+/// A real-clock group with `a` settled on all 4 shards, past the creation pause; returns a's epoch and now.
+fn real_clock_group() -> (Coordinator, i64, i64) {
+    let mut c = created(Creation::Fresh, T_REAL);
+    let now = T_REAL + 2 * HB;
+    let e = join_and_settle(&mut c, "a", now);
+    assert_eq!(member(&c, "a").assigned.len(), 4);
+    (c, e, now)
+}
+
+/// Applies `hb` and checks it was refused as INVALID_REQUEST without any effect on the group.
+fn assert_refused_without_effect(c: &mut Coordinator, hb: &HeartbeatRequest, now: i64) {
+    let before = c.clone();
+    let out = c.heartbeat(hb, StoreMillis(now));
+    assert_eq!(
+        out.response.status,
+        HeartbeatStatus::InvalidRequest,
+        "{hb:?}"
+    );
+    assert_eq!(out.change, Change::None, "{hb:?}");
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    assert_eq!(c, &before, "{hb:?}");
+}
+
+#[test]
+fn an_implausible_member_epoch_is_rejected_and_changes_nothing() {
+    let (mut c, e, now) = real_clock_group();
+    let too_far = plausible_limit(now + 1) + 1;
+    for epoch in [i64::MAX, too_far] {
+        // From the live member, from a stranger, and claiming the live member's shards.
+        assert_refused_without_effect(&mut c, &req("a", epoch, "garbage"), now + 1);
+        assert_refused_without_effect(&mut c, &req("x", epoch, "garbage"), now + 1);
+        assert_refused_without_effect(
+            &mut c,
+            &owned(req("a", epoch, "garbage"), &[0, 1, 2, 3]),
+            now + 1,
+        );
+    }
+    // The next join gets an ordinary epoch (no overflow, nothing raised) and no grant pause.
+    let r = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(now + 2))
+        .response;
+    assert_eq!(r.member_epoch, epoch_floor(now + 2));
+    assert!(r.member_epoch > e);
+    assert_eq!(c.metadata().grants_paused_until_ms, 0);
+    let a = c
+        .heartbeat(
+            &owned(req("a", e, "a1"), &[0, 1, 2, 3]),
+            StoreMillis(now + 3),
+        )
+        .response;
+    assert_eq!(
+        a.status,
+        HeartbeatStatus::RevokePending,
+        "a gives b its share"
+    );
+}
+
+#[test]
+fn an_implausible_metadata_version_is_rejected_and_changes_nothing() {
+    let (mut c, e, now) = real_clock_group();
+    for version in [i64::MAX, plausible_limit(now + 1) + 1, -1, i64::MIN] {
+        let mut hb = owned(req("a", e, "garbage"), &[0, 1, 2, 3]);
+        hb.metadata_version = version;
+        assert_refused_without_effect(&mut c, &hb, now + 1);
+        let mut join = req("x", 0, "garbage-join");
+        join.metadata_version = version;
+        assert_refused_without_effect(&mut c, &join, now + 1);
+    }
+}
+
+#[test]
+fn a_plausible_epoch_above_the_counter_is_still_evidence_of_loss() {
+    let (mut c, _e, now) = real_clock_group();
+    // The highest epoch a store whose clock ran a day ahead of ours could have issued.
+    let limit = plausible_limit(now);
+    assert_eq!(limit, epoch_floor(now + 24 * 60 * 60 * 1000));
+    let out = c.heartbeat(&owned(req("x", limit, "lost"), &[0]), StoreMillis(now));
+    assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
+    assert!(loss_detected(&out.events));
+    assert_eq!(c.metadata().last_member_epoch, limit);
+    assert_eq!(c.metadata().grants_paused_until_ms, now + SESSION);
+    // So is a plausible metadata version above the store's.
+    let (mut c, e, now) = real_clock_group();
+    let mut hb = owned(req("a", e, "ahead"), &[0, 1, 2, 3]);
+    hb.metadata_version = limit;
+    let out = c.heartbeat(&hb, StoreMillis(now));
+    assert!(out.response.status.is_accepted());
+    assert!(loss_detected(&out.events));
+    assert!(c.metadata().metadata_version > limit);
+}
+
+#[test]
+fn an_epoch_or_version_the_store_issued_itself_is_never_implausible() {
+    // A counter beyond the clock bound (the store's clock went back) still answers its own members.
+    let (mut c, _e, now) = real_clock_group();
+    let back = now - 2 * PLAUSIBLE_CLOCK_LEAD_MS;
+    let r = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(back))
+        .response;
+    assert!(r.member_epoch > plausible_limit(back));
+    let mut hb = owned(req("b", r.member_epoch, "b1"), &[]);
+    hb.metadata_version = c.metadata().metadata_version;
+    let out = c.heartbeat(&hb, StoreMillis(back));
+    assert!(
+        out.response.status.is_accepted(),
+        "{:?}",
+        out.response.status
+    );
+}
+
 #[test]
 fn unsupported_protocol_and_malformed_requests_change_nothing() {
     let mut c = group(2);
