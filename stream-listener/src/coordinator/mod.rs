@@ -452,11 +452,6 @@ impl Coordinator {
     }
 
     fn join(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
-        let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
-        if owns_something || !req.revoking_shards.is_empty() {
-            // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
-            return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
-        }
         let session = self.meta.config.session_timeout_ms;
         let mut rejoins = Vec::new();
         let mut duplicate_suspected = false;
@@ -1125,7 +1120,8 @@ fn plausible_limit(now: i64) -> i64 {
     epoch_floor(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS))
 }
 
-/// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids.
+/// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids, a
+/// join that owns nothing. Checked before anything else, so a malformed request changes nothing.
 fn is_well_formed(req: &HeartbeatRequest) -> bool {
     if req.member_id.is_empty()
         || req.member_id.len() > MAX_MEMBER_ID_LEN
@@ -1134,6 +1130,11 @@ fn is_well_formed(req: &HeartbeatRequest) -> bool {
         return false;
     }
     if req.request_id.is_empty() || req.weight == Some(0) {
+        return false;
+    }
+    let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
+    if req.member_epoch == JOIN_EPOCH && (owns_something || !req.revoking_shards.is_empty()) {
+        // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
         return false;
     }
     let mut seen = BTreeSet::new();

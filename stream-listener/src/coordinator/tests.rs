@@ -477,6 +477,18 @@ fn a_plausible_epoch_above_the_counter_is_still_evidence_of_loss() {
 }
 
 #[test]
+fn a_malformed_join_changes_nothing_not_even_as_evidence_of_loss() {
+    let (mut c, _e, now) = real_clock_group();
+    // A join still claiming shards, from a member that saw a (plausible) newer metadata version.
+    let mut hb = revoked(req("x", 0, "x-join"), &[0], RevokeState::Revoking);
+    hb.metadata_version = c.metadata().metadata_version + 5;
+    assert_refused_without_effect(&mut c, &hb, now + 1);
+    let mut hb = owned(req("x", 0, "x-join"), &[1]);
+    hb.metadata_version = c.metadata().metadata_version + 5;
+    assert_refused_without_effect(&mut c, &hb, now + 1);
+}
+
+#[test]
 fn an_epoch_or_version_the_store_issued_itself_is_never_implausible() {
     // A counter beyond the clock bound (the store's clock went back) still answers its own members.
     let (mut c, _e, now) = real_clock_group();
