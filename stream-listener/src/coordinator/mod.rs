@@ -193,10 +193,13 @@ impl Coordinator {
         c.meta.created_at_ms = now;
         c.meta.last_member_epoch = epoch_floor(now);
         let pause = match creation {
-            Creation::Fresh => (2 * config.heartbeat_interval_ms).min(config.session_timeout_ms),
+            Creation::Fresh => config
+                .heartbeat_interval_ms
+                .saturating_mul(2)
+                .min(config.session_timeout_ms),
             Creation::AfterLoss => config.session_timeout_ms,
         };
-        c.meta.grants_paused_until_ms = now + pause;
+        c.meta.grants_paused_until_ms = now.saturating_add(pause);
         c
     }
 
@@ -304,8 +307,8 @@ impl Coordinator {
         let mut response = self.response(req, verdict);
         if effects.changed {
             // The response describes the metadata as committed.
-            response.metadata_version += 1;
-            response.assignment.metadata_version += 1;
+            bump(&mut response.metadata_version);
+            bump(&mut response.assignment.metadata_version);
         }
         self.finish(response, effects)
     }
@@ -319,7 +322,7 @@ impl Coordinator {
             .retain(|id| !members.contains_key(id));
         effects.writes.removed.dedup();
         let change = if effects.changed {
-            self.meta.metadata_version += 1;
+            bump(&mut self.meta.metadata_version);
             Change::Metadata
         } else if effects.lease {
             Change::Lease
@@ -428,7 +431,7 @@ impl Coordinator {
         let meta = &mut self.meta;
         meta.metadata_version = meta.metadata_version.max(req.metadata_version);
         meta.last_member_epoch = meta.last_member_epoch.max(req.member_epoch);
-        let until = now + meta.config.session_timeout_ms;
+        let until = now.saturating_add(meta.config.session_timeout_ms);
         if until > meta.grants_paused_until_ms {
             meta.grants_paused_until_ms = until;
             effects.event(AuditEvent::MetadataLossDetected {
@@ -459,7 +462,7 @@ impl Coordinator {
         if let Some(existing) = self.meta.members.get_mut(&req.member_id) {
             if existing.join_request_id == req.request_id {
                 // A replayed join whose response was lost: same epoch, same assignment, no bumps.
-                existing.lease_deadline_ms = now + session;
+                existing.lease_deadline_ms = now.saturating_add(session);
                 effects.lease = true;
                 return Verdict::Accepted { stale: false };
             }
@@ -489,8 +492,8 @@ impl Coordinator {
         }
         let epoch = self.next_member_epoch(now);
         if let Some(previous_epoch) = previous_epoch {
-            let window = FLAP_WINDOW_SESSIONS * session;
-            rejoins.retain(|&t| now - t < window);
+            let window = session.saturating_mul(FLAP_WINDOW_SESSIONS);
+            rejoins.retain(|&t| now.saturating_sub(t) < window);
             rejoins.push(now);
             if rejoins.len() >= FLAP_REJOINS && !duplicate_suspected {
                 duplicate_suspected = true;
@@ -522,7 +525,7 @@ impl Coordinator {
                 confirmed_epoch: 0,
                 join_epoch: epoch,
                 join_request_id: req.request_id.clone(),
-                lease_deadline_ms: now + session,
+                lease_deadline_ms: now.saturating_add(session),
                 weight: req.weight.unwrap_or(1),
                 capacity: req.runtime_consumer_capacity,
                 target: BTreeSet::new(),
@@ -533,7 +536,7 @@ impl Coordinator {
                 duplicate_suspected,
             },
         );
-        self.meta.group_epoch += 1;
+        bump(&mut self.meta.group_epoch);
         effects.rebalance = true;
         Verdict::Accepted { stale: false }
     }
@@ -546,7 +549,7 @@ impl Coordinator {
         if member.state != MemberState::Leaving {
             member.state = MemberState::Leaving;
             member.target.clear();
-            self.meta.group_epoch += 1;
+            bump(&mut self.meta.group_epoch);
             effects.rebalance = true;
             effects.event(AuditEvent::MemberLeaving {
                 member_id: req.member_id.clone(),
@@ -612,7 +615,7 @@ impl Coordinator {
             .members
             .get_mut(&req.member_id)
             .expect("validated member");
-        member.lease_deadline_ms = now + session;
+        member.lease_deadline_ms = now.saturating_add(session);
         effects.lease = true;
         member.capacity = req.runtime_consumer_capacity;
         if let Some(owned) = &req.owned_shards {
@@ -745,7 +748,7 @@ impl Coordinator {
                 now,
                 "lease expired".into(),
             );
-            self.meta.group_epoch += 1;
+            bump(&mut self.meta.group_epoch);
             effects.rebalance = true;
         }
         let timed_out: Vec<String> = self
@@ -814,7 +817,7 @@ impl Coordinator {
             now,
             reason.to_string(),
         );
-        self.meta.group_epoch += 1;
+        bump(&mut self.meta.group_epoch);
         effects.rebalance = true;
     }
 
@@ -856,7 +859,7 @@ impl Coordinator {
             AdminCommand::SetShardCount(n) => {
                 let from = self.meta.shard_count;
                 self.meta.shard_count = n;
-                self.meta.group_epoch += 1;
+                bump(&mut self.meta.group_epoch);
                 self.meta.resharding = Some(Resharding {
                     previous_shard_count: from,
                     shard_count: n,
@@ -950,7 +953,7 @@ impl Coordinator {
             }
         }
         if differs {
-            self.meta.assignment_epoch += 1;
+            bump(&mut self.meta.assignment_epoch);
             effects.event(AuditEvent::TargetAssignmentChanged {
                 assignment_epoch: self.meta.assignment_epoch,
                 moved_shards: moved,
@@ -978,7 +981,7 @@ impl Coordinator {
                 shard,
                 Revocation {
                     since_ms: now,
-                    deadline_ms: now + timeout,
+                    deadline_ms: now.saturating_add(timeout),
                     in_flight: 0,
                 },
             );
@@ -1059,9 +1062,17 @@ impl Coordinator {
 
     /// Epochs are unique and increasing, and never below `now * 1000`: a group recreated after losing its
     /// metadata issues epochs above its predecessor's (unless that one issued more than a thousand epochs
-    /// per millisecond on average, or the store's clock went back).
+    /// per millisecond on average, or the store's clock went back). The counter stays within
+    /// [`plausible_limit`], far below `i64::MAX`; the addition saturates anyway, so a counter that got there
+    /// regardless repeats its last epoch rather than wrap to a negative one (fencing tokens never go back).
+    /// Epochs are positive even on a store clock before 1970: 0 and -1 mean join and leave.
     fn next_member_epoch(&mut self, now: i64) -> i64 {
-        self.meta.last_member_epoch = (self.meta.last_member_epoch + 1).max(epoch_floor(now));
+        self.meta.last_member_epoch = self
+            .meta
+            .last_member_epoch
+            .saturating_add(1)
+            .max(epoch_floor(now))
+            .max(1);
         self.meta.last_member_epoch
     }
 
@@ -1101,6 +1112,11 @@ impl Coordinator {
         }
         violations
     }
+}
+
+/// Counters (epochs, versions) count up by one; at `i64::MAX` they stay there instead of wrapping.
+fn bump(counter: &mut i64) {
+    *counter = counter.saturating_add(1);
 }
 
 /// The lowest member epoch issued at store time `now`.

@@ -508,6 +508,66 @@ fn an_epoch_or_version_the_store_issued_itself_is_never_implausible() {
 }
 
 #[test]
+fn next_member_epoch_never_overflows() {
+    let mut c = group(2);
+    c.meta.last_member_epoch = i64::MAX;
+    let r = c.heartbeat(&req("a", 0, "a-join"), StoreMillis(0)).response;
+    assert!(r.status.is_accepted());
+    assert_eq!(
+        r.member_epoch,
+        i64::MAX,
+        "stays at the top instead of wrapping"
+    );
+    assert_eq!(c.metadata().last_member_epoch, i64::MAX);
+}
+
+#[test]
+fn deadlines_and_counters_never_overflow_at_extreme_store_times() {
+    // At i64::MAX itself every lease has run out at once; one before, deadlines still lie ahead.
+    let now = i64::MAX - 1;
+    let mut c = created(Creation::AfterLoss, now);
+    c.meta.grants_paused_until_ms = 0;
+    c.meta.group_epoch = i64::MAX;
+    c.meta.assignment_epoch = i64::MAX;
+    c.meta.metadata_version = i64::MAX;
+    let r = c
+        .heartbeat(&req("a", 0, "a-join"), StoreMillis(now))
+        .response;
+    assert!(r.status.is_accepted(), "{:?}", r.status);
+    // Rejoin times as extreme as the store may hold (the flap window).
+    c.meta.members.get_mut("a").unwrap().rejoins = vec![i64::MIN, i64::MAX];
+    let r = c
+        .heartbeat(&req("a", 0, "a-again"), StoreMillis(now))
+        .response;
+    assert!(r.status.is_accepted(), "{:?}", r.status);
+    // Its response was lost: the replay renews the lease.
+    let replay = c
+        .heartbeat(&req("a", 0, "a-again"), StoreMillis(now))
+        .response;
+    assert_eq!(replay.member_epoch, r.member_epoch);
+    // The old incarnation's hold would keep the shards from it until the end of time.
+    c.meta.holds.clear();
+    // A renewal with grants, a second member (revocation deadlines), evidence of a loss (the pause).
+    let a = c
+        .heartbeat(
+            &owned(req("a", r.member_epoch, "a1"), &[]),
+            StoreMillis(now),
+        )
+        .response;
+    assert_eq!(a.assignment.assigned_shards.len(), 4, "{now}: {a:?}");
+    let b = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(now))
+        .response;
+    assert!(b.status.is_accepted(), "{now}: {:?}", b.status);
+    assert!(!member(&c, "a").revoking.is_empty());
+    let out = c.heartbeat(&req("z", 5, "z"), StoreMillis(now));
+    assert!(loss_detected(&out.events));
+    assert_eq!(c.metadata().grants_paused_until_ms, i64::MAX);
+    let _ = c.tick(StoreMillis(i64::MAX));
+    assert!(c.invariant_violations().is_empty());
+}
+
+#[test]
 fn unsupported_protocol_and_malformed_requests_change_nothing() {
     let mut c = group(2);
     let mut r = req("a", 0, "j");
