@@ -171,10 +171,10 @@ impl std::fmt::Display for Violation {
 }
 
 impl Coordinator {
-    /// A new, empty group.
+    /// A new, empty group. Timings are bounded ([`GroupConfig::bounded`]).
     pub fn new(group: impl Into<String>, shard_count: u32, config: GroupConfig) -> Self {
         Self {
-            meta: GroupMetadata::new(group, shard_count.max(1), config),
+            meta: GroupMetadata::new(group, shard_count.max(1), config.bounded()),
         }
     }
 
@@ -190,6 +190,7 @@ impl Coordinator {
     ) -> Self {
         let now = now.0;
         let mut c = Self::new(group, shard_count, config);
+        let config = c.meta.config;
         c.meta.created_at_ms = now;
         c.meta.last_member_epoch = epoch_floor(now);
         let pause = match creation {
@@ -203,10 +204,14 @@ impl Coordinator {
         c
     }
 
-    /// Resumes from stored metadata.
-    pub fn from_metadata(meta: GroupMetadata) -> Result<Self, MetadataError> {
+    /// Resumes from metadata the store loaded at store time `now`. Metadata no honest store can have
+    /// written is refused as [`MetadataError::Corrupt`] (see [`implausible_metadata`]).
+    pub fn from_metadata(meta: GroupMetadata, now: StoreMillis) -> Result<Self, MetadataError> {
         if meta.schema_version != SCHEMA_VERSION {
             return Err(MetadataError::UnknownSchemaVersion(meta.schema_version));
+        }
+        if let Some(problem) = implausible_metadata(&meta, now.0) {
+            return Err(MetadataError::Corrupt(problem));
         }
         Ok(Self { meta })
     }
@@ -1134,6 +1139,50 @@ fn epoch_floor(now: i64) -> i64 {
 /// under the same assumption. It leaves counters far below `i64::MAX`, so `+ 1` on them cannot overflow.
 fn plausible_limit(now: i64) -> i64 {
     epoch_floor(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS))
+}
+
+/// Why stored metadata cannot have been written by an honest store whose clock is near `now`, if so.
+///
+/// Timings must be within `1..=MAX_TIMING_MS` (what [`GroupConfig::bounded`] creates) and the shard
+/// count at least 1. Counters must be in `0..=plausible_limit(now + PLAUSIBLE_CLOCK_LEAD_MS)`: a counter
+/// raised to a reported value at the limit, then counted up by every change since, is still far
+/// below it (a second day of lead is 86.4 billion). Above it the metadata is garbage, or the store clock
+/// went back by more than a day, which already breaks the ordering of epochs across a loss: an
+/// operator must look, and the coordinator must not issue epochs next to `i64::MAX`.
+fn implausible_metadata(meta: &GroupMetadata, now: i64) -> Option<String> {
+    let config = meta.config;
+    let timings = [
+        ("heartbeatIntervalMs", config.heartbeat_interval_ms),
+        ("sessionTimeoutMs", config.session_timeout_ms),
+        ("rebalanceTimeoutMs", config.rebalance_timeout_ms),
+    ];
+    if let Some((name, ms)) = timings
+        .into_iter()
+        .find(|(_, ms)| !(1..=metadata::MAX_TIMING_MS).contains(ms))
+    {
+        return Some(format!(
+            "config.{name} is {ms}, outside 1..={}",
+            metadata::MAX_TIMING_MS
+        ));
+    }
+    if meta.shard_count == 0 {
+        return Some("shardCount is 0".into());
+    }
+    let limit = plausible_limit(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS));
+    let counters = [
+        ("lastMemberEpoch", meta.last_member_epoch),
+        ("metadataVersion", meta.metadata_version),
+        ("groupEpoch", meta.group_epoch),
+        ("assignmentEpoch", meta.assignment_epoch),
+    ];
+    counters
+        .into_iter()
+        .find(|(_, n)| !(0..=limit).contains(n))
+        .map(|(name, n)| {
+            format!(
+                "{name} is {n}, outside 0..={limit}, what a store at time {now} can have issued"
+            )
+        })
 }
 
 /// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids, a

@@ -568,6 +568,57 @@ fn deadlines_and_counters_never_overflow_at_extreme_store_times() {
 }
 
 #[test]
+fn stored_metadata_with_implausible_counters_or_timings_is_refused() {
+    let now = StoreMillis(T_REAL);
+    let (c, _e, _) = real_clock_group();
+    let good = c.into_metadata();
+    assert!(Coordinator::from_metadata(good.clone(), now).is_ok());
+    let limit = plausible_limit(T_REAL + PLAUSIBLE_CLOCK_LEAD_MS);
+    let mut at_limit = good.clone();
+    at_limit.last_member_epoch = limit;
+    at_limit.metadata_version = limit;
+    assert!(Coordinator::from_metadata(at_limit, now).is_ok());
+    let mangles: [fn(&mut GroupMetadata); 9] = [
+        |m| m.last_member_epoch = i64::MAX,
+        |m| m.last_member_epoch = -1,
+        |m| m.metadata_version = i64::MAX,
+        |m| m.group_epoch = i64::MIN,
+        |m| m.assignment_epoch = i64::MAX,
+        |m| m.config.session_timeout_ms = i64::MAX,
+        |m| m.config.heartbeat_interval_ms = 0,
+        |m| m.config.rebalance_timeout_ms = -5,
+        |m| m.shard_count = 0,
+    ];
+    for mangle in mangles {
+        let mut meta = good.clone();
+        mangle(&mut meta);
+        assert!(
+            matches!(
+                Coordinator::from_metadata(meta.clone(), now),
+                Err(MetadataError::Corrupt(_))
+            ),
+            "{meta:?}"
+        );
+    }
+}
+
+#[test]
+fn a_new_group_bounds_its_timings() {
+    let config = GroupConfig {
+        heartbeat_interval_ms: -1,
+        session_timeout_ms: i64::MAX,
+        rebalance_timeout_ms: 0,
+    };
+    let c = Coordinator::create("g", 1, config, StoreMillis(T_REAL), Creation::Fresh);
+    let stored = c.metadata().config;
+    assert_eq!(stored.heartbeat_interval_ms, 1);
+    assert_eq!(stored.session_timeout_ms, metadata::MAX_TIMING_MS);
+    assert_eq!(stored.rebalance_timeout_ms, 1);
+    // What it creates, it can load again.
+    assert!(Coordinator::from_metadata(c.into_metadata(), StoreMillis(T_REAL)).is_ok());
+}
+
+#[test]
 fn unsupported_protocol_and_malformed_requests_change_nothing() {
     let mut c = group(2);
     let mut r = req("a", 0, "j");
