@@ -1156,3 +1156,325 @@ fn same_inputs_same_outputs() {
     };
     assert_eq!(run(), run());
 }
+
+/// Garbage heartbeats (extremes of every numeric field, from strangers and under honest members' ids,
+/// some sent as the inbox sends them) interleaved with honest members. The store's queued path applies
+/// each decoded entry with [`Coordinator::heartbeat`], the entry point driven here.
+mod garbage {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HONEST: usize = 3;
+    const IDS: [&str; 6] = ["h0", "h1", "h2", "x", "y", ""];
+
+    /// A number chosen relative to the group's state when the step runs.
+    #[derive(Debug, Clone)]
+    enum Pick {
+        Fixed(i64),
+        Floor(i64),
+        Limit(i64),
+        Counter(i64),
+        Honest(usize),
+    }
+
+    #[derive(Debug, Clone)]
+    struct Garbage {
+        member: usize,
+        protocol: u32,
+        request_id: &'static str,
+        epoch: Pick,
+        version: Pick,
+        owned: Option<Vec<u32>>,
+        revoking: Vec<(u32, RevokeState, u32)>,
+        weight: Option<u32>,
+        capacity: (u32, u32),
+        pending_count: u64,
+        queued: bool,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Honest(usize),
+        Garbage(Box<Garbage>),
+        Advance(i64),
+        Tick,
+    }
+
+    fn pick() -> impl Strategy<Value = Pick> {
+        let extremes = prop::sample::select(vec![
+            0,
+            1,
+            -1,
+            -2,
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MAX,
+            i64::MAX - 1,
+            i64::from(u32::MAX),
+            i64::from(i32::MAX),
+            i64::from(i32::MIN),
+        ]);
+        let near = || prop::sample::select(vec![-1000, -1, 0, 1, 1000]);
+        prop_oneof![
+            3 => extremes.prop_map(Pick::Fixed),
+            1 => any::<i64>().prop_map(Pick::Fixed),
+            2 => near().prop_map(Pick::Floor),
+            2 => near().prop_map(Pick::Limit),
+            2 => near().prop_map(Pick::Counter),
+            2 => (0..HONEST).prop_map(Pick::Honest),
+        ]
+    }
+
+    fn garbage() -> impl Strategy<Value = Garbage> {
+        let u32s =
+            || prop::sample::select(vec![0, 1, 2, 3, 4, 5, u32::MAX / 2, u32::MAX - 1, u32::MAX]);
+        let state = prop::sample::select(vec![
+            RevokeState::Revoking,
+            RevokeState::Draining,
+            RevokeState::Revoked,
+        ]);
+        (
+            (
+                0..IDS.len(),
+                prop::sample::select(vec![1, 1, 1, 0, 2, u32::MAX]),
+                prop::sample::select(vec!["g1", "g2", "", "h0-join"]),
+                pick(),
+                pick(),
+            ),
+            (
+                proptest::option::of(proptest::collection::vec(u32s(), 0..4)),
+                proptest::collection::vec((u32s(), state, u32s()), 0..3),
+                proptest::option::of(u32s()),
+                (u32s(), u32s()),
+                prop::sample::select(vec![0, 1, u64::MAX]),
+                any::<bool>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (member, protocol, request_id, epoch, version),
+                    (owned, revoking, weight, capacity, pending_count, queued),
+                )| Garbage {
+                    member,
+                    protocol,
+                    request_id,
+                    epoch,
+                    version,
+                    owned,
+                    revoking,
+                    weight,
+                    capacity,
+                    pending_count,
+                    queued,
+                },
+            )
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..HONEST).prop_map(Step::Honest),
+            4 => garbage().prop_map(|g| Step::Garbage(Box::new(g))),
+            2 => prop::sample::select(vec![1, HB / 2, HB, SESSION, 3 * SESSION]).prop_map(Step::Advance),
+            1 => Just(Step::Tick),
+        ]
+    }
+
+    /// A member that follows the protocol: sends what it was told, gives back what was taken.
+    #[derive(Debug)]
+    struct Honest {
+        id: String,
+        epoch: i64,
+        version: i64,
+        owned: BTreeSet<u32>,
+        revoked: BTreeSet<u32>,
+        sent: u64,
+        highest_epoch: i64,
+    }
+
+    impl Honest {
+        fn new(i: usize) -> Self {
+            Self {
+                id: IDS[i].to_string(),
+                epoch: 0,
+                version: 0,
+                owned: BTreeSet::new(),
+                revoked: BTreeSet::new(),
+                sent: 0,
+                highest_epoch: 0,
+            }
+        }
+
+        fn request(&mut self) -> HeartbeatRequest {
+            self.sent += 1;
+            let mut r = req(&self.id, self.epoch, &format!("{}-{}", self.id, self.sent));
+            r.metadata_version = self.version;
+            r.weight = Some(1);
+            if self.epoch != JOIN_EPOCH {
+                let holds: Vec<u32> = self.owned.iter().copied().collect();
+                let gave_back: Vec<u32> = self.revoked.iter().copied().collect();
+                r = revoked(owned(r, &holds), &gave_back, RevokeState::Revoked);
+            }
+            r
+        }
+
+        fn on_response(&mut self, resp: &HeartbeatResponse) -> Result<(), TestCaseError> {
+            prop_assert!(
+                !matches!(
+                    resp.status,
+                    HeartbeatStatus::InvalidRequest | HeartbeatStatus::UnsupportedProtocol
+                ),
+                "honest {} refused: {:?}",
+                self.id,
+                resp
+            );
+            // A leave forged under its id took it out of the group (answered with the leave epoch).
+            if resp.status.requires_rejoin() || resp.member_epoch == LEAVE_EPOCH {
+                *self = Self {
+                    sent: self.sent,
+                    highest_epoch: self.highest_epoch,
+                    ..Self::new(0)
+                }
+                .named(&self.id);
+                return Ok(());
+            }
+            if !resp.status.is_accepted() {
+                return Ok(());
+            }
+            prop_assert!(
+                resp.member_epoch >= self.highest_epoch,
+                "{}'s epoch went back from {} to {}",
+                self.id,
+                self.highest_epoch,
+                resp.member_epoch
+            );
+            self.highest_epoch = resp.member_epoch;
+            let assigned: BTreeSet<u32> = shards(&resp.assignment.assigned_shards)
+                .into_iter()
+                .collect();
+            self.revoked = self.owned.difference(&assigned).copied().collect();
+            self.owned = assigned;
+            self.epoch = resp.member_epoch;
+            self.version = resp.metadata_version;
+            Ok(())
+        }
+
+        fn named(mut self, id: &str) -> Self {
+            self.id = id.to_string();
+            self
+        }
+    }
+
+    fn resolve(pick: &Pick, now: i64, counter: i64, honest: &[Honest], version: bool) -> i64 {
+        match *pick {
+            Pick::Fixed(v) => v,
+            Pick::Floor(d) => epoch_floor(now).saturating_add(d),
+            Pick::Limit(d) => plausible_limit(now).saturating_add(d),
+            Pick::Counter(d) => counter.saturating_add(d),
+            Pick::Honest(i) if version => honest[i].version,
+            Pick::Honest(i) => honest[i].epoch,
+        }
+    }
+
+    fn build(g: &Garbage, c: &Coordinator, now: i64, honest: &[Honest]) -> HeartbeatRequest {
+        let meta = c.metadata();
+        let mut r = req(IDS[g.member], 0, g.request_id);
+        r.protocol_version = g.protocol;
+        r.member_epoch = resolve(&g.epoch, now, meta.last_member_epoch, honest, false);
+        r.metadata_version = resolve(&g.version, now, meta.metadata_version, honest, true);
+        r.owned_shards = g
+            .owned
+            .as_ref()
+            .map(|o| o.iter().copied().map(ShardId::new).collect());
+        r.revoking_shards = g
+            .revoking
+            .iter()
+            .map(|&(s, state, in_flight)| RevokingShard {
+                shard: ShardId::new(s),
+                state,
+                in_flight,
+                acked_at: None,
+            })
+            .collect();
+        r.weight = g.weight;
+        r.runtime_consumer_capacity = RuntimeConsumerCapacity {
+            runtime_max_concurrency: g.capacity.0,
+            available_concurrency: g.capacity.1,
+        };
+        r.shard_progress = r
+            .owned_shards
+            .iter()
+            .flatten()
+            .map(|&shard| wire::ShardProgress {
+                shard,
+                stream_key: "s".into(),
+                last_delivered_id: None,
+                last_acked_id: None,
+                pending_count: g.pending_count,
+                updated_at: None,
+            })
+            .collect();
+        if g.queued {
+            // What `enqueue.lua` stores and the writer decodes.
+            let json = serde_json::to_string(&r).expect("heartbeats serialize");
+            r = serde_json::from_str(&json).expect("heartbeats decode");
+        }
+        r
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_heartbeats_never_break_the_group(steps in proptest::collection::vec(step(), 1..80)) {
+            let mut c = created(Creation::Fresh, T_REAL);
+            let mut now = T_REAL;
+            let mut honest: Vec<Honest> = (0..HONEST).map(Honest::new).collect();
+            for step in &steps {
+                match step {
+                    Step::Honest(i) => {
+                        let r = honest[*i].request();
+                        let out = c.heartbeat(&r, StoreMillis(now));
+                        honest[*i].on_response(&out.response)?;
+                    }
+                    Step::Garbage(g) => {
+                        // Timers first, so that whatever changes below is the heartbeat's doing.
+                        let _ = c.tick(StoreMillis(now));
+                        let before = c.clone();
+                        let r = build(g, &c, now, &honest);
+                        let meta = c.metadata();
+                        let limit = plausible_limit(now);
+                        let implausible = r.member_epoch > limit.max(meta.last_member_epoch)
+                            || r.metadata_version < 0
+                            || r.metadata_version > limit.max(meta.metadata_version);
+                        let out = c.heartbeat(&r, StoreMillis(now));
+                        let refused = matches!(
+                            out.response.status,
+                            HeartbeatStatus::InvalidRequest | HeartbeatStatus::UnsupportedProtocol
+                        );
+                        prop_assert!(!implausible || refused, "implausible {:?} got {:?}", r, out.response.status);
+                        if refused {
+                            prop_assert_eq!(out.change, Change::None);
+                            prop_assert!(out.events.is_empty(), "{:?}", out.events);
+                            prop_assert!(c == before, "a refused {:?} changed the group", r);
+                        }
+                    }
+                    Step::Advance(ms) => now += ms,
+                    Step::Tick => {
+                        let _ = c.tick(StoreMillis(now));
+                    }
+                }
+                let meta = c.metadata();
+                prop_assert!(c.invariant_violations().is_empty(), "{:?}", c.invariant_violations());
+                // Evidence may raise a counter up to the limit; the group counts on from there (an
+                // epoch per member and step at most, a version per step).
+                let slack = (steps.len() * IDS.len()) as i64;
+                prop_assert!(
+                    meta.last_member_epoch <= plausible_limit(now) + slack,
+                    "last member epoch {} above the plausible {}",
+                    meta.last_member_epoch,
+                    plausible_limit(now)
+                );
+                prop_assert!(meta.metadata_version <= plausible_limit(now) + slack);
+                prop_assert!(meta.grants_paused_until_ms <= now + SESSION);
+            }
+        }
+    }
+}
