@@ -25,6 +25,10 @@ pub const WHOLE_SCHEMA_VERSION: u32 = 1;
 /// their late heartbeats with `FENCED_MEMBER_EPOCH`).
 pub const TOMBSTONE_LIMIT: usize = 64;
 
+/// The longest timing a group may have (heartbeat interval, session and rebalance timeouts): a day. Longer
+/// is no sane configuration, and the bound keeps deadlines (`now + timeout`) far from overflowing.
+pub const MAX_TIMING_MS: i64 = 24 * 60 * 60 * 1000;
+
 /// Timing of a group, chosen by the first member that creates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,6 +39,19 @@ pub struct GroupConfig {
     pub session_timeout_ms: i64,
     /// How long a member may take to report REVOKED for a shard taken from it before it is fenced.
     pub rebalance_timeout_ms: i64,
+}
+
+impl GroupConfig {
+    /// Each value moved into `1..=MAX_TIMING_MS`, as a group is created with (stored timings outside it
+    /// are refused: changing the session timeout of a live group would cut leases members rely on).
+    pub fn bounded(self) -> Self {
+        let bound = |ms: i64| ms.clamp(1, MAX_TIMING_MS);
+        Self {
+            heartbeat_interval_ms: bound(self.heartbeat_interval_ms),
+            session_timeout_ms: bound(self.session_timeout_ms),
+            rebalance_timeout_ms: bound(self.rebalance_timeout_ms),
+        }
+    }
 }
 
 impl Default for GroupConfig {
@@ -436,7 +453,8 @@ struct HeaderRef<'a> {
 /// Why stored metadata cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetadataError {
-    /// Not JSON of the expected shape.
+    /// Not JSON of the expected shape, or values no honest store writes (see
+    /// [`Coordinator::from_metadata`](super::Coordinator::from_metadata)).
     #[error("group metadata is corrupt: {0}")]
     Corrupt(String),
     /// Written by another version of this crate.

@@ -37,6 +37,10 @@ const FLAP_REJOINS: usize = 3;
 const FLAP_WINDOW_SESSIONS: i64 = 3;
 /// Longest memberId accepted.
 const MAX_MEMBER_ID_LEN: usize = 256;
+/// How far ahead of this store's clock the clock of the store that issued a reported epoch or metadata
+/// version may have been (a failed-over or restored Redis on another host): far beyond any real clock
+/// skew, and tiny against the range of epochs (`now * 1000` is about 1.8e15 today).
+const PLAUSIBLE_CLOCK_LEAD_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// How much of the metadata an input changed; the store writes accordingly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,10 +174,10 @@ impl std::fmt::Display for Violation {
 }
 
 impl Coordinator {
-    /// A new, empty group.
+    /// A new, empty group. Timings are bounded ([`GroupConfig::bounded`]).
     pub fn new(group: impl Into<String>, shard_count: u32, config: GroupConfig) -> Self {
         Self {
-            meta: GroupMetadata::new(group, shard_count.max(1), config),
+            meta: GroupMetadata::new(group, shard_count.max(1), config.bounded()),
         }
     }
 
@@ -189,20 +193,28 @@ impl Coordinator {
     ) -> Self {
         let now = now.0;
         let mut c = Self::new(group, shard_count, config);
+        let config = c.meta.config;
         c.meta.created_at_ms = now;
         c.meta.last_member_epoch = epoch_floor(now);
         let pause = match creation {
-            Creation::Fresh => (2 * config.heartbeat_interval_ms).min(config.session_timeout_ms),
+            Creation::Fresh => config
+                .heartbeat_interval_ms
+                .saturating_mul(2)
+                .min(config.session_timeout_ms),
             Creation::AfterLoss => config.session_timeout_ms,
         };
-        c.meta.grants_paused_until_ms = now + pause;
+        c.meta.grants_paused_until_ms = now.saturating_add(pause);
         c
     }
 
-    /// Resumes from stored metadata.
-    pub fn from_metadata(meta: GroupMetadata) -> Result<Self, MetadataError> {
+    /// Resumes from metadata the store loaded at store time `now`. Metadata no honest store can have
+    /// written is refused as [`MetadataError::Corrupt`] (see [`implausible_metadata`]).
+    pub fn from_metadata(meta: GroupMetadata, now: StoreMillis) -> Result<Self, MetadataError> {
         if meta.schema_version != SCHEMA_VERSION {
             return Err(MetadataError::UnknownSchemaVersion(meta.schema_version));
+        }
+        if let Some(problem) = implausible_metadata(&meta, now.0) {
+            return Err(MetadataError::Corrupt(problem));
         }
         Ok(Self { meta })
     }
@@ -303,8 +315,8 @@ impl Coordinator {
         let mut response = self.response(req, verdict);
         if effects.changed {
             // The response describes the metadata as committed.
-            response.metadata_version += 1;
-            response.assignment.metadata_version += 1;
+            bump(&mut response.metadata_version);
+            bump(&mut response.assignment.metadata_version);
         }
         self.finish(response, effects)
     }
@@ -318,7 +330,7 @@ impl Coordinator {
             .retain(|id| !members.contains_key(id));
         effects.writes.removed.dedup();
         let change = if effects.changed {
-            self.meta.metadata_version += 1;
+            bump(&mut self.meta.metadata_version);
             Change::Metadata
         } else if effects.lease {
             Change::Lease
@@ -339,7 +351,7 @@ impl Coordinator {
         if req.protocol_version != PROTOCOL_VERSION {
             return Verdict::Rejected(HeartbeatStatus::UnsupportedProtocol);
         }
-        if !is_well_formed(req) {
+        if !is_well_formed(req) || !self.is_plausible(req, now) {
             return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
         }
         self.detect_loss(req, now, effects);
@@ -393,7 +405,9 @@ impl Coordinator {
     /// version above the store's, an epoch above any issued, or (from a member the store does not know)
     /// an epoch from before this metadata was created. Whatever that member, or any other member of the
     /// lost state, was granted may still be read until its lease passes: grants pause for a session
-    /// timeout, and epochs and versions move above what was reported so they never go backwards.
+    /// timeout, and epochs and versions move above what was reported so they never go backwards. Only
+    /// plausible values get here ([`is_plausible`](Self::is_plausible)): a value no honest store can have
+    /// issued is garbage, not evidence.
     fn detect_loss(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) {
         let known = self.meta.members.contains_key(&req.member_id)
             || self
@@ -425,7 +439,7 @@ impl Coordinator {
         let meta = &mut self.meta;
         meta.metadata_version = meta.metadata_version.max(req.metadata_version);
         meta.last_member_epoch = meta.last_member_epoch.max(req.member_epoch);
-        let until = now + meta.config.session_timeout_ms;
+        let until = now.saturating_add(meta.config.session_timeout_ms);
         if until > meta.grants_paused_until_ms {
             meta.grants_paused_until_ms = until;
             effects.event(AuditEvent::MetadataLossDetected {
@@ -437,12 +451,18 @@ impl Coordinator {
         }
     }
 
+    /// Whether the request's epoch and metadata version can have been issued by an honest store at `now`:
+    /// by this one (at most its counters), or by any within [`plausible_limit`]. An implausible one is
+    /// refused before it can count as evidence of a loss, which would raise the group's counters to it
+    /// and pause every grant.
+    fn is_plausible(&self, req: &HeartbeatRequest, now: i64) -> bool {
+        let limit = plausible_limit(now);
+        let epochs = self.meta.last_member_epoch.max(limit).max(JOIN_EPOCH);
+        let versions = self.meta.metadata_version.max(limit).max(0);
+        req.member_epoch <= epochs && (0..=versions).contains(&req.metadata_version)
+    }
+
     fn join(&mut self, req: &HeartbeatRequest, now: i64, effects: &mut Effects) -> Verdict {
-        let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
-        if owns_something || !req.revoking_shards.is_empty() {
-            // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
-            return Verdict::Rejected(HeartbeatStatus::InvalidRequest);
-        }
         let session = self.meta.config.session_timeout_ms;
         let mut rejoins = Vec::new();
         let mut duplicate_suspected = false;
@@ -450,7 +470,7 @@ impl Coordinator {
         if let Some(existing) = self.meta.members.get_mut(&req.member_id) {
             if existing.join_request_id == req.request_id {
                 // A replayed join whose response was lost: same epoch, same assignment, no bumps.
-                existing.lease_deadline_ms = now + session;
+                existing.lease_deadline_ms = now.saturating_add(session);
                 effects.lease = true;
                 return Verdict::Accepted { stale: false };
             }
@@ -480,8 +500,8 @@ impl Coordinator {
         }
         let epoch = self.next_member_epoch(now);
         if let Some(previous_epoch) = previous_epoch {
-            let window = FLAP_WINDOW_SESSIONS * session;
-            rejoins.retain(|&t| now - t < window);
+            let window = session.saturating_mul(FLAP_WINDOW_SESSIONS);
+            rejoins.retain(|&t| now.saturating_sub(t) < window);
             rejoins.push(now);
             if rejoins.len() >= FLAP_REJOINS && !duplicate_suspected {
                 duplicate_suspected = true;
@@ -513,7 +533,7 @@ impl Coordinator {
                 confirmed_epoch: 0,
                 join_epoch: epoch,
                 join_request_id: req.request_id.clone(),
-                lease_deadline_ms: now + session,
+                lease_deadline_ms: now.saturating_add(session),
                 weight: req.weight.unwrap_or(1),
                 capacity: req.runtime_consumer_capacity,
                 target: BTreeSet::new(),
@@ -524,7 +544,7 @@ impl Coordinator {
                 duplicate_suspected,
             },
         );
-        self.meta.group_epoch += 1;
+        bump(&mut self.meta.group_epoch);
         effects.rebalance = true;
         Verdict::Accepted { stale: false }
     }
@@ -537,7 +557,7 @@ impl Coordinator {
         if member.state != MemberState::Leaving {
             member.state = MemberState::Leaving;
             member.target.clear();
-            self.meta.group_epoch += 1;
+            bump(&mut self.meta.group_epoch);
             effects.rebalance = true;
             effects.event(AuditEvent::MemberLeaving {
                 member_id: req.member_id.clone(),
@@ -603,7 +623,7 @@ impl Coordinator {
             .members
             .get_mut(&req.member_id)
             .expect("validated member");
-        member.lease_deadline_ms = now + session;
+        member.lease_deadline_ms = now.saturating_add(session);
         effects.lease = true;
         member.capacity = req.runtime_consumer_capacity;
         if let Some(owned) = &req.owned_shards {
@@ -736,7 +756,7 @@ impl Coordinator {
                 now,
                 "lease expired".into(),
             );
-            self.meta.group_epoch += 1;
+            bump(&mut self.meta.group_epoch);
             effects.rebalance = true;
         }
         let timed_out: Vec<String> = self
@@ -805,7 +825,7 @@ impl Coordinator {
             now,
             reason.to_string(),
         );
-        self.meta.group_epoch += 1;
+        bump(&mut self.meta.group_epoch);
         effects.rebalance = true;
     }
 
@@ -847,7 +867,7 @@ impl Coordinator {
             AdminCommand::SetShardCount(n) => {
                 let from = self.meta.shard_count;
                 self.meta.shard_count = n;
-                self.meta.group_epoch += 1;
+                bump(&mut self.meta.group_epoch);
                 self.meta.resharding = Some(Resharding {
                     previous_shard_count: from,
                     shard_count: n,
@@ -941,7 +961,7 @@ impl Coordinator {
             }
         }
         if differs {
-            self.meta.assignment_epoch += 1;
+            bump(&mut self.meta.assignment_epoch);
             effects.event(AuditEvent::TargetAssignmentChanged {
                 assignment_epoch: self.meta.assignment_epoch,
                 moved_shards: moved,
@@ -969,7 +989,7 @@ impl Coordinator {
                 shard,
                 Revocation {
                     since_ms: now,
-                    deadline_ms: now + timeout,
+                    deadline_ms: now.saturating_add(timeout),
                     in_flight: 0,
                 },
             );
@@ -1050,9 +1070,17 @@ impl Coordinator {
 
     /// Epochs are unique and increasing, and never below `now * 1000`: a group recreated after losing its
     /// metadata issues epochs above its predecessor's (unless that one issued more than a thousand epochs
-    /// per millisecond on average, or the store's clock went back).
+    /// per millisecond on average, or the store's clock went back). The counter stays within
+    /// [`plausible_limit`], far below `i64::MAX`; the addition saturates anyway, so a counter that got there
+    /// regardless repeats its last epoch rather than wrap to a negative one (fencing tokens never go back).
+    /// Epochs are positive even on a store clock before 1970: 0 and -1 mean join and leave.
     fn next_member_epoch(&mut self, now: i64) -> i64 {
-        self.meta.last_member_epoch = (self.meta.last_member_epoch + 1).max(epoch_floor(now));
+        self.meta.last_member_epoch = self
+            .meta
+            .last_member_epoch
+            .saturating_add(1)
+            .max(epoch_floor(now))
+            .max(1);
         self.meta.last_member_epoch
     }
 
@@ -1094,12 +1122,74 @@ impl Coordinator {
     }
 }
 
+/// Counters (epochs, versions) count up by one; at `i64::MAX` they stay there instead of wrapping.
+fn bump(counter: &mut i64) {
+    *counter = counter.saturating_add(1);
+}
+
 /// The lowest member epoch issued at store time `now`.
 fn epoch_floor(now: i64) -> i64 {
     now.saturating_mul(1000)
 }
 
-/// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids.
+/// The highest member epoch or metadata version an honest store can have issued by store time `now`.
+///
+/// Epochs are `max(last + 1, epoch_floor(now))`: one above `epoch_floor(now + PLAUSIBLE_CLOCK_LEAD_MS)`
+/// needs an issuing clock more than [`PLAUSIBLE_CLOCK_LEAD_MS`] ahead of ours, or more than a thousand
+/// epochs per millisecond on average since the clock's zero (the assumption that already keeps epochs
+/// growing across a loss). Metadata versions start at 0 at every creation and grow by one per change
+/// (or are raised to a reported version, itself within the bound), so the same bound holds for them
+/// under the same assumption. It leaves counters far below `i64::MAX`, so `+ 1` on them cannot overflow.
+fn plausible_limit(now: i64) -> i64 {
+    epoch_floor(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS))
+}
+
+/// Why stored metadata cannot have been written by an honest store whose clock is near `now`, if so.
+///
+/// Timings must be within `1..=MAX_TIMING_MS` (what [`GroupConfig::bounded`] creates) and the shard
+/// count at least 1. Counters must be in `0..=plausible_limit(now + PLAUSIBLE_CLOCK_LEAD_MS)`: a counter
+/// raised to a reported value at the limit, then counted up by every change since, is still far
+/// below it (a second day of lead is 86.4 billion). Above it the metadata is garbage, or the store clock
+/// went back by more than a day, which already breaks the ordering of epochs across a loss: an
+/// operator must look, and the coordinator must not issue epochs next to `i64::MAX`.
+fn implausible_metadata(meta: &GroupMetadata, now: i64) -> Option<String> {
+    let config = meta.config;
+    let timings = [
+        ("heartbeatIntervalMs", config.heartbeat_interval_ms),
+        ("sessionTimeoutMs", config.session_timeout_ms),
+        ("rebalanceTimeoutMs", config.rebalance_timeout_ms),
+    ];
+    if let Some((name, ms)) = timings
+        .into_iter()
+        .find(|(_, ms)| !(1..=metadata::MAX_TIMING_MS).contains(ms))
+    {
+        return Some(format!(
+            "config.{name} is {ms}, outside 1..={}",
+            metadata::MAX_TIMING_MS
+        ));
+    }
+    if meta.shard_count == 0 {
+        return Some("shardCount is 0".into());
+    }
+    let limit = plausible_limit(now.saturating_add(PLAUSIBLE_CLOCK_LEAD_MS));
+    let counters = [
+        ("lastMemberEpoch", meta.last_member_epoch),
+        ("metadataVersion", meta.metadata_version),
+        ("groupEpoch", meta.group_epoch),
+        ("assignmentEpoch", meta.assignment_epoch),
+    ];
+    counters
+        .into_iter()
+        .find(|(_, n)| !(0..=limit).contains(n))
+        .map(|(name, n)| {
+            format!(
+                "{name} is {n}, outside 0..={limit}, what a store at time {now} can have issued"
+            )
+        })
+}
+
+/// Structural checks that need no state: unique shards, no shard both owned and revoking, sane ids, a
+/// join that owns nothing. Checked before anything else, so a malformed request changes nothing.
 fn is_well_formed(req: &HeartbeatRequest) -> bool {
     if req.member_id.is_empty()
         || req.member_id.len() > MAX_MEMBER_ID_LEN
@@ -1108,6 +1198,11 @@ fn is_well_formed(req: &HeartbeatRequest) -> bool {
         return false;
     }
     if req.request_id.is_empty() || req.weight == Some(0) {
+        return false;
+    }
+    let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());
+    if req.member_epoch == JOIN_EPOCH && (owns_something || !req.revoking_shards.is_empty()) {
+        // A (re)joining member has dropped all ownership (spec: UNKNOWN_MEMBER_ID handling).
         return false;
     }
     let mut seen = BTreeSet::new();

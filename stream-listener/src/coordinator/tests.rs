@@ -380,6 +380,244 @@ fn recovery_a_metadata_version_the_store_never_wrote_pauses_grants() {
     assert_eq!(shards(&out.response.assignment.assigned_shards), vec![0, 1]);
 }
 
+// ---- implausible counters: garbage, not evidence ----
+
+/// Store time in 2023, so epochs are in their real range.
+const T_REAL: i64 = 1_700_000_000_000;
+
+/// A real-clock group with `a` settled on all 4 shards, past the creation pause; returns a's epoch and now.
+fn real_clock_group() -> (Coordinator, i64, i64) {
+    let mut c = created(Creation::Fresh, T_REAL);
+    let now = T_REAL + 2 * HB;
+    let e = join_and_settle(&mut c, "a", now);
+    assert_eq!(member(&c, "a").assigned.len(), 4);
+    (c, e, now)
+}
+
+/// Applies `hb` and checks it was refused as INVALID_REQUEST without any effect on the group.
+fn assert_refused_without_effect(c: &mut Coordinator, hb: &HeartbeatRequest, now: i64) {
+    let before = c.clone();
+    let out = c.heartbeat(hb, StoreMillis(now));
+    assert_eq!(
+        out.response.status,
+        HeartbeatStatus::InvalidRequest,
+        "{hb:?}"
+    );
+    assert_eq!(out.change, Change::None, "{hb:?}");
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    assert_eq!(c, &before, "{hb:?}");
+}
+
+#[test]
+fn an_implausible_member_epoch_is_rejected_and_changes_nothing() {
+    let (mut c, e, now) = real_clock_group();
+    let too_far = plausible_limit(now + 1) + 1;
+    for epoch in [i64::MAX, too_far] {
+        // From the live member, from a stranger, and claiming the live member's shards.
+        assert_refused_without_effect(&mut c, &req("a", epoch, "garbage"), now + 1);
+        assert_refused_without_effect(&mut c, &req("x", epoch, "garbage"), now + 1);
+        assert_refused_without_effect(
+            &mut c,
+            &owned(req("a", epoch, "garbage"), &[0, 1, 2, 3]),
+            now + 1,
+        );
+    }
+    // The next join gets an ordinary epoch (no overflow, nothing raised) and no grant pause.
+    let r = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(now + 2))
+        .response;
+    assert_eq!(r.member_epoch, epoch_floor(now + 2));
+    assert!(r.member_epoch > e);
+    assert_eq!(c.metadata().grants_paused_until_ms, 0);
+    let a = c
+        .heartbeat(
+            &owned(req("a", e, "a1"), &[0, 1, 2, 3]),
+            StoreMillis(now + 3),
+        )
+        .response;
+    assert_eq!(
+        a.status,
+        HeartbeatStatus::RevokePending,
+        "a gives b its share"
+    );
+}
+
+#[test]
+fn an_implausible_metadata_version_is_rejected_and_changes_nothing() {
+    let (mut c, e, now) = real_clock_group();
+    for version in [i64::MAX, plausible_limit(now + 1) + 1, -1, i64::MIN] {
+        let mut hb = owned(req("a", e, "garbage"), &[0, 1, 2, 3]);
+        hb.metadata_version = version;
+        assert_refused_without_effect(&mut c, &hb, now + 1);
+        let mut join = req("x", 0, "garbage-join");
+        join.metadata_version = version;
+        assert_refused_without_effect(&mut c, &join, now + 1);
+    }
+}
+
+#[test]
+fn a_plausible_epoch_above_the_counter_is_still_evidence_of_loss() {
+    let (mut c, _e, now) = real_clock_group();
+    // The highest epoch a store whose clock ran a day ahead of ours could have issued.
+    let limit = plausible_limit(now);
+    assert_eq!(limit, epoch_floor(now + 24 * 60 * 60 * 1000));
+    let out = c.heartbeat(&owned(req("x", limit, "lost"), &[0]), StoreMillis(now));
+    assert_eq!(out.response.status, HeartbeatStatus::UnknownMemberId);
+    assert!(loss_detected(&out.events));
+    assert_eq!(c.metadata().last_member_epoch, limit);
+    assert_eq!(c.metadata().grants_paused_until_ms, now + SESSION);
+    // So is a plausible metadata version above the store's.
+    let (mut c, e, now) = real_clock_group();
+    let mut hb = owned(req("a", e, "ahead"), &[0, 1, 2, 3]);
+    hb.metadata_version = limit;
+    let out = c.heartbeat(&hb, StoreMillis(now));
+    assert!(out.response.status.is_accepted());
+    assert!(loss_detected(&out.events));
+    assert!(c.metadata().metadata_version > limit);
+}
+
+#[test]
+fn a_malformed_join_changes_nothing_not_even_as_evidence_of_loss() {
+    let (mut c, _e, now) = real_clock_group();
+    // A join still claiming shards, from a member that saw a (plausible) newer metadata version.
+    let mut hb = revoked(req("x", 0, "x-join"), &[0], RevokeState::Revoking);
+    hb.metadata_version = c.metadata().metadata_version + 5;
+    assert_refused_without_effect(&mut c, &hb, now + 1);
+    let mut hb = owned(req("x", 0, "x-join"), &[1]);
+    hb.metadata_version = c.metadata().metadata_version + 5;
+    assert_refused_without_effect(&mut c, &hb, now + 1);
+}
+
+#[test]
+fn an_epoch_or_version_the_store_issued_itself_is_never_implausible() {
+    // A counter beyond the clock bound (the store's clock went back) still answers its own members.
+    let (mut c, _e, now) = real_clock_group();
+    let back = now - 2 * PLAUSIBLE_CLOCK_LEAD_MS;
+    let r = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(back))
+        .response;
+    assert!(r.member_epoch > plausible_limit(back));
+    let mut hb = owned(req("b", r.member_epoch, "b1"), &[]);
+    hb.metadata_version = c.metadata().metadata_version;
+    let out = c.heartbeat(&hb, StoreMillis(back));
+    assert!(
+        out.response.status.is_accepted(),
+        "{:?}",
+        out.response.status
+    );
+}
+
+#[test]
+fn next_member_epoch_never_overflows() {
+    let mut c = group(2);
+    c.meta.last_member_epoch = i64::MAX;
+    let r = c.heartbeat(&req("a", 0, "a-join"), StoreMillis(0)).response;
+    assert!(r.status.is_accepted());
+    assert_eq!(
+        r.member_epoch,
+        i64::MAX,
+        "stays at the top instead of wrapping"
+    );
+    assert_eq!(c.metadata().last_member_epoch, i64::MAX);
+}
+
+#[test]
+fn deadlines_and_counters_never_overflow_at_extreme_store_times() {
+    // At i64::MAX itself every lease has run out at once; one before, deadlines still lie ahead.
+    let now = i64::MAX - 1;
+    let mut c = created(Creation::AfterLoss, now);
+    c.meta.grants_paused_until_ms = 0;
+    c.meta.group_epoch = i64::MAX;
+    c.meta.assignment_epoch = i64::MAX;
+    c.meta.metadata_version = i64::MAX;
+    let r = c
+        .heartbeat(&req("a", 0, "a-join"), StoreMillis(now))
+        .response;
+    assert!(r.status.is_accepted(), "{:?}", r.status);
+    // Rejoin times as extreme as the store may hold (the flap window).
+    c.meta.members.get_mut("a").unwrap().rejoins = vec![i64::MIN, i64::MAX];
+    let r = c
+        .heartbeat(&req("a", 0, "a-again"), StoreMillis(now))
+        .response;
+    assert!(r.status.is_accepted(), "{:?}", r.status);
+    // Its response was lost: the replay renews the lease.
+    let replay = c
+        .heartbeat(&req("a", 0, "a-again"), StoreMillis(now))
+        .response;
+    assert_eq!(replay.member_epoch, r.member_epoch);
+    // The old incarnation's hold would keep the shards from it until the end of time.
+    c.meta.holds.clear();
+    // A renewal with grants, a second member (revocation deadlines), evidence of a loss (the pause).
+    let a = c
+        .heartbeat(
+            &owned(req("a", r.member_epoch, "a1"), &[]),
+            StoreMillis(now),
+        )
+        .response;
+    assert_eq!(a.assignment.assigned_shards.len(), 4, "{now}: {a:?}");
+    let b = c
+        .heartbeat(&req("b", 0, "b-join"), StoreMillis(now))
+        .response;
+    assert!(b.status.is_accepted(), "{now}: {:?}", b.status);
+    assert!(!member(&c, "a").revoking.is_empty());
+    let out = c.heartbeat(&req("z", 5, "z"), StoreMillis(now));
+    assert!(loss_detected(&out.events));
+    assert_eq!(c.metadata().grants_paused_until_ms, i64::MAX);
+    let _ = c.tick(StoreMillis(i64::MAX));
+    assert!(c.invariant_violations().is_empty());
+}
+
+#[test]
+fn stored_metadata_with_implausible_counters_or_timings_is_refused() {
+    let now = StoreMillis(T_REAL);
+    let (c, _e, _) = real_clock_group();
+    let good = c.into_metadata();
+    assert!(Coordinator::from_metadata(good.clone(), now).is_ok());
+    let limit = plausible_limit(T_REAL + PLAUSIBLE_CLOCK_LEAD_MS);
+    let mut at_limit = good.clone();
+    at_limit.last_member_epoch = limit;
+    at_limit.metadata_version = limit;
+    assert!(Coordinator::from_metadata(at_limit, now).is_ok());
+    let mangles: [fn(&mut GroupMetadata); 9] = [
+        |m| m.last_member_epoch = i64::MAX,
+        |m| m.last_member_epoch = -1,
+        |m| m.metadata_version = i64::MAX,
+        |m| m.group_epoch = i64::MIN,
+        |m| m.assignment_epoch = i64::MAX,
+        |m| m.config.session_timeout_ms = i64::MAX,
+        |m| m.config.heartbeat_interval_ms = 0,
+        |m| m.config.rebalance_timeout_ms = -5,
+        |m| m.shard_count = 0,
+    ];
+    for mangle in mangles {
+        let mut meta = good.clone();
+        mangle(&mut meta);
+        assert!(
+            matches!(
+                Coordinator::from_metadata(meta.clone(), now),
+                Err(MetadataError::Corrupt(_))
+            ),
+            "{meta:?}"
+        );
+    }
+}
+
+#[test]
+fn a_new_group_bounds_its_timings() {
+    let config = GroupConfig {
+        heartbeat_interval_ms: -1,
+        session_timeout_ms: i64::MAX,
+        rebalance_timeout_ms: 0,
+    };
+    let c = Coordinator::create("g", 1, config, StoreMillis(T_REAL), Creation::Fresh);
+    let stored = c.metadata().config;
+    assert_eq!(stored.heartbeat_interval_ms, 1);
+    assert_eq!(stored.session_timeout_ms, metadata::MAX_TIMING_MS);
+    assert_eq!(stored.rebalance_timeout_ms, 1);
+    // What it creates, it can load again.
+    assert!(Coordinator::from_metadata(c.into_metadata(), StoreMillis(T_REAL)).is_ok());
+}
+
 #[test]
 fn unsupported_protocol_and_malformed_requests_change_nothing() {
     let mut c = group(2);
@@ -917,4 +1155,326 @@ fn same_inputs_same_outputs() {
         (c, outs)
     };
     assert_eq!(run(), run());
+}
+
+/// Garbage heartbeats (extremes of every numeric field, from strangers and under honest members' ids,
+/// some sent as the inbox sends them) interleaved with honest members. The store's queued path applies
+/// each decoded entry with [`Coordinator::heartbeat`], the entry point driven here.
+mod garbage {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HONEST: usize = 3;
+    const IDS: [&str; 6] = ["h0", "h1", "h2", "x", "y", ""];
+
+    /// A number chosen relative to the group's state when the step runs.
+    #[derive(Debug, Clone)]
+    enum Pick {
+        Fixed(i64),
+        Floor(i64),
+        Limit(i64),
+        Counter(i64),
+        Honest(usize),
+    }
+
+    #[derive(Debug, Clone)]
+    struct Garbage {
+        member: usize,
+        protocol: u32,
+        request_id: &'static str,
+        epoch: Pick,
+        version: Pick,
+        owned: Option<Vec<u32>>,
+        revoking: Vec<(u32, RevokeState, u32)>,
+        weight: Option<u32>,
+        capacity: (u32, u32),
+        pending_count: u64,
+        queued: bool,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Honest(usize),
+        Garbage(Box<Garbage>),
+        Advance(i64),
+        Tick,
+    }
+
+    fn pick() -> impl Strategy<Value = Pick> {
+        let extremes = prop::sample::select(vec![
+            0,
+            1,
+            -1,
+            -2,
+            i64::MIN,
+            i64::MIN + 1,
+            i64::MAX,
+            i64::MAX - 1,
+            i64::from(u32::MAX),
+            i64::from(i32::MAX),
+            i64::from(i32::MIN),
+        ]);
+        let near = || prop::sample::select(vec![-1000, -1, 0, 1, 1000]);
+        prop_oneof![
+            3 => extremes.prop_map(Pick::Fixed),
+            1 => any::<i64>().prop_map(Pick::Fixed),
+            2 => near().prop_map(Pick::Floor),
+            2 => near().prop_map(Pick::Limit),
+            2 => near().prop_map(Pick::Counter),
+            2 => (0..HONEST).prop_map(Pick::Honest),
+        ]
+    }
+
+    fn garbage() -> impl Strategy<Value = Garbage> {
+        let u32s =
+            || prop::sample::select(vec![0, 1, 2, 3, 4, 5, u32::MAX / 2, u32::MAX - 1, u32::MAX]);
+        let state = prop::sample::select(vec![
+            RevokeState::Revoking,
+            RevokeState::Draining,
+            RevokeState::Revoked,
+        ]);
+        (
+            (
+                0..IDS.len(),
+                prop::sample::select(vec![1, 1, 1, 0, 2, u32::MAX]),
+                prop::sample::select(vec!["g1", "g2", "", "h0-join"]),
+                pick(),
+                pick(),
+            ),
+            (
+                proptest::option::of(proptest::collection::vec(u32s(), 0..4)),
+                proptest::collection::vec((u32s(), state, u32s()), 0..3),
+                proptest::option::of(u32s()),
+                (u32s(), u32s()),
+                prop::sample::select(vec![0, 1, u64::MAX]),
+                any::<bool>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (member, protocol, request_id, epoch, version),
+                    (owned, revoking, weight, capacity, pending_count, queued),
+                )| Garbage {
+                    member,
+                    protocol,
+                    request_id,
+                    epoch,
+                    version,
+                    owned,
+                    revoking,
+                    weight,
+                    capacity,
+                    pending_count,
+                    queued,
+                },
+            )
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0..HONEST).prop_map(Step::Honest),
+            4 => garbage().prop_map(|g| Step::Garbage(Box::new(g))),
+            2 => prop::sample::select(vec![1, HB / 2, HB, SESSION, 3 * SESSION]).prop_map(Step::Advance),
+            1 => Just(Step::Tick),
+        ]
+    }
+
+    /// A member that follows the protocol: sends what it was told, gives back what was taken.
+    #[derive(Debug)]
+    struct Honest {
+        id: String,
+        epoch: i64,
+        version: i64,
+        owned: BTreeSet<u32>,
+        revoked: BTreeSet<u32>,
+        sent: u64,
+        highest_epoch: i64,
+    }
+
+    impl Honest {
+        fn new(i: usize) -> Self {
+            Self {
+                id: IDS[i].to_string(),
+                epoch: 0,
+                version: 0,
+                owned: BTreeSet::new(),
+                revoked: BTreeSet::new(),
+                sent: 0,
+                highest_epoch: 0,
+            }
+        }
+
+        fn request(&mut self) -> HeartbeatRequest {
+            self.sent += 1;
+            let mut r = req(&self.id, self.epoch, &format!("{}-{}", self.id, self.sent));
+            r.metadata_version = self.version;
+            r.weight = Some(1);
+            if self.epoch != JOIN_EPOCH {
+                let holds: Vec<u32> = self.owned.iter().copied().collect();
+                let gave_back: Vec<u32> = self.revoked.iter().copied().collect();
+                r = revoked(owned(r, &holds), &gave_back, RevokeState::Revoked);
+            }
+            r
+        }
+
+        fn on_response(&mut self, resp: &HeartbeatResponse) -> Result<(), TestCaseError> {
+            prop_assert!(
+                !matches!(
+                    resp.status,
+                    HeartbeatStatus::InvalidRequest | HeartbeatStatus::UnsupportedProtocol
+                ),
+                "honest {} refused: {:?}",
+                self.id,
+                resp
+            );
+            // A leave forged under its id took it out of the group (answered with the leave epoch).
+            if resp.status.requires_rejoin() || resp.member_epoch == LEAVE_EPOCH {
+                *self = Self {
+                    sent: self.sent,
+                    highest_epoch: self.highest_epoch,
+                    ..Self::new(0)
+                }
+                .named(&self.id);
+                return Ok(());
+            }
+            if !resp.status.is_accepted() {
+                return Ok(());
+            }
+            prop_assert!(
+                resp.member_epoch >= self.highest_epoch,
+                "{}'s epoch went back from {} to {}",
+                self.id,
+                self.highest_epoch,
+                resp.member_epoch
+            );
+            self.highest_epoch = resp.member_epoch;
+            let assigned: BTreeSet<u32> = shards(&resp.assignment.assigned_shards)
+                .into_iter()
+                .collect();
+            self.revoked = self.owned.difference(&assigned).copied().collect();
+            self.owned = assigned;
+            self.epoch = resp.member_epoch;
+            self.version = resp.metadata_version;
+            Ok(())
+        }
+
+        fn named(mut self, id: &str) -> Self {
+            self.id = id.to_string();
+            self
+        }
+    }
+
+    fn resolve(pick: &Pick, now: i64, counter: i64, honest: &[Honest], version: bool) -> i64 {
+        match *pick {
+            Pick::Fixed(v) => v,
+            Pick::Floor(d) => epoch_floor(now).saturating_add(d),
+            Pick::Limit(d) => plausible_limit(now).saturating_add(d),
+            Pick::Counter(d) => counter.saturating_add(d),
+            Pick::Honest(i) if version => honest[i].version,
+            Pick::Honest(i) => honest[i].epoch,
+        }
+    }
+
+    fn build(g: &Garbage, c: &Coordinator, now: i64, honest: &[Honest]) -> HeartbeatRequest {
+        let meta = c.metadata();
+        let mut r = req(IDS[g.member], 0, g.request_id);
+        r.protocol_version = g.protocol;
+        r.member_epoch = resolve(&g.epoch, now, meta.last_member_epoch, honest, false);
+        r.metadata_version = resolve(&g.version, now, meta.metadata_version, honest, true);
+        r.owned_shards = g
+            .owned
+            .as_ref()
+            .map(|o| o.iter().copied().map(ShardId::new).collect());
+        r.revoking_shards = g
+            .revoking
+            .iter()
+            .map(|&(s, state, in_flight)| RevokingShard {
+                shard: ShardId::new(s),
+                state,
+                in_flight,
+                acked_at: None,
+            })
+            .collect();
+        r.weight = g.weight;
+        r.runtime_consumer_capacity = RuntimeConsumerCapacity {
+            runtime_max_concurrency: g.capacity.0,
+            available_concurrency: g.capacity.1,
+        };
+        r.shard_progress = r
+            .owned_shards
+            .iter()
+            .flatten()
+            .map(|&shard| wire::ShardProgress {
+                shard,
+                stream_key: "s".into(),
+                last_delivered_id: None,
+                last_acked_id: None,
+                pending_count: g.pending_count,
+                updated_at: None,
+            })
+            .collect();
+        if g.queued {
+            // What `enqueue.lua` stores and the writer decodes.
+            let json = serde_json::to_string(&r).expect("heartbeats serialize");
+            r = serde_json::from_str(&json).expect("heartbeats decode");
+        }
+        r
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_heartbeats_never_break_the_group(steps in proptest::collection::vec(step(), 1..80)) {
+            let mut c = created(Creation::Fresh, T_REAL);
+            let mut now = T_REAL;
+            let mut honest: Vec<Honest> = (0..HONEST).map(Honest::new).collect();
+            for step in &steps {
+                match step {
+                    Step::Honest(i) => {
+                        let r = honest[*i].request();
+                        let out = c.heartbeat(&r, StoreMillis(now));
+                        honest[*i].on_response(&out.response)?;
+                    }
+                    Step::Garbage(g) => {
+                        // Timers first, so that whatever changes below is the heartbeat's doing.
+                        let _ = c.tick(StoreMillis(now));
+                        let before = c.clone();
+                        let r = build(g, &c, now, &honest);
+                        let meta = c.metadata();
+                        let limit = plausible_limit(now);
+                        let implausible = r.member_epoch > limit.max(meta.last_member_epoch)
+                            || r.metadata_version < 0
+                            || r.metadata_version > limit.max(meta.metadata_version);
+                        let out = c.heartbeat(&r, StoreMillis(now));
+                        let refused = matches!(
+                            out.response.status,
+                            HeartbeatStatus::InvalidRequest | HeartbeatStatus::UnsupportedProtocol
+                        );
+                        prop_assert!(!implausible || refused, "implausible {:?} got {:?}", r, out.response.status);
+                        if refused {
+                            prop_assert_eq!(out.change, Change::None);
+                            prop_assert!(out.events.is_empty(), "{:?}", out.events);
+                            prop_assert!(c == before, "a refused {:?} changed the group", r);
+                        }
+                    }
+                    Step::Advance(ms) => now += ms,
+                    Step::Tick => {
+                        let _ = c.tick(StoreMillis(now));
+                    }
+                }
+                let meta = c.metadata();
+                prop_assert!(c.invariant_violations().is_empty(), "{:?}", c.invariant_violations());
+                // Evidence may raise a counter up to the limit; the group counts on from there (an
+                // epoch per member and step at most, a version per step).
+                let slack = (steps.len() * IDS.len()) as i64;
+                prop_assert!(
+                    meta.last_member_epoch <= plausible_limit(now) + slack,
+                    "last member epoch {} above the plausible {}",
+                    meta.last_member_epoch,
+                    plausible_limit(now)
+                );
+                prop_assert!(meta.metadata_version <= plausible_limit(now) + slack);
+                prop_assert!(meta.grants_paused_until_ms <= now + SESSION);
+            }
+        }
+    }
 }

@@ -1030,7 +1030,9 @@ impl GroupStore {
                     creation,
                 )
             }
-            Some(meta) => Coordinator::from_metadata(meta).map_err(corrupt(&keys.meta))?,
+            Some(meta) => {
+                Coordinator::from_metadata(meta, StoreMillis(now)).map_err(corrupt(&keys.meta))?
+            }
         };
         let session = coordinator.metadata().config.session_timeout_ms;
         let unleased: Vec<String> = if stored.rewrite {
@@ -1372,7 +1374,7 @@ mod tests {
                 serde_json::from_slice(&GroupMetadata::new("g", 4, GroupConfig::default()).to_json()).unwrap();
             json[field] = serde_json::from_str(value).unwrap_or(serde_json::Value::Null);
             let _ = GroupMetadata::from_json(json.to_string().as_bytes())
-                .and_then(Coordinator::from_metadata);
+                .and_then(|meta| Coordinator::from_metadata(meta, StoreMillis(1_700_000_000_000)));
         }
     }
 }
