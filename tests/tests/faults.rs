@@ -1202,8 +1202,15 @@ async fn inject(
             log.at = now_us();
             let down = now_us();
             stall_redis(server, planned.kind, stall).await?;
-            // Redis answers again (a stalled server queues the PING).
-            let _: String = redis::cmd("PING").query_async(conn).await?;
+            // Redis answers again (a stalled server queues the PING). A fresh connection: the shared one
+            // may still hold a socket an earlier restart closed.
+            let mut fresh = RedisTarget::open(&urls.redis)?
+                .connect(ConnectOptions {
+                    response_timeout: Some(Duration::from_secs(30)),
+                    ..Default::default()
+                })
+                .await?;
+            let _: String = redis::cmd("PING").query_async(&mut fresh).await?;
             let up = now_us();
             log.outage = Some((down, up));
             log.note = format!(
