@@ -588,7 +588,13 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
     // Traffic: rounds of one message per key, seq = round, paced to `rate`, until told to stop.
     let producer = Producer::new(conn.clone(), STREAM).await?;
     let stop_traffic = Arc::new(AtomicBool::new(false));
-    let max_rounds = (s.rate as u64 * (s.fault_for.as_secs() + 60)) / s.keys as u64;
+    // Traffic outlasts the whole schedule (its gaps and how long each fault lasts), not only `fault_for`:
+    // a fault after the traffic stopped would test nothing.
+    let planned_for: Duration = plan
+        .iter()
+        .map(|p| p.gap + p.kind.busy(s.timing.session_timeout_ms as u64, p.pause_pct))
+        .sum();
+    let max_rounds = (s.rate as u64 * (planned_for.as_secs() + 60)) / s.keys as u64;
     let traffic = tokio::spawn(produce(
         producer,
         s.keys,
@@ -719,6 +725,9 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
         audit_copied,
         audit.len()
     );
+    // A fresh connection: the shared one may still hold a socket a restart or a wipe closed (its first
+    // command would fail with a broken pipe before it reconnects).
+    let mut conn = RedisTarget::open(&url)?.connect(options).await?;
     let pending = pending_per_shard(&mut conn, s.shards).await?;
     let dead_letters: u64 = redis::cmd("XLEN")
         .arg(format!("{STREAM}:dlq"))
@@ -1162,7 +1171,11 @@ async fn inject(
                 _ => vec![meta_key(), members_key()],
             };
             log.at = now_us();
-            let n: i64 = redis::cmd("DEL").arg(&keys).query_async(conn).await?;
+            // One retry: the first command after a restart or a wipe meets the closed socket.
+            let n: i64 = match redis::cmd("DEL").arg(&keys).query_async(conn).await {
+                Ok(n) => n,
+                Err(_) => redis::cmd("DEL").arg(&keys).query_async(conn).await?,
+            };
             log.note = format!("DEL {} -> {n}", keys.join(" "));
         }
         FaultKind::Empty => {
