@@ -41,6 +41,8 @@ struct Shared {
     held: Vec<u8>,
     /// One-shot: the pattern and what to do with its reply.
     armed: Option<(Vec<u8>, ReplyFault)>,
+    /// One-shot: hold from the first chunk that contains this pattern on (that chunk included).
+    hold_from: Option<Vec<u8>>,
     /// How many armed faults fired.
     fired: u64,
     /// The local ports of the open connections to the server, by connection.
@@ -80,7 +82,7 @@ impl FaultProxy {
         let addr = listener.local_addr().expect("proxy address");
         let switches = watch::Sender::new(Switches::default());
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let (rx, state) = (switches.subscribe(), shared.clone());
+        let (rx, state, tx) = (switches.subscribe(), shared.clone(), switches.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else {
@@ -96,9 +98,9 @@ impl FaultProxy {
                     id
                 };
                 let state = state.clone();
-                let rx = rx.clone();
+                let (rx, tx) = (rx.clone(), tx.clone());
                 tokio::spawn(async move {
-                    connection(client, server, rx, state.clone()).await;
+                    connection(client, server, rx, tx, state.clone()).await;
                     state.lock().expect("proxy state").upstream.remove(&id);
                 });
             }
@@ -129,6 +131,15 @@ impl FaultProxy {
     pub fn hold(&self) {
         self.shared().held.clear();
         self.switches.send_modify(|s| s.holding = true);
+    }
+
+    /// Holds from the first chunk a client sends that contains `pattern` on (that chunk included), as
+    /// [`hold`](Self::hold) does: what was sent before it reaches the server, that command and what follows
+    /// wait for [`release`](Self::release).
+    pub fn hold_from(&self, pattern: &str) {
+        let mut shared = self.shared();
+        shared.held.clear();
+        shared.hold_from = Some(pattern.as_bytes().to_vec());
     }
 
     /// What clients sent since [`hold`](Self::hold), as text (RESP is mostly ASCII).
@@ -193,6 +204,7 @@ async fn connection(
     client: TcpStream,
     server: TcpStream,
     switches: watch::Receiver<Switches>,
+    hold: watch::Sender<Switches>,
     shared: Arc<Mutex<Shared>>,
 ) {
     let _ = client.set_nodelay(true);
@@ -209,8 +221,14 @@ async fn connection(
         switches.clone(),
         born,
         |s| s.holding || s.blackhole,
-        move |chunk: &[u8], holding: bool| {
+        move |chunk: &[u8], mut holding: bool| {
             let mut state = shared.lock().expect("proxy state");
+            if state.hold_from.as_ref().is_some_and(|p| contains(chunk, p)) {
+                // Set before the chunk is queued, so the writer holds it.
+                state.hold_from = None;
+                hold.send_modify(|s| s.holding = true);
+                holding = true;
+            }
             if holding {
                 state.held.extend_from_slice(chunk);
             }

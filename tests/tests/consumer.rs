@@ -1809,7 +1809,9 @@ async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
         recording_handler(&old_log),
     )
     .await;
-    proxy.hold();
+    // The install reads the owner record, then runs its script: the script is what arrives late, with
+    // what the read saw (no owner yet).
+    proxy.hold_from("EVALSHA");
     old.assign([0]).await;
     wait_until_async(
         "the old grant's install is on its way",
