@@ -7,7 +7,8 @@
 //! at most every [`Retention::interval`] when the shard had acknowledgements since the last run, and again
 //! at once after a run that stopped at its bound of [`MAX_TRIM`] entries (up to
 //! [`MAX_RUNS_PER_STEP`] runs in a row, then at the next step). The job runs a step at its end (and
-//! one after installing a new ownership's fence); the step runs the script, then turns its answer into
+//! one after installing a new ownership's fence), and the idle wait one for each shard it waited on that
+//! saw nothing new (an idle shard runs no job); the step runs the script, then turns its answer into
 //! metrics, a WARN and the per-group count in Redis ([`trimmed_unread`]).
 //!
 //! The script needs nothing but the shard stream (one key, so it runs on a cluster) and is not behind
