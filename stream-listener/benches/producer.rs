@@ -88,7 +88,6 @@ async fn run_producer(
 async fn run_raw(
     conn: &mut MultiplexedConnection,
     range: std::ops::Range<u64>,
-    max_len: u64,
     version: u64,
 ) -> Duration {
     let start = Instant::now();
@@ -103,9 +102,6 @@ async fn run_raw(
                 .cmd("XADD")
                 .arg(stream)
                 .arg("NOMKSTREAM")
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(max_len)
                 .arg("*")
                 .arg("k")
                 .arg(key.as_bytes())
@@ -127,15 +123,11 @@ async fn run_raw(
 async fn round(
     conn: &mut MultiplexedConnection,
     entries: u64,
-    max_len: u64,
     resized: bool,
 ) -> (Duration, Duration) {
     let version = fresh_stream(conn, resized).await;
-    let config = ProducerConfig {
-        max_len: Some(max_len),
-        ..ProducerConfig::default()
-    };
-    let producer = Producer::with_config(conn.clone(), "bench", config)
+    // The default producer: no cap (the consumers trim what every group acknowledged).
+    let producer = Producer::with_config(conn.clone(), "bench", ProducerConfig::default())
         .await
         .expect("producer");
     let slice = entries.div_ceil(SLICES).max(1);
@@ -144,9 +136,9 @@ async fn round(
         let range = start..(start + slice).min(entries);
         if i % 2 == 0 {
             ours += run_producer(&producer, range.clone()).await;
-            raw += run_raw(conn, range, max_len, version).await;
+            raw += run_raw(conn, range, version).await;
         } else {
-            raw += run_raw(conn, range.clone(), max_len, version).await;
+            raw += run_raw(conn, range.clone(), version).await;
             ours += run_producer(&producer, range).await;
         }
     }
@@ -168,7 +160,6 @@ fn main() {
     } else {
         2_000
     };
-    let max_len = 1_000_000;
 
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -188,7 +179,7 @@ fn main() {
         );
         // Warm up every path once.
         for resized in [false, true] {
-            round(&mut conn, entries.min(10_000), max_len, resized).await;
+            round(&mut conn, entries.min(10_000), resized).await;
         }
         let rounds: usize = std::env::var("SL_BENCH_ROUNDS")
             .ok()
@@ -198,8 +189,8 @@ fn main() {
         // [version 1, version 2]: producer / raw per round.
         let mut ratios = [Vec::new(), Vec::new()];
         for round_no in 0..rounds {
-            let (p1, r1) = round(&mut conn, entries, max_len, false).await;
-            let (p2, r2) = round(&mut conn, entries, max_len, true).await;
+            let (p1, r1) = round(&mut conn, entries, false).await;
+            let (p2, r2) = round(&mut conn, entries, true).await;
             let (v1, v2) = (
                 r1.as_secs_f64() / p1.as_secs_f64(),
                 r2.as_secs_f64() / p2.as_secs_f64(),

@@ -83,7 +83,7 @@ pub mod util;
 pub use connection::{Connection, RedisTarget};
 pub use consumer::{
     AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, LifecycleHooks, Message,
-    OnExhausted, RawMessage,
+    OnExhausted, RawMessage, Retention,
 };
 pub use coordinator::metadata::GroupConfig;
 pub use member::lifecycle::FencingToken;

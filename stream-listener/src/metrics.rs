@@ -19,6 +19,8 @@
 //! | `stream_listener_rebalances_total` | counter | `stream`, `group`, `member` | rebalances the member saw complete (the group went from ASSIGNING or RECONCILING back to STABLE) |
 //! | `stream_listener_rebalance_duration_seconds` | histogram | `stream`, `group`, `member` | from the first heartbeat that saw the group unsettled to the first that saw it STABLE |
 //! | `stream_listener_shard_lag`, `stream_listener_shard_pending` | gauge | `stream`, `group`, `shard` | entries not yet read by the group (lag, from `XINFO GROUPS`; left as it was when Redis cannot tell) and delivered but not acknowledged; sampled by the owner every 10 heartbeat intervals with one pipeline of `XINFO GROUPS` per member, 0 once the shard is given up |
+//! | `stream_listener_trimmed_unread_total` | counter | `stream`, `group` | entries removed from a shard stream before `group` read them (a producer's `cap_unread`, an `XTRIM` or `XDEL` by hand), found by the retention job of any group's shard owner: lost to that group |
+//! | `stream_listener_retention_trimmed_total` | counter | `stream`, `group` | acknowledged entries the retention job of `group`'s shard owners trimmed (entries every group of the stream had acknowledged) |
 //! | `stream_listener_stale_writes_total` | counter | `stream`, `group` | entries a producer routed with a topology older than the last resize and wrote after its cut (possible order violations, see ARCHITECTURE.md) |
 //!
 //! With the cargo feature `prometheus`, `install_prometheus` installs a Prometheus recorder that serves
@@ -59,6 +61,8 @@ pub const NAMES: &[&str] = &[
     SELF_FENCES,
     SHARD_LAG,
     SHARD_PENDING,
+    TRIMMED_UNREAD,
+    RETENTION_TRIMMED,
 ];
 
 /// Entries by outcome.
@@ -105,6 +109,26 @@ pub const SELF_FENCES: &str = "stream_listener_self_fences_total";
 pub const SHARD_LAG: &str = "stream_listener_shard_lag";
 /// Entries of a shard delivered to its group and not acknowledged.
 pub const SHARD_PENDING: &str = "stream_listener_shard_pending";
+
+/// Entries removed before a group read them.
+pub const TRIMMED_UNREAD: &str = "stream_listener_trimmed_unread_total";
+/// Acknowledged entries the retention job trimmed.
+pub const RETENTION_TRIMMED: &str = "stream_listener_retention_trimmed_total";
+
+/// A retention run found `n` entries of `stream` removed before `group` read them.
+pub(crate) fn trimmed_unread(stream: &str, group: &str, n: u64) {
+    counter!(TRIMMED_UNREAD, "stream" => stream.to_owned(), "group" => group.to_owned())
+        .increment(n);
+}
+
+/// A retention run of a consumer of `config`'s group trimmed `n` acknowledged entries.
+pub(crate) fn retention_trimmed(config: &ConsumerConfig, n: u64) {
+    if n == 0 {
+        return;
+    }
+    counter!(RETENTION_TRIMMED, "stream" => config.stream_prefix.clone(), "group" => config.group.clone())
+        .increment(n);
+}
 
 /// Late writes under a stale layout, detected by consumers.
 pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";

@@ -5,8 +5,8 @@
 //!
 //! * `{stream}:{i}`: shard `i` ([`shard_stream`]); `{stream}:dlq`: the default dead letters
 //!   ([`dead_letter_stream`]).
-//! * `sl:topology:{<stream>}` and its `:audit`, `:stale`: the stream's topology ([`topology`],
-//!   [`topology_audit`], [`topology_stale`]).
+//! * `sl:topology:{<stream>}` and its `:audit`, `:stale`, `:trimmed`: the stream's topology ([`topology`],
+//!   [`topology_audit`], [`topology_stale`], [`topology_trimmed`]).
 //! * `sl:{<stream>/<group>}:<suffix>`: a group's metadata ([`group_key`], [`group`] for the suffixes;
 //!   [`crate::store::GroupKeys`] builds them all).
 //!
@@ -45,6 +45,12 @@ pub fn topology_audit(stream: &str) -> String {
 /// The key of the stream's stale-layout write counters: `sl:topology:{<stream>}:stale`.
 pub fn topology_stale(stream: &str) -> String {
     format!("{}:stale", topology(stream))
+}
+
+/// The key of the counts of entries each group lost to trimming before it read them:
+/// `sl:topology:{<stream>}:trimmed` (group -> entries; see [`crate::consumer::trimmed_unread`]).
+pub fn topology_trimmed(stream: &str) -> String {
+    format!("{}:trimmed", topology(stream))
 }
 
 /// The hash tag that puts a key in the cluster slot of `key`: `key`'s own tag when it has one, else the whole
@@ -217,6 +223,7 @@ mod tests {
         assert_eq!(topology("orders"), "sl:topology:{orders}");
         assert_eq!(topology_audit("orders"), "sl:topology:{orders}:audit");
         assert_eq!(topology_stale("orders"), "sl:topology:{orders}:stale");
+        assert_eq!(topology_trimmed("orders"), "sl:topology:{orders}:trimmed");
         assert_eq!(
             group_key("orders", "billing", group::META),
             "sl:{orders/billing}:meta"

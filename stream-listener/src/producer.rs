@@ -4,8 +4,21 @@
 //! messages of one key stay in order in one shard stream, and appends it with
 //!
 //! ```text
-//! XADD <prefix>:<shard> NOMKSTREAM [MAXLEN ~ <max_len>] * k <key> p <payload>
+//! XADD <prefix>:<shard> NOMKSTREAM [MAXLEN ~ <cap_unread>] * k <key> p <payload>
 //! ```
+//!
+//! # Trimming
+//!
+//! By default the producer never trims: an entry stays in its shard stream until every consumer group of
+//! the stream has acknowledged it, and then the shard's owner trims it (the consumers' retention job, see
+//! [`Retention`](crate::consumer::Retention)), so memory is bounded by what the groups have not
+//! acknowledged yet. [`ProducerConfig::cap_unread`] is an opt-in hard cap (`MAXLEN ~ n`) for streams that
+//! must not grow past a size even when a group stops reading: it drops the oldest entries whether or not
+//! every group has read them, and consumers count what a group lost that way (metric
+//! `stream_listener_trimmed_unread_total`, a WARN, the CLI's `status`).
+//!
+//! When Redis is out of memory (`maxmemory` with the policy `noeviction`) a write fails with
+//! [`ProducerError::OutOfMemory`] and nothing is written: retry once the consumers caught up.
 //!
 //! # Entry layout
 //!
@@ -81,6 +94,21 @@ pub enum ProducerError {
     /// [`Producer::send_fields`] was given a field the library writes itself (`k` or `v`).
     #[error("field `{0}` is reserved (the partition key `k` and the topology version `v`)")]
     ReservedField(String),
+    /// Redis refused the write because it is out of memory (`OOM command not allowed when used memory >
+    /// 'maxmemory'`): nothing was written to `stream`. Entries leave Redis only once every group
+    /// acknowledged them (or through [`ProducerConfig::cap_unread`]): a group that stopped or fell
+    /// behind keeps them. Earlier messages of the same batch may have been written.
+    #[error(
+        "Redis is out of memory (maxmemory reached): the write to `{stream}` was refused and nothing was \
+         written; acknowledged entries are trimmed by the consumers, so a consumer group that stopped or \
+         lags holds the memory (see `stream-listener status`), or raise maxmemory: {error}"
+    )]
+    OutOfMemory {
+        /// The stream written to.
+        stream: String,
+        /// Redis's error.
+        error: RedisError,
+    },
     /// Redis answered XADD with something other than an entry id or nil.
     #[error("unexpected reply to XADD on `{stream}`: {reply:?}")]
     UnexpectedReply {
@@ -94,23 +122,25 @@ pub enum ProducerError {
 /// Producer settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerConfig {
-    /// Approximate cap on each shard stream's length (`MAXLEN ~ n`); `None` never trims.
+    /// An approximate cap on each shard stream's length (`MAXLEN ~ n`) that **drops entries consumer
+    /// groups have not read yet** once a stream is longer. `None` (the default) never trims: acknowledged
+    /// entries are trimmed by the consumers' retention job instead (see the module docs), and nothing a
+    /// group has not acknowledged is ever removed.
     ///
-    /// Trimming removes the oldest entries whether or not every group has read them, so the cap must be
-    /// large enough for the slowest group's backlog, or messages are lost.
-    pub max_len: Option<u64>,
+    /// Set it only where a bounded stream matters more than at-least-once delivery (a group that stops
+    /// reading would otherwise keep every entry, until Redis runs out of memory). Entries a group lost to
+    /// it are counted per group by the consumers (metric `stream_listener_trimmed_unread_total`, a WARN,
+    /// the CLI's `status`).
+    pub cap_unread: Option<u64>,
     /// How often the cached topology is re-read to notice a resize. A missing shard stream triggers a
     /// re-read at once regardless.
     pub refresh_interval: Duration,
 }
 
-/// Default [`ProducerConfig::max_len`]: one million entries per shard stream.
-pub const DEFAULT_MAX_LEN: u64 = 1_000_000;
-
 impl Default for ProducerConfig {
     fn default() -> Self {
         ProducerConfig {
-            max_len: Some(DEFAULT_MAX_LEN),
+            cap_unread: None,
             refresh_interval: Duration::from_secs(1),
         }
     }
@@ -454,8 +484,8 @@ where
             let shard = topology.shard_for_key(message.key);
             let stream = topology.stream_key(shard);
             let cmd = pipe.cmd("XADD").arg(&stream).arg("NOMKSTREAM");
-            if let Some(max_len) = self.config.max_len {
-                cmd.arg("MAXLEN").arg("~").arg(max_len);
+            if let Some(cap) = self.config.cap_unread {
+                cmd.arg("MAXLEN").arg("~").arg(cap);
             }
             cmd.arg("*").arg(KEY_FIELD).arg(message.key);
             match &message.body {
@@ -488,6 +518,12 @@ where
                         .is_some_and(|d| d.contains("exhausted the last possible ID")) =>
                 {
                     missing.push(i)
+                }
+                Value::ServerError(error) if error.code() == "OOM" => {
+                    return Err(ProducerError::OutOfMemory {
+                        stream,
+                        error: error.into(),
+                    })
                 }
                 Value::ServerError(error) => return Err(ProducerError::Redis(error.into())),
                 Value::BulkString(bytes) => {

@@ -432,7 +432,7 @@ async fn send_batch_pipelines_and_keeps_per_key_order() {
 }
 
 #[tokio::test]
-async fn max_len_trims_approximately() {
+async fn an_opt_in_cap_trims_approximately() {
     let server = RedisServer::start();
     let mut conn = connect_multiplexed(&server.url()).await;
     Topology::ensure(&mut conn, "orders", 1).await.unwrap();
@@ -440,7 +440,7 @@ async fn max_len_trims_approximately() {
         conn.clone(),
         "orders",
         ProducerConfig {
-            max_len: Some(100),
+            cap_unread: Some(100),
             ..ProducerConfig::default()
         },
     )

@@ -4,8 +4,8 @@
 //!
 //! One scenario runs every script against a server under `MONITOR`: members join and leave (the store's
 //! scripts), a stream is created, shrunk and grown again (the topology's), shards change owner with entries
-//! pending (fences, fenced claims, consumer clean-up), and entries are acknowledged and deleted on a server
-//! without `XACKDEL`. The server itself names the keys of each command a script ran (`COMMAND GETKEYS`);
+//! pending (fences, fenced claims, consumer clean-up, retention at each takeover and after acks), and
+//! entries are acknowledged and deleted on a server without `XACKDEL`. The server itself names the keys of each command a script ran (`COMMAND GETKEYS`);
 //! each must be one of the keys the script's invocation declared. The test also fails when a script of the
 //! library did not run, so a new script cannot escape the check.
 
@@ -38,6 +38,10 @@ const SCRIPTS: &[(&str, &str)] = &[
     (
         "consumer/fenced.lua",
         include_str!("../../stream-listener/src/consumer/fenced.lua"),
+    ),
+    (
+        "consumer/retention.lua",
+        include_str!("../../stream-listener/src/consumer/retention.lua"),
     ),
     (
         "store/cancel.lua",

@@ -10,7 +10,8 @@ use crate::redis_ctx::Ctx;
 use crate::snapshot::{is_tombstone, visible_members, GroupSnapshot};
 use crate::table::{json_text, label, seconds, shard_list, utc, Table};
 
-/// Prints the group's state, epochs, resharding, backlog, members and invariant violations (or `--json`:
+/// Prints the group's state, epochs, resharding, backlog, entries it lost to trimming (if any), members and
+/// invariant violations (or `--json`:
 /// the monitoring projection, each shard with its lag, pending count and last delivered id).
 ///
 /// The view is computed from the freshly loaded snapshot and leases at the current Redis time, so lease
@@ -55,6 +56,18 @@ pub async fn run(
         snapshot.total_lag(),
         snapshot.total_pending()
     );
+    let lost = stream_listener::consumer::trimmed_unread(&mut ctx.conn, stream)
+        .await?
+        .get(group)
+        .copied()
+        .unwrap_or(0);
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "trimmed unread    {lost} entries were removed before this group read them (a producer's \
+             cap_unread, or XTRIM / XDEL by hand): lost to the group"
+        );
+    }
     if let Some(line) = super::reshard::status_line(ctx, stream, group).await? {
         let _ = writeln!(out, "stream topology   {line}");
     }

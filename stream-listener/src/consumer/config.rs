@@ -44,6 +44,9 @@ pub struct ConsumerConfig {
     /// and counts as a failed delivery: retried, then dead-lettered per the [`FailurePolicy`]. `None`: no
     /// limit. A handler that blocks its thread without awaiting cannot be cancelled, only reported.
     pub handler_timeout: Option<Duration>,
+    /// Trimming of acknowledged entries by each shard's owner (see [`Retention`]); `None` never trims
+    /// (the stream then grows until something else trims it).
+    pub retention: Option<Retention>,
 }
 
 impl ConsumerConfig {
@@ -67,6 +70,7 @@ impl ConsumerConfig {
             response_timeout: Duration::from_secs(5),
             reclaim_idle: Duration::from_secs(10),
             handler_timeout: None,
+            retention: Some(Retention::default()),
         }
     }
 
@@ -83,11 +87,70 @@ impl ConsumerConfig {
     }
 }
 
+/// How much of what every group acknowledged a shard stream keeps: each shard's owner trims the rest.
+///
+/// The owner runs one Lua script on the shard stream (`consumer/retention.lua`) at its takeover and then
+/// at most every [`interval`](Self::interval), when the shard had acknowledgements since the last run (or
+/// right away when the last run stopped at its bound). The script computes the stream's *floor*: for each
+/// consumer group of the stream (`XINFO GROUPS`) its smallest pending id if it has pending entries
+/// (`XPENDING`), else its last-delivered id; the minimum over groups. Everything below the floor has been
+/// acknowledged by every group. It then trims with `XTRIM <shard> MINID <cut>`, the cut being the lowest of
+/// the floor, the id of the entry that keeps the newest [`keep`](Self::keep) entries, and the age
+/// limit `now - keep_for` (`TIME`), and removes at most 1000 entries per run (so one run costs O(1000)).
+/// A stream without groups is never trimmed; each group's last-delivered entry stays.
+///
+/// The same run counts entries removed before a group read them (a producer's
+/// [`cap_unread`](crate::producer::ProducerConfig::cap_unread), an `XTRIM` or `XDEL` by hand): see
+/// ARCHITECTURE.md, "Retention".
+///
+/// Defaults: keep nothing acknowledged, no age limit, every 5 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// The newest entries each shard stream keeps even when every group acknowledged them (default 0).
+    pub keep: u64,
+    /// Entries younger than this are kept even when every group acknowledged them (by their id's
+    /// millisecond timestamp against Redis's clock); `None` (the default): no age limit.
+    pub keep_for: Option<Duration>,
+    /// Least time between two runs on one shard (default 5 s).
+    pub interval: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            keep: 0,
+            keep_for: None,
+            interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Retention {
+    /// Keep the newest `n` entries of each shard stream.
+    pub fn keep(mut self, n: u64) -> Self {
+        self.keep = n;
+        self
+    }
+
+    /// Keep entries younger than `age`.
+    pub fn keep_for(mut self, age: Duration) -> Self {
+        self.keep_for = Some(age);
+        self
+    }
+
+    /// Least time between two runs on one shard.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+}
+
 /// What the consumer does with an entry once its handler succeeded (or it was dead-lettered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AckPolicy {
-    /// `XACK`: the entry leaves the group's pending list and stays in the stream (trimming is the
-    /// producer's `MAXLEN` business). Right when several groups read one stream.
+    /// `XACK`: the entry leaves the group's pending list and stays in the stream until every group
+    /// acknowledged it and the [`Retention`] job trims it. Right when several groups read one stream.
     #[default]
     Ack,
     /// Acknowledge and delete the entry from the stream, so a stream read by one group does not grow.
@@ -95,7 +158,7 @@ pub enum AckPolicy {
     /// With several consumer groups on the stream, the [`DeleteRef`] decides whose reads count:
     /// [`DeleteRef::Acked`] deletes an entry only once every group acknowledged it (and so only when the
     /// last group to acknowledge it also uses `AckDelete(Acked)`: a group with plain [`AckPolicy::Ack`]
-    /// leaves it in the stream, for the producer's `MAXLEN` to trim); [`DeleteRef::KeepRef`] and
+    /// leaves it in the stream, for the [`Retention`] job to trim); [`DeleteRef::KeepRef`] and
     /// [`DeleteRef::DelRef`] delete it at once, so other groups lose entries they have not read yet. With
     /// one group all three are the same. A consumer whose policy deletes for others logs a WARN at start
     /// naming the stream's other groups (see [`other_groups`](super::other_groups)).

@@ -164,7 +164,19 @@ enum Fate {
 /// scheduler, even when no other shard is waiting (so progress and commands are looked at).
 const MAX_TURNS: u32 = 64;
 
-pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
+pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobOutcome {
+    let (shard, key, ownership) = (spec.shard, spec.key.clone(), spec.ownership.clone());
+    let outcome = turns(&io, spec).await;
+    // Trim what every group acknowledged, now and then (see the `retention` module).
+    if outcome.error.is_none() && ownership.is_active() {
+        let acked = outcome.last_acked.is_some();
+        super::retention::step(&io, shard, &key, acked).await;
+    }
+    outcome
+}
+
+async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
+    let io = io.clone();
     let mut outcome = JobOutcome::default();
     // Acks of the previous batch, to go out in one pipeline with the next read.
     let mut carried: Vec<String> = Vec::new();
@@ -190,7 +202,15 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             return outcome;
         }
         match io.install_fence(&spec.fence).await {
-            Ok(()) => outcome.fence_installed = true,
+            Ok(()) => {
+                outcome.fence_installed = true;
+                // Before the ownership's first read: entries removed while the group was not reading
+                // are still visible (see the `retention` module).
+                super::retention::ownership_started(&io, &spec.key);
+                if spec.ownership.is_active() {
+                    super::retention::step(&io, spec.shard, &spec.key, false).await;
+                }
+            }
             Err(error) => {
                 // `FENCED`: a newer owner's fence is in place; the next job tries again until the
                 // revoke or fence arrives.

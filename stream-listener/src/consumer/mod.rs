@@ -58,17 +58,19 @@ mod fields;
 mod hooks;
 mod job;
 mod message;
+mod retention;
 pub mod scheduler;
 mod shard_io;
 mod wait;
 
-pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted};
+pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted, Retention};
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
 pub(crate) use message::panic_message;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };
+pub use retention::trimmed_unread;
 pub use shard_io::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::collections::{HashMap, VecDeque};
@@ -99,6 +101,18 @@ pub enum ConsumerError {
     /// The configuration cannot work.
     #[error("invalid consumer configuration: {0}")]
     Config(String),
+    /// Redis evicts any key when it is full (`maxmemory-policy allkeys-*`): it could evict a shard
+    /// stream with entries not handled yet, or the group's metadata.
+    #[error(
+        "Redis has maxmemory-policy {policy}: when full it may evict any key, a shard stream (entries no \
+         group handled yet) or the group's metadata with it; set `maxmemory-policy noeviction` (a full \
+         Redis then refuses new writes and loses nothing, and the consumers trim what every group \
+         acknowledged)"
+    )]
+    EvictionPolicy {
+        /// The policy found (`CONFIG GET maxmemory-policy`).
+        policy: String,
+    },
 }
 
 /// The polling adapter of one logical member: reads its owned shards, runs the handler, acknowledges.
@@ -154,7 +168,8 @@ impl std::fmt::Debug for Consumer {
 
 impl Consumer {
     /// Open the shared connection, detect the server version (to pick `XACKDEL` or the script) and check
-    /// the configuration and the server (Redis >= 6.2, for `XAUTOCLAIM`). No shard is read until the
+    /// the configuration and the server (Redis >= 6.2, for `XAUTOCLAIM`; a `maxmemory-policy` that does
+    /// not evict any key: [`ConsumerError::EvictionPolicy`] for `allkeys-*`, a WARN for `volatile-*`). No shard is read until the
     /// first [`ShardCommand::Assign`].
     pub async fn connect(
         client: impl Into<crate::connection::RedisTarget>,
@@ -186,6 +201,7 @@ impl Consumer {
             )));
         }
         let io = ShardIo::connect(client, config, handler).await?;
+        retention::check_eviction_policy(&mut io.conn.clone()).await?;
         let version = io.version;
         if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
             return Err(ConsumerError::Config(format!(

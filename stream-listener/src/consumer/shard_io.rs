@@ -168,7 +168,7 @@ async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig)
     if policy.deletes_for_other_groups() {
         tracing::warn!(%stream, %group, %other_groups, ?policy, "this ack policy deletes entries the stream's other consumer groups may not have read yet: they lose them; use AckDelete(Acked) (ack = \"ack_delete_acked\") to delete only what every group acknowledged, or plain Ack");
     } else {
-        tracing::info!(%stream, %group, %other_groups, ?policy, "other consumer groups read this stream: an entry is deleted only once every group acknowledged it, and only by a group that acknowledges with AckDelete(Acked) last (plain acks leave it for MAXLEN trimming)");
+        tracing::info!(%stream, %group, %other_groups, ?policy, "other consumer groups read this stream: an entry is deleted only once every group acknowledged it, and only by a group that acknowledges with AckDelete(Acked) last (plain acks leave it for the retention job to trim)");
     }
 }
 
@@ -196,6 +196,8 @@ pub(crate) struct ShardIo {
     stale_warned: Mutex<(Option<Instant>, u64)>,
     /// Handlers running and failing reads, for health and shutdown reports.
     pub(crate) probe: crate::health::Probe,
+    /// Each shard's retention runs (see the `retention` module).
+    pub(crate) retention: super::retention::RetentionJob,
 }
 
 impl ShardIo {
@@ -236,6 +238,7 @@ impl ShardIo {
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             stale_warned: Mutex::new((None, 0)),
             probe: crate::health::Probe::default(),
+            retention: Default::default(),
         })
     }
 

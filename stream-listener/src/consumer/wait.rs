@@ -92,6 +92,13 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
         Ok(keys) => {
             spec.note_new_entries(&keys, &mut outcome);
             outcome.conn = Some((conn, id));
+            // An idle shard runs no job: its retention step, if due, runs here (see the `retention`
+            // module), so what it acknowledged last is trimmed without waiting for new entries.
+            for (shard, key) in &spec.shards {
+                if !outcome.new_entries.contains(shard) && spec.deadline.remaining().is_some() {
+                    super::retention::step(&io, *shard, key, false).await;
+                }
+            }
         }
         // The connection may be broken; a fresh one is made next time.
         Err(error) => outcome.error = Some(error),

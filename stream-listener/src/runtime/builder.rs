@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::consumer::{
-    AckPolicy, BatchHandler, BoxedHandler, FailurePolicy, Fields, Handler, Message,
+    AckPolicy, BatchHandler, BoxedHandler, FailurePolicy, Fields, Handler, Message, Retention,
 };
 use crate::topology::StartFrom;
 
@@ -116,6 +116,20 @@ impl ConsumerBuilder {
     /// existing group keeps its position.
     pub fn start_from(mut self, start: StartFrom) -> Self {
         self.spec.start_from = start;
+        self
+    }
+
+    /// How much of what every group acknowledged the shard streams keep (default
+    /// [`Retention::default`]: nothing, trimmed every 5 s): the member trims the rest of the shards it
+    /// owns.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.spec.retention = Some(retention);
+        self
+    }
+
+    /// Never trim the shard streams (something else trims them, or they are kept whole).
+    pub fn without_retention(mut self) -> Self {
+        self.spec.retention = None;
         self
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::consumer::{AckPolicy, ConsumerConfig, FailurePolicy, OnExhausted};
+use crate::consumer::{AckPolicy, ConsumerConfig, FailurePolicy, OnExhausted, Retention};
 use crate::member::identity;
 use crate::registry::ListenerRegistration;
 use crate::topology::StartFrom;
@@ -92,6 +92,8 @@ pub struct ListenerSpec {
     pub handler_timeout: Option<Duration>,
     /// Where the group starts reading when this listener creates it.
     pub start_from: StartFrom,
+    /// Trimming of what every group acknowledged (default [`Retention::default`]; `None`: never trims).
+    pub retention: Option<Retention>,
     /// Shards of the stream if this listener creates it (default: the runtime's
     /// [`default_shard_count`](super::Runtime::default_shard_count)). An existing stream keeps its count.
     pub shard_count: Option<u32>,
@@ -132,6 +134,7 @@ impl ListenerSpec {
             dead_letter: None,
             handler_timeout: None,
             start_from: StartFrom::Earliest,
+            retention: defaults.retention,
             shard_count: None,
             handler: None,
             states: States::default(),
@@ -364,6 +367,7 @@ impl ListenerSpec {
         config.failure_policy = self.failure;
         config.dead_letter_stream = self.dead_letter.clone();
         config.handler_timeout = self.handler_timeout;
+        config.retention = self.retention;
         config
     }
 }
