@@ -284,7 +284,9 @@ async fn pump(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            seen(&buf[..n], switches.borrow().holding);
+            // Read the switch first: `seen` may flip it (`hold_from`), which needs the watch unborrowed.
+            let holding = switches.borrow().holding;
+            seen(&buf[..n], holding);
             if chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
                 break;
             }
