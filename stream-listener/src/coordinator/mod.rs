@@ -208,7 +208,7 @@ impl Coordinator {
     }
 
     /// Resumes from metadata the store loaded at store time `now`. Metadata no honest store can have
-    /// written is refused as [`MetadataError::Corrupt`] (see [`implausible_metadata`]).
+    /// written is refused as [`MetadataError::Corrupt`] (see `implausible_metadata`).
     pub fn from_metadata(meta: GroupMetadata, now: StoreMillis) -> Result<Self, MetadataError> {
         if meta.schema_version != SCHEMA_VERSION {
             return Err(MetadataError::UnknownSchemaVersion(meta.schema_version));
