@@ -454,6 +454,13 @@ mod tests {
                 .unwrap(),
             "bar"
         );
+        // Replication is asynchronous and the failover a SIGKILL: the replica must have the key first.
+        assert_eq!(
+            cluster
+                .cli(cluster.nodes()[to].port(), &["WAIT", "1", "5000"])
+                .unwrap(),
+            "1"
+        );
         let promoted = cluster.fail_master(to).unwrap();
         assert_eq!(cluster.master_of(12182), promoted);
         assert_eq!(
