@@ -62,7 +62,8 @@ impl LifecycleHooks {
     }
 
     /// Called with revoked shards once their running handlers finished and their entries were
-    /// acknowledged, before REVOKED is reported for them.
+    /// acknowledged, before REVOKED is reported for them. Shards revoked together but drained at
+    /// different moments (one had a handler running) come in separate calls, each shard once.
     pub fn on_shards_revoked<F, Fut>(mut self, hook: F) -> Self
     where
         F: Fn(Vec<u32>) -> Fut + Send + Sync + 'static,
