@@ -20,7 +20,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 use tokio::sync::Notify;
 
-use super::job::{is_missing_group, JobOutcome};
+use super::fence::is_missing_group;
+use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::wait::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
@@ -126,7 +127,7 @@ async fn blocking_for(io: &ShardIo, slot: u16, node: &Node) -> RedisResult<Block
 type ReadResult = (u16, Blocking, RedisResult<Vec<String>>);
 
 /// The blocking part of the idle wait on a cluster (once [`super::wait::run`] knows where to watch from).
-pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: JobOutcome) -> JobOutcome {
+pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitReport) -> WaitReport {
     let notified = io.cluster_wait.interrupted.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();

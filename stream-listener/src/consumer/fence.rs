@@ -50,6 +50,11 @@ pub(crate) const FENCED_SCRIPT: &str = include_str!("fenced.lua");
 /// The error code of a command [`FENCED_SCRIPT`] refused, or of an install a newer token refused.
 pub(crate) const FENCED: &str = "FENCED";
 
+/// `NOGROUP`: the shard stream or its consumer group does not exist (Redis restarted empty, a flush).
+pub(crate) fn is_missing_group(error: &RedisError) -> bool {
+    error.code() == Some("NOGROUP")
+}
+
 /// The Redis keys of one ownership of a shard by a group.
 #[derive(Debug)]
 pub(crate) struct Fence {

@@ -95,7 +95,7 @@ impl LifecycleHooks {
 }
 
 /// One event for the hook task.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HookCall {
     Assigned(Vec<u32>),
     /// Answered on the runner's `done` channel with `(fence_generation, shards)` once the hook returned.

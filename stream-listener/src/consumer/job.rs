@@ -19,68 +19,25 @@
 //! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
 //! (`ShardIo::note_stale_write`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::RedisError;
 use tracing::Instrument;
 
 use crate::member::lifecycle::FencingToken;
 
 use super::config::{AckPolicy, OnExhausted};
-use super::fence::{self, Fence};
+use super::driver::JobSignals;
+use super::entry::Entry;
+use super::fence::{self, is_missing_group, Fence};
 use super::message::{Acker, CatchUnwind, Delivery, HandlerError, ShardOwnership};
-use super::shard_io::{Entry, Layout, ShardIo, MOVED_KEY_RETRY};
+use super::scheduler::{JobReport, ReadMode};
+use super::shard_io::{Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
 
-/// Where a shard's reads are: claiming what was left pending, or reading new entries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReadMode {
-    /// Claiming entries earlier owners (or an earlier life of this member) left pending, from `cursor`.
-    Claim { cursor: String },
-    /// Reading new entries (`>`).
-    Live,
-}
-
-impl ReadMode {
-    /// Claiming from the start of the pending list: our own entries first, whatever a read or an ack left
-    /// in doubt.
-    pub(crate) fn claim_own() -> Self {
-        Self::Claim {
-            cursor: crate::names::START_ID.to_owned(),
-        }
-    }
-
-    /// Where the shard's next job reads after a command of this one failed with `error`, `acks_in_doubt`
-    /// if acks went out with it.
-    ///
-    /// Only an error reply from Redis proves that a command changed nothing. A reset, an EOF, a response
-    /// timeout or a reply that did not parse may come after Redis ran it: a `>` read (or a claim) has then
-    /// moved entries into this member's own pending list that the member never saw, and the periodic
-    /// reclaim skips our own entries. Reading `>` on would strand them until the shard changes owner and
-    /// let later entries of their keys be handled first; so the next job claims our own pending entries
-    /// from the start, in id order, before it reads new ones.
-    pub(crate) fn after_failure(&self, acks_in_doubt: bool, error: &RedisError) -> Self {
-        if !acks_in_doubt && is_error_reply(error) {
-            self.clone()
-        } else {
-            Self::claim_own()
-        }
-    }
-}
-
-/// Whether Redis itself answered with an error (so the command did nothing), rather than the answer being
-/// lost or garbled on the way (see [`ReadMode::after_failure`]).
-pub(crate) fn is_error_reply(error: &RedisError) -> bool {
-    matches!(
-        error.kind(),
-        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-    )
-}
-
-/// What a job needs to know about its shard.
+/// What a job needs to know about its shard: the scheduler's plan, with the ownership's handles.
 pub(crate) struct JobSpec {
     pub(crate) shard: u32,
     pub(crate) key: Arc<str>,
@@ -91,54 +48,18 @@ pub(crate) struct JobSpec {
     pub(crate) install_fence: bool,
     pub(crate) ownership: Arc<ShardOwnership>,
     pub(crate) read_mode: ReadMode,
-    /// Set on revoke / shutdown: finish the running handler, ack, leave the rest pending.
-    pub(crate) stop: Arc<AtomicBool>,
-    /// Entries of the batch not finished yet, for `Draining` reports.
-    pub(crate) in_flight: Arc<AtomicU32>,
-    /// Shards ready but waiting for a free worker (kept by the scheduler).
-    pub(crate) waiting: Arc<AtomicUsize>,
-    /// The listener is paused: finish this batch, then hand the shard back.
-    pub(crate) paused: Arc<AtomicBool>,
-    /// Entries an earlier job deferred (a failed attempt's backoff, or a moved key waiting for its old shard): handled first.
+    /// Stop, yield, and the entries in flight (see [`JobSignals`]).
+    pub(crate) signals: Arc<JobSignals>,
+    /// Entries an earlier job deferred (a failed attempt's backoff, or a moved key waiting for its old
+    /// shard): handled first.
     pub(crate) deferred: Vec<Entry>,
     /// Look for entries other consumers of the group have left pending too long, and claim them first.
     pub(crate) reclaim: bool,
     /// The shard's consumer group was found missing and the member's ownership was confirmed since:
     /// create it again before reading.
     pub(crate) recreate_group: bool,
-}
-
-/// What came of a job.
-#[derive(Default)]
-pub(crate) struct JobOutcome {
-    pub(crate) next_read_mode: Option<ReadMode>,
-    pub(crate) fetched: usize,
-    pub(crate) last_delivered: Option<String>,
-    /// The newest entry this job's `XREADGROUP ... >` reads got (where the idle wait watches from next).
-    pub(crate) read_up_to: Option<String>,
-    pub(crate) last_acked: Option<String>,
-    /// Entries left pending on purpose (failure policy, or stopped part-way).
-    pub(crate) left_pending: usize,
-    pub(crate) error: Option<RedisError>,
-    /// The idle wait's blocking connection and its client id, handed back.
-    pub(crate) conn: Option<(MultiplexedConnection, i64)>,
-    /// Entries deferred, in order, from the first one that must wait (its backoff, or its moved key's old shard).
-    pub(crate) deferred: Vec<Entry>,
-    /// Set with `deferred`: when to try the shard again.
-    pub(crate) defer_for: Option<Duration>,
-    /// The job stopped because the member's self-fencing deadline had passed.
-    pub(crate) expired: bool,
-    /// The shard's consumer group (or the stream) is missing: the store lost it.
-    pub(crate) missing_group: bool,
-    /// The job installed the ownership's fence.
-    pub(crate) fence_installed: bool,
-    /// Redis refused a command because the fence is gone (a newer owner, or a loss), or a newer owner's
-    /// fence is in place: the next job installs it again, which tells the two apart.
-    pub(crate) fence_lost: bool,
-    /// Shards the idle wait saw new entries on (their next job reads them).
-    pub(crate) new_entries: Vec<u32>,
-    /// Where the idle wait found it must watch shards from (the group's last-delivered id), by shard.
-    pub(crate) watch_from: Vec<(u32, String)>,
+    /// At most this many batches before handing the shard back.
+    pub(crate) max_turns: u32,
 }
 
 /// The fate of one entry.
@@ -160,11 +81,7 @@ enum Fate {
     },
 }
 
-/// Upper bound of consecutive batches one job takes from its shard before handing it back to the
-/// scheduler, even when no other shard is waiting (so progress and commands are looked at).
-const MAX_TURNS: u32 = 64;
-
-pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobOutcome {
+pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
     let (shard, key, ownership) = (spec.shard, spec.key.clone(), spec.ownership.clone());
     let outcome = turns(&io, spec).await;
     // Trim what every group acknowledged, now and then (see the `retention` module).
@@ -175,9 +92,9 @@ pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobOutcome {
     outcome
 }
 
-async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
+async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
     let io = io.clone();
-    let mut outcome = JobOutcome::default();
+    let mut outcome = JobReport::default();
     // Acks of the previous batch, to go out in one pipeline with the next read.
     let mut carried: Vec<String> = Vec::new();
     let mut turns = 0;
@@ -276,7 +193,8 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
                 outcome.read_up_to = Some(last.id.clone());
             }
         }
-        spec.in_flight
+        spec.signals
+            .in_flight
             .store(entries.len() as u32, Ordering::Release);
 
         let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
@@ -296,7 +214,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             let fate = if let Some(fate) = batch_fates.next() {
                 fate
             } else {
-                if spec.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
+                if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
                     stopped = true;
                     break;
                 }
@@ -308,7 +226,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
                 io.note_stale_write(spec.shard, entry).await;
                 handle(&io, &spec, entry).await
             };
-            spec.in_flight.fetch_sub(1, Ordering::AcqRel);
+            spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
                 Fate::Ack => acks.push(&entry.id),
                 Fate::DeadLetter { deliveries, error } => {
@@ -332,18 +250,18 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobOutcome {
             }
             last_done = Some(&entry.id);
         }
-        spec.in_flight.store(0, Ordering::Release);
+        spec.signals.in_flight.store(0, Ordering::Release);
 
-        // Keep the shard while it is busy and no other shard waits for a worker: saves the hand-back and
-        // lets the acks ride along with the next read.
+        // Keep the shard while it is busy and the scheduler did not ask for it back (another shard waits
+        // for a worker, or the listener paused): saves the hand-back and lets the acks ride along with the
+        // next read.
         let keep = !stopped
             && defer.is_none()
             && letters.is_empty()
             && next_read_mode == ReadMode::Live
             && entries.len() >= io.config.batch_size
-            && turns < MAX_TURNS
-            && spec.waiting.load(Ordering::Acquire) == 0
-            && !spec.paused.load(Ordering::Acquire)
+            && turns < spec.max_turns
+            && !spec.signals.yield_now.load(Ordering::Acquire)
             && spec.ownership.is_active();
         spec.read_mode = next_read_mode;
         if keep {
@@ -563,7 +481,7 @@ async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
     if deliveries >= max {
         return exhausted(policy.on_exhausted, deliveries, error.to_string());
     }
-    if spec.stop.load(Ordering::Acquire) {
+    if spec.signals.stop.load(Ordering::Acquire) {
         return Fate::Stopped;
     }
     crate::metrics::messages(config, "retried", 1);
@@ -591,7 +509,7 @@ async fn handle_batch(
     let mut fates: Vec<Option<Fate>> = Vec::new();
     let mut handed = Vec::new();
     for entry in entries {
-        if spec.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
+        if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
             break;
         }
         if gate(io, spec.shard, refreshed, entry).await.is_some() {
@@ -725,7 +643,7 @@ async fn handle_batch(
             Some(error) if deliveries >= max => {
                 exhausted(policy.on_exhausted, deliveries, error.clone())
             }
-            Some(_) if spec.stop.load(Ordering::Acquire) => Fate::Stopped,
+            Some(_) if spec.signals.stop.load(Ordering::Acquire) => Fate::Stopped,
             Some(_) => Fate::Retry {
                 after: policy.backoff(retry),
             },
@@ -734,7 +652,7 @@ async fn handle_batch(
     let error = result.err().map(|e| e.to_string());
     if let Some(error) = &error {
         tracing::debug!(shard = spec.shard, id = %first_id, deliveries, %error, "batch handler failed");
-        if deliveries < max && !spec.stop.load(Ordering::Acquire) {
+        if deliveries < max && !spec.signals.stop.load(Ordering::Acquire) {
             crate::metrics::messages(config, "retried", count);
         }
     }
@@ -787,80 +705,6 @@ async fn finish(
                 tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
                 attempt += 1;
             }
-        }
-    }
-}
-
-/// `NOGROUP`: the shard stream or its consumer group does not exist (Redis restarted empty, a flush).
-pub(crate) fn is_missing_group(error: &RedisError) -> bool {
-    error.code() == Some("NOGROUP")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn io_error(kind: std::io::ErrorKind) -> RedisError {
-        RedisError::from(std::io::Error::new(kind, "injected"))
-    }
-
-    fn error_replies() -> Vec<RedisError> {
-        vec![
-            redis::make_extension_error("NOGROUP".into(), Some("No such key".into())),
-            redis::make_extension_error("FENCED".into(), Some("the fence is gone".into())),
-            RedisError::from((
-                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                "ERR",
-            )),
-        ]
-    }
-
-    fn lost_replies() -> Vec<RedisError> {
-        vec![
-            io_error(std::io::ErrorKind::ConnectionReset),
-            io_error(std::io::ErrorKind::UnexpectedEof),
-            io_error(std::io::ErrorKind::TimedOut),
-            io_error(std::io::ErrorKind::BrokenPipe),
-            RedisError::from((redis::ErrorKind::Parse, "garbled reply")),
-            RedisError::from((redis::ErrorKind::Client, "dropped before the answer")),
-        ]
-    }
-
-    #[test]
-    fn a_read_refused_by_redis_reads_on_where_it_was() {
-        for error in error_replies() {
-            assert!(is_error_reply(&error), "{error}");
-            assert_eq!(ReadMode::Live.after_failure(false, &error), ReadMode::Live);
-            let claim = ReadMode::Claim {
-                cursor: "5-0".into(),
-            };
-            assert_eq!(claim.after_failure(false, &error), claim);
-        }
-    }
-
-    #[test]
-    fn a_read_whose_reply_was_lost_claims_our_own_pending_entries_first() {
-        for error in lost_replies() {
-            assert!(!is_error_reply(&error), "{error}");
-            assert_eq!(
-                ReadMode::Live.after_failure(false, &error),
-                ReadMode::claim_own(),
-                "{error}"
-            );
-            let claim = ReadMode::Claim {
-                cursor: "5-0".into(),
-            };
-            assert_eq!(claim.after_failure(false, &error), ReadMode::claim_own());
-        }
-    }
-
-    #[test]
-    fn acks_in_doubt_claim_our_own_pending_entries_even_after_an_error_reply() {
-        for error in error_replies().into_iter().chain(lost_replies()) {
-            assert_eq!(
-                ReadMode::Live.after_failure(true, &error),
-                ReadMode::claim_own()
-            );
         }
     }
 }

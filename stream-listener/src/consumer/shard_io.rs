@@ -12,6 +12,7 @@ use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
 
 use super::config::{AckPolicy, ConsumerConfig};
+use super::entry::Entry;
 use super::fence::Fence;
 use super::message::BoxedHandler;
 use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
@@ -43,9 +44,7 @@ struct LayoutCache {
     consumed: HashMap<u32, u64>,
 }
 
-pub use crate::names::field::{
-    KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD, VERSION as VERSION_FIELD,
-};
+pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
 /// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
 const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
@@ -775,58 +774,6 @@ impl ShardIo {
                 .ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await
-    }
-}
-
-/// One stream entry as read, with all its fields kept for dead-lettering.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) id: String,
-    pub(crate) fields: Vec<(Vec<u8>, Vec<u8>)>,
-    pub(crate) delivery_count: u32,
-    /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
-    pub(crate) deleted: bool,
-    /// Local retries so far (a failed entry deferred for its backoff carries them to its next attempt).
-    pub(crate) retries: u32,
-}
-
-impl Entry {
-    fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(n, _)| n.as_slice() == name.as_bytes())
-            .map(|(_, v)| v.as_slice())
-    }
-
-    /// The partition key's bytes, if the entry has one.
-    pub(crate) fn raw_key(&self) -> Option<&[u8]> {
-        self.field(KEY_FIELD)
-    }
-
-    /// The topology version the producer routed the entry with, if it wrote one.
-    pub(crate) fn topology_version(&self) -> Option<u64> {
-        std::str::from_utf8(self.field(VERSION_FIELD)?)
-            .ok()?
-            .parse()
-            .ok()
-    }
-
-    /// The millisecond part of the entry id.
-    pub(crate) fn id_ms(&self) -> Option<u64> {
-        self.id.split_once('-')?.0.parse().ok()
-    }
-
-    /// The partition key; empty when the producer wrote none.
-    pub(crate) fn key(&self) -> &str {
-        self.field(KEY_FIELD)
-            .and_then(|k| std::str::from_utf8(k).ok())
-            .unwrap_or("")
-    }
-
-    /// The payload bytes, if the entry has them.
-    #[cfg(test)]
-    pub(crate) fn payload(&self) -> Option<&[u8]> {
-        self.field(PAYLOAD_FIELD)
     }
 }
 

@@ -26,7 +26,8 @@ use redis::aio::MultiplexedConnection;
 
 use crate::member::lifecycle::OwnershipDeadline;
 
-use super::job::{is_missing_group, JobOutcome};
+use super::fence::is_missing_group;
+use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 
 /// The shards to wait on, by index and stream key.
@@ -35,14 +36,21 @@ pub(crate) struct WaitSpec {
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
     /// from the group first.
     pub(crate) watch_from: HashMap<u32, String>,
-    pub(crate) conn: Option<(MultiplexedConnection, i64)>,
+    pub(crate) conn: Option<WaitConnection>,
     /// Where to publish the connection's client id, so the scheduler can `CLIENT UNBLOCK` it.
     pub(crate) client: Arc<AtomicI64>,
     pub(crate) deadline: Arc<OwnershipDeadline>,
 }
 
-pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
-    let mut outcome = JobOutcome::default();
+/// The idle wait's blocking connection and its Redis client id.
+pub(crate) type WaitConnection = (MultiplexedConnection, i64);
+
+/// Waits; hands back what it saw and its connection (none after an error: a fresh one is made next time).
+pub(crate) async fn run(
+    io: Arc<ShardIo>,
+    mut spec: WaitSpec,
+) -> (WaitReport, Option<WaitConnection>) {
+    let mut outcome = WaitReport::default();
     let cluster = io.client.is_cluster();
     if spec.conn.is_none() && !cluster {
         match io.blocking_connection().await {
@@ -52,7 +60,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
             }
             Err(error) => {
                 outcome.error = Some(error);
-                return outcome;
+                return (outcome, None);
             }
         }
     }
@@ -72,26 +80,25 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
                 } else {
                     outcome.error = Some(error);
                 }
-                outcome.conn = spec.conn;
-                return outcome;
+                return (outcome, spec.conn);
             }
         }
     }
     if cluster {
-        return super::cluster_wait::read(io, spec, outcome).await;
+        return (super::cluster_wait::read(io, spec, outcome).await, None);
     }
     // Read at the last moment: connecting may have taken a while.
     let Some(left) = spec.deadline.remaining() else {
         outcome.expired = true;
-        outcome.conn = spec.conn;
-        return outcome;
+        return (outcome, spec.conn);
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id) = spec.conn.take().expect("connected above");
+    let mut kept = None;
     match io.wait_for_new(&spec.streams(), &mut conn, block).await {
         Ok(keys) => {
             spec.note_new_entries(&keys, &mut outcome);
-            outcome.conn = Some((conn, id));
+            kept = Some((conn, id));
             // An idle shard runs no job: its retention step, if due, runs here (see the `retention`
             // module), so what it acknowledged last is trimmed without waiting for new entries.
             for (shard, key) in &spec.shards {
@@ -103,7 +110,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, mut spec: WaitSpec) -> JobOutcome {
         // The connection may be broken; a fresh one is made next time.
         Err(error) => outcome.error = Some(error),
     }
-    outcome
+    (outcome, kept)
 }
 
 impl WaitSpec {
@@ -119,7 +126,7 @@ impl WaitSpec {
     }
 
     /// Records the shards whose streams have new entries (by key) as woken.
-    pub(crate) fn note_new_entries(&self, keys: &[String], outcome: &mut JobOutcome) {
+    pub(crate) fn note_new_entries(&self, keys: &[String], outcome: &mut WaitReport) {
         for key in keys {
             if let Some((shard, _)) = self.shards.iter().find(|(_, k)| **k == **key) {
                 outcome.new_entries.push(*shard);

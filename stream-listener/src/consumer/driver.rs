@@ -1,0 +1,484 @@
+//! The async driver of one consumer: turns commands from the heartbeat loop, job ends, hook answers, pause
+//! changes, the deadline and time into the [`ShardScheduler`]'s inputs, and executes its [`Command`]s.
+//!
+//! It decides nothing: every rule is the scheduler's. What it keeps is what cannot be pure: the tasks of
+//! running jobs with their abort handles and signals, each ownership's handle (which the jobs and manual
+//! acks check before every command), the idle wait's connection, and the channels.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::coordinator::wire::{ShardId, ShardProgress};
+use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
+
+use super::fence::Fence;
+use super::hooks::{self, HookCall, LifecycleHooks};
+use super::message::ShardOwnership;
+use super::scheduler::{
+    Command, HooksSet, JobId, JobPlan, JobReport, Millis, ProbeEvent, Report, ShardScheduler,
+    WaitReport,
+};
+use super::shard_io::ShardIo;
+use super::{job, wait, PauseHandle};
+
+/// How a running job is told to hand its shard back early, and what it has in flight.
+#[derive(Debug, Default)]
+pub(crate) struct JobSignals {
+    /// Revoked or shutting down: finish the running handler, ack, leave the rest pending.
+    pub(crate) stop: AtomicBool,
+    /// Hand the shard back after this batch (another shard waits for a worker, or paused).
+    pub(crate) yield_now: AtomicBool,
+    /// Entries of the batch not finished yet, for `Draining` and progress reports.
+    pub(crate) in_flight: AtomicU32,
+}
+
+/// What a task of the driver's join set returns.
+pub(crate) enum Ended {
+    Job(JobReport),
+    /// The idle wait, with its blocking connection and that connection's client id handed back.
+    Wait(WaitReport, Option<(MultiplexedConnection, i64)>),
+}
+
+struct Running {
+    job: JobId,
+    abort: AbortHandle,
+    /// `None` for the idle wait.
+    signals: Option<Arc<JobSignals>>,
+}
+
+/// One ownership's handle: its stream key, and whether it may still act.
+struct Owned {
+    key: Arc<str>,
+    ownership: Arc<ShardOwnership>,
+}
+
+pub(crate) struct Driver {
+    io: Arc<ShardIo>,
+    deadline: Arc<OwnershipDeadline>,
+    machine: ShardScheduler,
+    tasks: HashMap<tokio::task::Id, Running>,
+    by_job: HashMap<JobId, tokio::task::Id>,
+    owned: HashMap<u32, Owned>,
+    /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
+    wait_conn: Option<(MultiplexedConnection, i64)>,
+    /// The Redis client id of the running wait's connection (0: not known yet).
+    wait_client: Arc<AtomicI64>,
+    reports: mpsc::UnboundedSender<ShardReport>,
+    hook_calls: Option<mpsc::UnboundedSender<HookCall>>,
+    /// Revoked shards whose hook returned, with the fence generation they were revoked in.
+    hooks_done: mpsc::UnboundedReceiver<(u64, Vec<u32>)>,
+    /// Keeps the pause channel open for `pause_rx`, whoever else drops their handle.
+    _pause: PauseHandle,
+    pause_rx: watch::Receiver<bool>,
+    stopped: bool,
+}
+
+impl Driver {
+    pub(crate) fn new(
+        io: Arc<ShardIo>,
+        deadline: Arc<OwnershipDeadline>,
+        hooks: LifecycleHooks,
+        pause: PauseHandle,
+        reports: mpsc::UnboundedSender<ShardReport>,
+    ) -> Self {
+        let workers = io.config.runtime_max_concurrency;
+        let reclaim_every = u64::try_from(io.config.reclaim_idle.as_millis()).unwrap_or(u64::MAX);
+        let set = HooksSet {
+            any: !hooks.is_empty(),
+            revoked: hooks.has_revoked(),
+        };
+        let (done_tx, hooks_done) = mpsc::unbounded_channel();
+        let hook_calls = set.any.then(|| hooks::spawn_runner(hooks, done_tx));
+        let pause_rx = pause.paused.subscribe();
+        Self {
+            io,
+            deadline,
+            machine: ShardScheduler::new(workers, reclaim_every, set),
+            tasks: HashMap::new(),
+            by_job: HashMap::new(),
+            owned: HashMap::new(),
+            wait_conn: None,
+            wait_client: Arc::new(AtomicI64::new(0)),
+            reports,
+            hook_calls,
+            hooks_done,
+            _pause: pause,
+            pause_rx,
+            stopped: false,
+        }
+    }
+
+    /// The member's monotonic clock, as the scheduler counts it.
+    fn now(&self) -> Millis {
+        Millis::from(self.deadline.local_now())
+    }
+
+    /// When a point of the scheduler's clock is, for the timer.
+    fn instant(&self, at: Millis) -> Option<Instant> {
+        Instant::from_std(self.deadline.origin()).checked_add(Duration::from_millis(at.0))
+    }
+
+    /// Serves commands until `commands` is closed and the scheduler has stopped. Dropping the future aborts
+    /// every job (the join set goes with it).
+    pub(crate) async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ShardCommand>) {
+        let mut jobs: JoinSet<Ended> = JoinSet::new();
+        let mut progress = tokio::time::interval(self.io.config.progress_interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closed = false;
+        self.observe_lease(&mut jobs);
+        self.on_pause_change(&mut jobs);
+        loop {
+            let out = self.machine.settle();
+            self.execute(out, &mut jobs);
+            if self.stopped {
+                break;
+            }
+            let wake = self
+                .machine
+                .next_wake(self.now())
+                .and_then(|at| self.instant(at));
+            tokio::select! {
+                biased;
+                command = commands.recv(), if !closed => {
+                    self.observe_lease(&mut jobs);
+                    match command {
+                        Some(command) => {
+                            self.on_command(command, &mut jobs);
+                            // Take what else is queued, so that hooks see one batch per rebalance.
+                            for _ in 0..1024 {
+                                match commands.try_recv() {
+                                    Ok(command) => self.on_command(command, &mut jobs),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        None => {
+                            closed = true;
+                            let out = self.machine.shutdown(self.now());
+                            self.execute(out, &mut jobs);
+                        }
+                    }
+                },
+                Some(joined) = jobs.join_next_with_id(), if !jobs.is_empty() => {
+                    self.observe_lease(&mut jobs);
+                    let (id, ended) = match joined {
+                        Ok((id, ended)) => (id, Some(ended)),
+                        Err(error) => {
+                            if error.is_panic() {
+                                tracing::error!(%error, "consumer job panicked");
+                            }
+                            (error.id(), None)
+                        }
+                    };
+                    self.on_task_end(id, ended, &mut jobs);
+                }
+                Some((generation, shards)) = self.hooks_done.recv() => {
+                    let out = self.machine.hook_done(generation, shards);
+                    self.execute(out, &mut jobs);
+                }
+                Ok(()) = self.pause_rx.changed() => self.on_pause_change(&mut jobs),
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                    self.observe_lease(&mut jobs);
+                    let out = self.machine.tick(self.now());
+                    self.execute(out, &mut jobs);
+                }
+                _ = progress.tick() => {
+                    let out = self.machine.progress();
+                    self.execute(out, &mut jobs);
+                }
+            }
+        }
+    }
+
+    /// Tells the scheduler where the heartbeat loop's deadline is now.
+    fn observe_lease(&mut self, jobs: &mut JoinSet<Ended>) {
+        let until = Millis::from(self.deadline.until());
+        let confirmations = self.deadline.confirmations();
+        let out = self.machine.observe_lease(self.now(), until, confirmations);
+        self.execute(out, jobs);
+    }
+
+    fn on_pause_change(&mut self, jobs: &mut JoinSet<Ended>) {
+        let paused = *self.pause_rx.borrow_and_update();
+        if paused == self.machine.is_paused() {
+            return;
+        }
+        let now = self.now();
+        let out = if paused {
+            tracing::info!("listener paused");
+            self.machine.pause(now)
+        } else {
+            tracing::info!("listener resumed");
+            self.machine.resume(now)
+        };
+        self.execute(out, jobs);
+    }
+
+    fn on_command(&mut self, command: ShardCommand, jobs: &mut JoinSet<Ended>) {
+        let now = self.now();
+        let out = match command {
+            ShardCommand::Assign { shard, token } => {
+                tracing::debug!(shard, "shard assigned");
+                self.machine.assign(now, shard, token)
+            }
+            ShardCommand::Revoke { shard } => self.machine.revoke(now, shard),
+            ShardCommand::Fence => {
+                tracing::warn!(shards = self.owned.len(), "fenced: aborting every handler");
+                self.machine.fence(now)
+            }
+        };
+        self.execute(out, jobs);
+    }
+
+    fn on_task_end(
+        &mut self,
+        id: tokio::task::Id,
+        ended: Option<Ended>,
+        jobs: &mut JoinSet<Ended>,
+    ) {
+        let Some(running) = self.tasks.remove(&id) else {
+            return;
+        };
+        self.by_job.remove(&running.job);
+        let now = self.now();
+        let out = match ended {
+            Some(Ended::Job(report)) => self.machine.job_ended(now, running.job, Some(report)),
+            Some(Ended::Wait(report, conn)) => {
+                if conn.is_some() {
+                    self.wait_conn = conn;
+                }
+                self.machine.wait_ended(now, running.job, Some(report))
+            }
+            // Aborted or panicked: the scheduler knows a wait from a job.
+            None => self.machine.job_ended(now, running.job, None),
+        };
+        self.execute(out, jobs);
+    }
+
+    fn signals(&self, job: JobId) -> Option<&Arc<JobSignals>> {
+        let id = self.by_job.get(&job)?;
+        self.tasks.get(id)?.signals.as_ref()
+    }
+
+    fn in_flight(&self, job: Option<JobId>) -> u32 {
+        job.and_then(|job| self.signals(job))
+            .map_or(0, |s| s.in_flight.load(Ordering::Acquire))
+    }
+
+    /// Executes the scheduler's commands, in order (and those its answers bring).
+    fn execute(&mut self, out: Vec<Command>, jobs: &mut JoinSet<Ended>) {
+        let mut queue: VecDeque<Command> = out.into();
+        while let Some(command) = queue.pop_front() {
+            match command {
+                Command::Own { shard, epoch } => {
+                    let key = self.io.config.shard_key(shard).into();
+                    let ownership = ShardOwnership::new(self.deadline.clone(), epoch);
+                    self.owned.insert(shard, Owned { key, ownership });
+                }
+                Command::Disown { shard } => {
+                    if let Some(owned) = self.owned.remove(&shard) {
+                        owned.ownership.end();
+                    }
+                }
+                Command::StartJob(plan) => {
+                    if let Some(not_started) = self.start_job(plan, jobs) {
+                        // Not reachable: the scheduler starts owned shards only. Keep it consistent.
+                        tracing::error!(
+                            shard = not_started.shard,
+                            "a job of a shard with no ownership"
+                        );
+                        let now = self.now();
+                        queue.extend(self.machine.job_ended(now, not_started.job, None));
+                    }
+                }
+                Command::StartWait { job, shards } => self.start_wait(job, shards, jobs),
+                Command::InterruptWait { job } => self.interrupt_wait(job),
+                Command::Stop { job } => {
+                    if let Some(signals) = self.signals(job) {
+                        signals.stop.store(true, Ordering::Release);
+                    }
+                }
+                Command::Yield { job } => {
+                    if let Some(signals) = self.signals(job) {
+                        signals.yield_now.store(true, Ordering::Release);
+                    }
+                }
+                Command::AbortAll => {
+                    for running in self.tasks.values() {
+                        if let Some(signals) = &running.signals {
+                            signals.stop.store(true, Ordering::Release);
+                        }
+                        running.abort.abort();
+                    }
+                }
+                Command::Report(report) => self.report(report),
+                Command::CallHook(call) => {
+                    let refused = match &self.hook_calls {
+                        Some(calls) => calls.send(call).err().map(|e| e.0),
+                        None => Some(call),
+                    };
+                    if let Some(HookCall::Revoked(generation, shards)) = refused {
+                        // The hooks' task is gone: nothing holds the shards back.
+                        queue.extend(self.machine.hook_done(generation, shards));
+                    }
+                }
+                Command::Probe(event) => match event {
+                    ProbeEvent::ReadResult { shard, failed } => {
+                        self.io.probe.read_result(shard, failed)
+                    }
+                    ProbeEvent::Forget { shard } => self.io.probe.forget_shard(shard),
+                    ProbeEvent::Aborting => self.io.probe.aborting(),
+                },
+                Command::Stopped => self.stopped = true,
+            }
+        }
+    }
+
+    /// Hands `report` up at once. A heartbeat loop that is gone has no use for it.
+    fn report(&self, report: Report) {
+        let report = match report {
+            Report::Draining { shard, job } => {
+                let in_flight = self.in_flight(job);
+                tracing::debug!(shard, in_flight, "shard revoking");
+                ShardReport::Draining { shard, in_flight }
+            }
+            Report::Revoked { shard } => ShardReport::Revoked { shard },
+            Report::Progress {
+                shard,
+                last_delivered,
+                last_acked,
+                pending,
+                job,
+            } => ShardReport::Progress(ShardProgress {
+                shard: ShardId::new(shard),
+                stream_key: self.io.config.shard_key(shard),
+                last_delivered_id: last_delivered,
+                last_acked_id: last_acked,
+                pending_count: pending + u64::from(self.in_flight(job)),
+                updated_at: Some(crate::util::rfc3339_now()),
+            }),
+        };
+        let _ = self.reports.send(report);
+    }
+
+    /// Starts the planned job; gives the plan back if its shard has no ownership here.
+    fn start_job(&mut self, plan: JobPlan, jobs: &mut JoinSet<Ended>) -> Option<JobPlan> {
+        let Some(owned) = self.owned.get(&plan.shard) else {
+            return Some(plan);
+        };
+        let signals = Arc::new(JobSignals::default());
+        let job = plan.job;
+        let spec = job::JobSpec {
+            shard: plan.shard,
+            fence: Arc::new(Fence::new(
+                &owned.key,
+                &self.io.config.group,
+                plan.token.member_epoch,
+            )),
+            key: owned.key.clone(),
+            token: plan.token,
+            install_fence: plan.install_fence,
+            ownership: owned.ownership.clone(),
+            read_mode: plan.read_mode,
+            signals: signals.clone(),
+            deferred: plan.deferred,
+            reclaim: plan.reclaim,
+            recreate_group: plan.recreate_group,
+            max_turns: plan.max_turns,
+        };
+        let io = self.io.clone();
+        let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
+            Ended::Job(job::run(io, spec).await)
+        }));
+        self.by_job.insert(job, abort.id());
+        self.tasks.insert(
+            abort.id(),
+            Running {
+                job,
+                abort,
+                signals: Some(signals),
+            },
+        );
+        None
+    }
+
+    /// Starts the idle wait over `shards` (see the `wait` module).
+    fn start_wait(
+        &mut self,
+        job: JobId,
+        shards: Vec<(u32, Option<String>)>,
+        jobs: &mut JoinSet<Ended>,
+    ) {
+        let mut keys = Vec::with_capacity(shards.len());
+        let mut watch_from = HashMap::new();
+        for (shard, from) in shards {
+            if let Some(owned) = self.owned.get(&shard) {
+                keys.push((shard, owned.key.clone()));
+                if let Some(id) = from {
+                    watch_from.insert(shard, id);
+                }
+            }
+        }
+        let conn = self.wait_conn.take();
+        self.wait_client
+            .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
+        let spec = wait::WaitSpec {
+            shards: keys,
+            watch_from,
+            conn,
+            client: self.wait_client.clone(),
+            deadline: self.deadline.clone(),
+        };
+        let io = self.io.clone();
+        let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
+            let (report, conn) = wait::run(io, spec).await;
+            Ended::Wait(report, conn)
+        }));
+        self.by_job.insert(job, abort.id());
+        self.tasks.insert(
+            abort.id(),
+            Running {
+                job,
+                abort,
+                signals: None,
+            },
+        );
+    }
+
+    /// Ends the idle wait early. Aborting the task would not end the read in Redis, which would hold
+    /// the wait's connection until its timeout; `CLIENT UNBLOCK` ends it there, and the wait returns
+    /// normally with the shards it saw new entries on.
+    fn interrupt_wait(&mut self, job: JobId) {
+        let Some(running) = self.by_job.get(&job).and_then(|id| self.tasks.get(id)) else {
+            return;
+        };
+        if self.io.client.is_cluster() {
+            self.io.cluster_wait.interrupt(&self.wait_client);
+            return;
+        }
+        let client = self.wait_client.load(Ordering::Acquire);
+        if client <= 0 {
+            // Not connected yet, so not blocking yet.
+            running.abort.abort();
+            return;
+        }
+        let mut conn = self.io.conn.clone();
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(client)
+                .query_async(&mut conn)
+                .await;
+            if let Err(error) = unblocked {
+                tracing::debug!(%error, "could not interrupt the idle wait; it ends at its timeout");
+            }
+        }));
+    }
+}

@@ -1,0 +1,55 @@
+//! One stream entry as a shard read returned it, with every field kept (a dead letter copies them all).
+
+use crate::names::field::{KEY as KEY_FIELD, VERSION as VERSION_FIELD};
+
+/// One stream entry as read, with all its fields kept for dead-lettering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) fields: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) delivery_count: u32,
+    /// XAUTOCLAIM on Redis 6.2 reports entries deleted from the stream with nil fields.
+    pub(crate) deleted: bool,
+    /// Local retries so far (a failed entry deferred for its backoff carries them to its next attempt).
+    pub(crate) retries: u32,
+}
+
+impl Entry {
+    fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n.as_slice() == name.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The partition key's bytes, if the entry has one.
+    pub(crate) fn raw_key(&self) -> Option<&[u8]> {
+        self.field(KEY_FIELD)
+    }
+
+    /// The topology version the producer routed the entry with, if it wrote one.
+    pub(crate) fn topology_version(&self) -> Option<u64> {
+        std::str::from_utf8(self.field(VERSION_FIELD)?)
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// The millisecond part of the entry id.
+    pub(crate) fn id_ms(&self) -> Option<u64> {
+        self.id.split_once('-')?.0.parse().ok()
+    }
+
+    /// The partition key; empty when the producer wrote none.
+    pub(crate) fn key(&self) -> &str {
+        self.field(KEY_FIELD)
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .unwrap_or("")
+    }
+
+    /// The payload bytes, if the entry has them.
+    #[cfg(test)]
+    pub(crate) fn payload(&self) -> Option<&[u8]> {
+        self.field(crate::names::field::PAYLOAD)
+    }
+}
