@@ -347,20 +347,6 @@ impl GroupStore {
         Self::with(conn.into(), stream, group, None)
     }
 
-    /// Same as [`GroupStore::create`].
-    #[deprecated(
-        note = "use `GroupStore::create` (members), or `GroupStore::open` for an existing group"
-    )]
-    pub fn new(
-        conn: impl Into<Connection>,
-        stream: &str,
-        group: &str,
-        shard_count: u32,
-        config: GroupConfig,
-    ) -> Result<Self, StoreError> {
-        Self::create(conn, stream, group, shard_count, config)
-    }
-
     fn with(
         conn: Connection,
         stream: &str,
