@@ -429,3 +429,39 @@ impl GroupStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(change: Change, checks: &[(&str, i64)], removed: &[&str]) -> Outcome<u32> {
+        Outcome {
+            response: 7,
+            change,
+            writes: Writes {
+                lease_checks: checks.iter().map(|(id, l)| (id.to_string(), *l)).collect(),
+                removed: removed.iter().map(|id| id.to_string()).collect(),
+            },
+            events: vec![AuditEvent::MemberJoined {
+                member_id: "a".into(),
+                member_epoch: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_batch_keeps_the_first_lease_check_of_a_member_and_each_removal_once() {
+        let mut batch = Batch::default();
+        assert_eq!(batch.add(outcome(Change::None, &[("a", 10)], &["b"])), 7);
+        assert!(!batch.changed, "nothing to write yet");
+        batch.add(outcome(Change::Lease, &[("a", 20), ("c", 30)], &["b", "c"]));
+        assert!(batch.changed);
+        assert_eq!(
+            batch.writes.lease_checks,
+            [("a".to_string(), 10), ("c".to_string(), 30)],
+            "the lease in the store before the batch"
+        );
+        assert_eq!(batch.writes.removed, ["b", "c"]);
+        assert_eq!(batch.events.len(), 2);
+    }
+}
