@@ -12,6 +12,8 @@
 --       n events, event*n
 --       entries taken from the head of the inbox, answer ttl ms, n answers, answer JSON*n (to KEYS[8..]),
 --       wake channel, wake payload (memberIds separated by spaces; empty: publish nothing)
+-- This layout is built in one place, `CommitArgs` in store/scripts.rs (its test reads ARGV back the way
+-- this script walks it): change both together.
 -- Returns {1, now, new revision} or {0, now} on conflict. Queued heartbeats are answered only here, after
 -- the commit that applied them, so a sender never sees a response that was not persisted.
 -- The revision is max(previous + 1, now * 1000): it never repeats, even after the store lost the revision
