@@ -97,8 +97,9 @@ impl ShardScheduler {
     }
 
     fn lease_lost(&mut self, now: Millis) -> Vec<Output> {
+        // Withdrawn: the heartbeat loop sets the deadline to the start of time.
         let confirmations = self.0.lease.confirmations;
-        rotation(self.0.observe_lease(now, now, confirmations))
+        rotation(self.0.observe_lease(now, Millis(0), confirmations))
     }
 
     fn job_ended(&mut self, now: Millis, job: JobId, end: JobEnd) -> Vec<Output> {
@@ -972,4 +973,412 @@ proptest! {
         prop_assert!(owned.is_subset(&seen), "starved: owned {:?}, ran {:?}", owned, seen);
         prop_assert!(m.revoking.is_empty(), "never reported REVOKED: {:?}", m.revoking);
     }
+}
+
+// ---- the facts the machine keeps for the driver ---------------------------------------------------
+
+fn machine(workers: usize, hooks: HooksSet) -> Machine {
+    let mut m = Machine::new(workers, RECLAIM, hooks);
+    m.observe_lease(t(0), FAR, 1);
+    m
+}
+
+fn plans(out: &[Command]) -> Vec<JobPlan> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::StartJob(plan) => Some(plan.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn plan_of(out: &[Command], shard: u32) -> JobPlan {
+    plans(out)
+        .into_iter()
+        .find(|p| p.shard == shard)
+        .unwrap_or_else(|| panic!("no job of shard {shard} in {out:?}"))
+}
+
+fn read(fetched: usize) -> JobReport {
+    JobReport {
+        next_read_mode: Some(ReadMode::Live),
+        fetched,
+        ..JobReport::default()
+    }
+}
+
+fn entry(id: &str) -> crate::consumer::entry::Entry {
+    crate::consumer::entry::Entry {
+        id: id.into(),
+        fields: Vec::new(),
+        delivery_count: 1,
+        deleted: false,
+        retries: 0,
+    }
+}
+
+fn reports(out: &[Command]) -> Vec<Report> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::Report(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A machine owning shard 0 with its first claim done: returns it and the job reading now.
+fn reading(workers: usize, hooks: HooksSet) -> (Machine, JobPlan) {
+    let mut m = machine(workers, hooks);
+    let claim = plan_of(&m.assign(t(0), 0, token(1)), 0);
+    assert_eq!(claim.kind, JobKind::ClaimOwn);
+    let out = m.job_ended(t(0), claim.job, Some(read(1)));
+    (m, plan_of(&out, 0))
+}
+
+#[test]
+fn rule_a_new_ownership_is_owned_then_disowned_when_drained() {
+    let mut m = machine(1, HooksSet::default());
+    let out = m.assign(t(0), 4, token(3));
+    assert_eq!(out[0], Command::Own { shard: 4, epoch: 3 });
+    let job = plan_of(&out, 4).job;
+    let out = m.revoke(t(1), 4);
+    assert!(!out.contains(&Command::Disown { shard: 4 }), "{out:?}");
+    let out = m.job_ended(t(2), job, Some(read(1)));
+    assert!(out.contains(&Command::Disown { shard: 4 }), "{out:?}");
+    assert!(reports(&out).contains(&Report::Revoked { shard: 4 }));
+}
+
+#[test]
+fn rule_the_next_job_starts_with_the_deferred_entries_and_the_carried_read_mode() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    let report = JobReport {
+        deferred: vec![entry("5-0"), entry("6-0")],
+        defer_for: Some(Duration::from_millis(30)),
+        ..read(2)
+    };
+    let out = m.job_ended(t(10), job.job, Some(report));
+    assert!(plans(&out).is_empty(), "in backoff: {out:?}");
+    assert_eq!(m.next_wake(t(10)), Some(t(40)));
+    let plan = plan_of(&m.tick(t(40)), 0);
+    assert_eq!(plan.kind, JobKind::Retry);
+    assert_eq!(plan.deferred, vec![entry("5-0"), entry("6-0")]);
+    // A claim part-way carries its cursor to the next job.
+    let cursor = ReadMode::Claim {
+        cursor: "9-0".into(),
+    };
+    let report = JobReport {
+        next_read_mode: Some(cursor.clone()),
+        fetched: 5,
+        ..JobReport::default()
+    };
+    let plan = plan_of(&m.job_ended(t(41), plan.job, Some(report)), 0);
+    assert_eq!((plan.kind, plan.read_mode), (JobKind::ClaimOwn, cursor));
+    assert!(plan.deferred.is_empty());
+}
+
+#[test]
+fn rule_the_fence_is_installed_by_the_first_job_and_again_once_lost_or_regranted() {
+    let mut m = machine(1, HooksSet::default());
+    let first = plan_of(&m.assign(t(0), 0, token(1)), 0);
+    assert!(first.install_fence);
+    let installed = JobReport {
+        fence_installed: true,
+        ..read(1)
+    };
+    let second = plan_of(&m.job_ended(t(1), first.job, Some(installed)), 0);
+    assert!(!second.install_fence);
+    let lost = JobReport {
+        fence_lost: true,
+        ..read(1)
+    };
+    let third = plan_of(&m.job_ended(t(2), second.job, Some(lost)), 0);
+    assert!(third.install_fence);
+    let installed = JobReport {
+        fence_installed: true,
+        ..read(1)
+    };
+    let fourth = plan_of(&m.job_ended(t(3), third.job, Some(installed)), 0);
+    assert!(!fourth.install_fence);
+    // A newer grant of the shard has a fence of its own.
+    m.assign(t(4), 0, token(2));
+    let fifth = plan_of(&m.job_ended(t(5), fourth.job, Some(read(1))), 0);
+    assert!(fifth.install_fence);
+    assert_eq!(fifth.token, token(2));
+}
+
+#[test]
+fn rule_a_missing_group_is_created_again_once_after_a_renewed_lease() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    let missing = JobReport {
+        missing_group: true,
+        next_read_mode: Some(ReadMode::claim_own()),
+        ..JobReport::default()
+    };
+    let out = m.job_ended(t(10), job.job, Some(missing));
+    assert!(plans(&out).is_empty(), "{out:?}");
+    // Backoff over, no renewal: still waits (and the driver polls the lease meanwhile).
+    assert!(plans(&m.tick(t(100))).is_empty());
+    assert_eq!(m.next_wake(t(100)), Some(t(150)));
+    // The same deadline confirmed by an accepted heartbeat renews it.
+    let plan = plan_of(&m.observe_lease(t(101), FAR, 2), 0);
+    assert!(plan.recreate_group);
+    assert_eq!(plan.kind, JobKind::ClaimOwn);
+    let next = plan_of(&m.job_ended(t(102), plan.job, Some(read(1))), 0);
+    assert!(!next.recreate_group, "created once");
+}
+
+#[test]
+fn rule_an_error_backs_off_and_the_probe_hears_of_it() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    let failed = JobReport {
+        error: Some(redis::RedisError::from((redis::ErrorKind::Io, "reset"))),
+        next_read_mode: Some(ReadMode::claim_own()),
+        ..JobReport::default()
+    };
+    let out = m.job_ended(t(10), job.job, Some(failed));
+    assert!(out.contains(&Command::Probe(ProbeEvent::ReadResult {
+        shard: 0,
+        failed: true
+    })));
+    assert!(plans(&out).is_empty());
+    assert!(plans(&m.tick(t(59))).is_empty());
+    let plan = plan_of(&m.tick(t(60)), 0);
+    assert_eq!(plan.read_mode, ReadMode::claim_own());
+    let out = m.job_ended(t(61), plan.job, Some(read(1)));
+    assert!(out.contains(&Command::Probe(ProbeEvent::ReadResult {
+        shard: 0,
+        failed: false
+    })));
+}
+
+#[test]
+fn rule_a_job_keeps_its_shard_only_while_no_other_shard_waits_and_not_paused() {
+    let mut m = machine(2, HooksSet::default());
+    let out = m.assign(t(0), 0, token(1));
+    let a = plan_of(&out, 0).job;
+    let out = m.assign(t(0), 1, token(1));
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::Yield { .. })),
+        "{out:?}"
+    );
+    assert_eq!(plan_of(&out, 1).max_turns, MAX_TURNS);
+    // A third shard finds no worker: both running jobs are asked for their shards, once.
+    let out = m.assign(t(0), 2, token(1));
+    let yields: Vec<&Command> = out
+        .iter()
+        .filter(|c| matches!(c, Command::Yield { .. }))
+        .collect();
+    assert_eq!(yields.len(), 2, "{out:?}");
+    assert!(out.contains(&Command::Yield { job: a }));
+    let out = m.assign(t(0), 3, token(1));
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::Yield { .. })),
+        "{out:?}"
+    );
+    // A job started while others wait is asked at once; pause asks every running job.
+    let out = m.job_ended(t(1), a, Some(read(1)));
+    let c = plans(&out)[0].job;
+    assert!(out.contains(&Command::Yield { job: c }), "{out:?}");
+    let mut m = machine(2, HooksSet::default());
+    let job = plan_of(&m.assign(t(0), 0, token(1)), 0).job;
+    assert_eq!(m.pause(t(1)), vec![Command::Yield { job }]);
+}
+
+#[test]
+fn rule_a_revoked_running_job_is_told_to_stop_and_draining_names_it() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    let out = m.revoke(t(1), 0);
+    assert_eq!(
+        reports(&out),
+        vec![Report::Draining {
+            shard: 0,
+            job: Some(job.job)
+        }]
+    );
+    assert!(out.contains(&Command::Stop { job: job.job }));
+    // An idle or unknown shard drains nothing.
+    let out = m.revoke(t(1), 7);
+    assert_eq!(
+        reports(&out),
+        vec![
+            Report::Draining {
+                shard: 7,
+                job: None
+            },
+            Report::Revoked { shard: 7 }
+        ]
+    );
+}
+
+const REVOKED_HOOK: HooksSet = HooksSet {
+    any: true,
+    revoked: true,
+};
+
+#[test]
+fn rule_with_a_revoked_hook_revoked_waits_for_the_hook() {
+    let mut m = machine(1, REVOKED_HOOK);
+    m.assign(t(0), 0, token(1));
+    m.assign(t(0), 1, token(1));
+    assert_eq!(
+        m.settle(),
+        vec![Command::CallHook(HookCall::Assigned(vec![0, 1]))]
+    );
+    // Shard 1 is idle (queued): drained at once, but its report waits for the hook.
+    let out = m.revoke(t(1), 1);
+    assert!(
+        !reports(&out).contains(&Report::Revoked { shard: 1 }),
+        "{out:?}"
+    );
+    assert_eq!(
+        m.settle(),
+        vec![Command::CallHook(HookCall::Revoked(0, vec![1]))]
+    );
+    assert_eq!(
+        m.hook_done(0, vec![1]),
+        vec![Command::Report(Report::Revoked { shard: 1 })]
+    );
+}
+
+#[test]
+fn rule_hooks_hear_drained_before_assigned_in_one_batch_per_settle() {
+    let mut m = machine(4, REVOKED_HOOK);
+    let mut claims = Vec::new();
+    for shard in 0..4 {
+        claims.push(plan_of(&m.assign(t(0), shard, token(1)), shard).job);
+    }
+    m.settle();
+    // Shard 3's claim runs: it drains at the job's end.
+    m.revoke(t(1), 3);
+    m.job_ended(t(1), claims[3], Some(read(1)));
+    m.assign(t(1), 5, token(1));
+    m.assign(t(1), 6, token(1));
+    assert_eq!(
+        m.settle(),
+        vec![
+            Command::CallHook(HookCall::Revoked(0, vec![3])),
+            Command::CallHook(HookCall::Assigned(vec![5, 6]))
+        ]
+    );
+    assert!(m.settle().is_empty());
+}
+
+#[test]
+fn rule_a_fence_drops_the_revoked_reports_of_hooks_in_flight() {
+    let mut m = machine(1, REVOKED_HOOK);
+    m.assign(t(0), 0, token(1));
+    m.assign(t(0), 1, token(1));
+    m.settle();
+    m.revoke(t(1), 1);
+    m.settle();
+    let out = m.fence(t(2));
+    assert!(
+        out.contains(&Command::CallHook(HookCall::Fenced(vec![0]))),
+        "{out:?}"
+    );
+    assert!(out.contains(&Command::Disown { shard: 0 }));
+    assert!(out.contains(&Command::AbortAll));
+    assert!(reports(&m.hook_done(0, vec![1])).is_empty());
+}
+
+#[test]
+fn rule_stopped_waits_for_every_job_and_every_revoked_hook() {
+    let mut m = machine(1, REVOKED_HOOK);
+    let job = plan_of(&m.assign(t(0), 0, token(1)), 0).job;
+    m.settle();
+    let out = m.shutdown(t(1));
+    assert!(out.contains(&Command::Stop { job }), "{out:?}");
+    assert!(!out.contains(&Command::Stopped));
+    let out = m.revoke(t(1), 0);
+    assert!(!out.contains(&Command::Stopped));
+    let out = m.job_ended(t(2), job, Some(read(1)));
+    assert!(
+        !out.contains(&Command::Stopped),
+        "the hook is not called yet: {out:?}"
+    );
+    let out = m.settle();
+    assert_eq!(out, vec![Command::CallHook(HookCall::Revoked(0, vec![0]))]);
+    let out = m.hook_done(0, vec![0]);
+    assert_eq!(
+        out,
+        vec![
+            Command::Report(Report::Revoked { shard: 0 }),
+            Command::Stopped
+        ]
+    );
+    assert!(!m.settle().contains(&Command::Stopped), "once");
+}
+
+#[test]
+fn rule_progress_reports_each_moved_shard_once() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    let first = m.progress();
+    assert_eq!(first.len(), 1, "a new ownership reports once: {first:?}");
+    assert!(m.progress().is_empty());
+    let report = JobReport {
+        last_delivered: Some("8-0".into()),
+        last_acked: Some("7-0".into()),
+        left_pending: 1,
+        ..read(2)
+    };
+    let next = plan_of(&m.job_ended(t(1), job.job, Some(report)), 0);
+    assert_eq!(
+        m.progress(),
+        vec![Command::Report(Report::Progress {
+            shard: 0,
+            last_delivered: Some("8-0".into()),
+            last_acked: Some("7-0".into()),
+            pending: 1,
+            job: Some(next.job),
+        })]
+    );
+    assert!(m.progress().is_empty());
+}
+
+#[test]
+fn rule_a_withdrawn_lease_stops_starts_until_a_confirmation_renews_it() {
+    let (mut m, job) = reading(1, HooksSet::default());
+    m.observe_lease(t(5), t(5), 1);
+    let out = m.job_ended(t(6), job.job, Some(read(1)));
+    assert!(plans(&out).is_empty(), "{out:?}");
+    assert_eq!(m.next_wake(t(6)), Some(t(56)), "polls the lease");
+    let plan = plan_of(&m.observe_lease(t(7), FAR, 2), 0);
+    assert_eq!(
+        plan.kind,
+        JobKind::ClaimOwn,
+        "after a lapse: our own entries first"
+    );
+}
+
+#[test]
+fn rule_the_idle_wait_watches_from_where_the_reads_got_and_forgets_it_on_a_wake_up() {
+    let (mut m, job) = reading(2, HooksSet::default());
+    let report = JobReport {
+        read_up_to: Some("3-0".into()),
+        ..read(0)
+    };
+    let out = m.job_ended(t(1), job.job, Some(report));
+    let (wait, shards) = out
+        .iter()
+        .find_map(|c| match c {
+            Command::StartWait { job, shards } => Some((*job, shards.clone())),
+            _ => None,
+        })
+        .expect("a wait");
+    assert_eq!(shards, vec![(0, Some("3-0".to_owned()))]);
+    let woke = WaitReport {
+        new_entries: vec![0],
+        ..WaitReport::default()
+    };
+    let plan = plan_of(&m.wait_ended(t(2), wait, Some(woke)), 0);
+    assert_eq!(plan.kind, JobKind::Retry);
+    let out = m.job_ended(t(3), plan.job, Some(read(0)));
+    let shards = out
+        .iter()
+        .find_map(|c| match c {
+            Command::StartWait { shards, .. } => Some(shards.clone()),
+            _ => None,
+        })
+        .expect("the next wait");
+    assert_eq!(shards, vec![(0, None)], "the group's position, read again");
 }
