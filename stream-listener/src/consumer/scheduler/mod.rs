@@ -48,7 +48,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::clock::LocalMillis;
@@ -137,6 +137,9 @@ struct Hooks {
     revoked: Vec<u32>,
     /// Revoked hook calls not answered yet.
     pending: usize,
+    /// Shards drained whose revoked hook has not returned, with the number of such calls: a repeated
+    /// revocation waits for them too, and REVOKED goes out once, after the last.
+    unanswered: BTreeMap<u32, usize>,
     /// Incremented by every fence: answers of an earlier generation report nothing.
     fence_generation: u64,
 }
@@ -259,7 +262,9 @@ impl ShardScheduler {
             // Not ours: nothing to drain, unless a job of an earlier (fenced) ownership still runs.
             None => {
                 out.push(Command::Report(Report::Draining { shard, job: None }));
-                if busy {
+                if self.hooks.unanswered.contains_key(&shard) {
+                    // Drained already; REVOKED goes out when its hook returns.
+                } else if busy {
                     self.next_generation += 1;
                     let mut state = Shard::new(now, None, self.next_generation);
                     state.revoking = true;
@@ -305,6 +310,7 @@ impl ShardScheduler {
         // Hooks see events in order: what was assigned or drained before the fence first.
         self.flush_hooks(&mut out);
         self.hooks.fence_generation += 1;
+        self.hooks.unanswered.clear();
         let lost: Vec<u32> = self
             .shards
             .iter()
@@ -612,12 +618,29 @@ impl ShardScheduler {
             .filter(|s| s.generation == generation)
     }
 
-    /// The revoked hook of `generation` returned for `shards`: REVOKED goes out, unless a fence came since.
+    /// The revoked hook of `generation` returned for `shards`: REVOKED goes out, unless a fence came since
+    /// (or the shard was granted and revoked again: that revocation reports on its own).
     pub(crate) fn hook_done(&mut self, generation: u64, shards: Vec<u32>) -> Vec<Command> {
         let mut out = Vec::new();
         self.hooks.pending = self.hooks.pending.saturating_sub(1);
-        if generation == self.hooks.fence_generation {
-            for shard in shards {
+        // A fence came since: nothing of that generation is reported.
+        let shards = if generation == self.hooks.fence_generation {
+            shards
+        } else {
+            Vec::new()
+        };
+        for shard in shards {
+            let left = self.hooks.unanswered.get_mut(&shard).map(|n| {
+                *n = n.saturating_sub(1);
+                *n
+            });
+            if left == Some(0) {
+                self.hooks.unanswered.remove(&shard);
+            }
+            // Granted and revoked again since: REVOKED once, after that drain's hook.
+            let again =
+                left.is_some_and(|n| n > 0) || self.shards.get(&shard).is_some_and(|s| s.revoking);
+            if !again {
                 out.push(Command::Report(Report::Revoked { shard }));
             }
         }
@@ -770,7 +793,7 @@ impl ShardScheduler {
 
     /// Shards owned (not revoking).
     #[cfg(test)]
-    pub(crate) fn owned(&self) -> std::collections::BTreeSet<u32> {
+    pub(crate) fn owned(&self) -> BTreeSet<u32> {
         self.shards
             .iter()
             .filter(|(_, s)| !s.revoking)
@@ -886,6 +909,7 @@ impl ShardScheduler {
         }
         if state.token.is_some() && self.hooks.set.revoked {
             self.hooks.revoked.push(shard);
+            *self.hooks.unanswered.entry(shard).or_default() += 1;
         } else {
             out.push(Command::Report(Report::Revoked { shard }));
         }

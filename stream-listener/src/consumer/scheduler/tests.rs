@@ -5,7 +5,7 @@
 //! `job_end.rs` tests on its own). The rules of the facts the machine keeps for the driver (plans, reports,
 //! hooks, yields) are at the end, against the machine itself.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use proptest::prelude::*;
 
@@ -65,12 +65,49 @@ fn token(epoch: i64) -> FencingToken {
     }
 }
 
-/// The machine seen through the rotation's inputs and outputs.
-struct ShardScheduler(Machine);
+/// The machine seen through the rotation's inputs and outputs (and the revoked hook calls it makes, for
+/// the property test to answer).
+struct ShardScheduler(Machine, VecDeque<(u64, Vec<u32>)>);
 
 impl ShardScheduler {
     fn new(workers: usize, reclaim_every_ms: u64) -> Self {
-        Self(Machine::new(workers, reclaim_every_ms, HooksSet::default()))
+        Self::with_hooks(workers, reclaim_every_ms, HooksSet::default())
+    }
+
+    fn with_hooks(workers: usize, reclaim_every_ms: u64, hooks: HooksSet) -> Self {
+        Self(
+            Machine::new(workers, reclaim_every_ms, hooks),
+            VecDeque::new(),
+        )
+    }
+
+    fn seen(&mut self, out: Vec<Command>) -> Vec<Output> {
+        for command in &out {
+            if let Command::CallHook(HookCall::Revoked(generation, shards)) = command {
+                self.1.push_back((*generation, shards.clone()));
+            }
+        }
+        rotation(out)
+    }
+
+    fn settle(&mut self) -> Vec<Output> {
+        let out = self.0.settle();
+        self.seen(out)
+    }
+
+    /// The oldest revoked hook call returns.
+    fn hook_done(&mut self) -> Vec<Output> {
+        let Some((generation, shards)) = self.1.pop_front() else {
+            return Vec::new();
+        };
+        let out = self.0.hook_done(generation, shards);
+        self.seen(out)
+    }
+
+    /// A job ends with `report`, as the driver hands it over.
+    fn job_reported(&mut self, now: Millis, job: JobId, report: Option<JobReport>) -> Vec<Output> {
+        let out = self.0.job_ended(now, job, report);
+        self.seen(out)
     }
 
     fn assign(&mut self, now: Millis, shard: u32, epoch: i64, deadline: Millis) -> Vec<Output> {
@@ -79,37 +116,46 @@ impl ShardScheduler {
             self.0.lease.until = deadline;
             self.0.lease.lost = false;
         }
-        rotation(self.0.assign(now, shard, token(epoch)))
+        let out = self.0.assign(now, shard, token(epoch));
+        self.seen(out)
     }
 
     fn revoke(&mut self, now: Millis, shard: u32) -> Vec<Output> {
-        rotation(self.0.revoke(now, shard))
+        let out = self.0.revoke(now, shard);
+        self.seen(out)
     }
 
     fn fence(&mut self, now: Millis) -> Vec<Output> {
-        rotation(self.0.fence(now))
+        // As the heartbeat loop does: the deadline is withdrawn before the fence is sent.
+        let confirmations = self.0.lease.confirmations;
+        let mut out = self.0.observe_lease(now, Millis(0), confirmations);
+        out.extend(self.0.fence(now));
+        self.seen(out)
     }
 
     fn lease_renewed(&mut self, now: Millis, deadline: Millis) -> Vec<Output> {
         let confirmations = self.0.lease.confirmations + 1;
         let until = self.0.lease.until.max(deadline);
-        rotation(self.0.observe_lease(now, until, confirmations))
+        let out = self.0.observe_lease(now, until, confirmations);
+        self.seen(out)
     }
 
     fn lease_lost(&mut self, now: Millis) -> Vec<Output> {
         // Withdrawn: the heartbeat loop sets the deadline to the start of time.
         let confirmations = self.0.lease.confirmations;
-        rotation(self.0.observe_lease(now, Millis(0), confirmations))
+        let out = self.0.observe_lease(now, Millis(0), confirmations);
+        self.seen(out)
     }
 
     fn job_ended(&mut self, now: Millis, job: JobId, end: JobEnd) -> Vec<Output> {
         if self.0.jobs.get(&job).is_some_and(|j| j.wait) {
-            return rotation(self.0.wait_ended(now, job, None));
+            let out = self.0.wait_ended(now, job, None);
+            return self.seen(out);
         }
         let mut out = Vec::new();
         self.0.job_ended_as(now, job, end, &mut out);
         self.0.finish(&mut out);
-        rotation(out)
+        self.seen(out)
     }
 
     fn wait_ended(&mut self, now: Millis, job: JobId, woke: &[u32], failed: bool) -> Vec<Output> {
@@ -118,23 +164,28 @@ impl ShardScheduler {
             expired: failed,
             ..WaitReport::default()
         };
-        rotation(self.0.wait_ended(now, job, Some(report)))
+        let out = self.0.wait_ended(now, job, Some(report));
+        self.seen(out)
     }
 
     fn tick(&mut self, now: Millis) -> Vec<Output> {
-        rotation(self.0.tick(now))
+        let out = self.0.tick(now);
+        self.seen(out)
     }
 
     fn pause(&mut self, now: Millis) -> Vec<Output> {
-        rotation(self.0.pause(now))
+        let out = self.0.pause(now);
+        self.seen(out)
     }
 
     fn resume(&mut self, now: Millis) -> Vec<Output> {
-        rotation(self.0.resume(now))
+        let out = self.0.resume(now);
+        self.seen(out)
     }
 
     fn shutdown(&mut self, now: Millis) -> Vec<Output> {
-        rotation(self.0.shutdown(now))
+        let out = self.0.shutdown(now);
+        self.seen(out)
     }
 
     fn next_wake(&self) -> Option<Millis> {
@@ -737,6 +788,8 @@ enum Op {
     Pause,
     Resume,
     Shutdown,
+    Settle,
+    HookDone,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -751,6 +804,8 @@ fn op() -> impl Strategy<Value = Op> {
         15 => Just(Op::Pause),
         20 => Just(Op::Resume),
         1 => Just(Op::Shutdown),
+        30 => Just(Op::Settle),
+        20 => Just(Op::HookDone),
     ]
 }
 
@@ -774,6 +829,10 @@ struct Model {
     unconfirmed: BTreeSet<u32>,
     /// Jobs of an ownership that ended (revoked or fenced): their end says nothing about the shard now.
     stale: BTreeSet<JobId>,
+    /// Revoked shards and the jobs of theirs that ran at the revocation.
+    draining: BTreeMap<u32, BTreeSet<JobId>>,
+    /// Revoked shards granted again before their REVOKED report.
+    reassigned: BTreeSet<u32>,
 }
 
 impl Model {
@@ -825,16 +884,31 @@ impl Model {
                 }
                 Output::Revoked { shard } => {
                     prop_assert!(self.revoking.remove(shard), "REVOKED {} not asked", shard);
-                    prop_assert!(
-                        !self.running.values().any(|(s, _)| s.contains(shard)),
-                        "REVOKED {} while its job runs",
-                        shard
-                    );
+                    let drained = self.draining.remove(shard).unwrap_or_default();
+                    if self.reassigned.remove(shard) {
+                        // Granted again while revoking: the new ownership may run before the revoked
+                        // hook returns, the revoked one's jobs may not.
+                        prop_assert!(
+                            drained.iter().all(|job| !self.running.contains_key(job)),
+                            "REVOKED {} while a job of the revoked ownership runs",
+                            shard
+                        );
+                    } else {
+                        prop_assert!(
+                            !self.running.values().any(|(s, _)| s.contains(shard)),
+                            "REVOKED {} while its job runs",
+                            shard
+                        );
+                    }
                 }
                 Output::InterruptWait { job } => {
                     prop_assert!(self.running.get(job).is_some_and(|(_, w)| *w));
                 }
-                Output::AbortAll | Output::Stopped => {}
+                Output::Stopped => {
+                    prop_assert!(self.closing, "stopped without a shutdown");
+                    prop_assert!(self.running.is_empty(), "stopped with jobs running");
+                }
+                Output::AbortAll => {}
             }
         }
         prop_assert!(self.running.len() <= self.workers, "more jobs than workers");
@@ -845,8 +919,9 @@ impl Model {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
     #[test]
-    fn random_inputs_keep_every_invariant(workers in 1usize..4, ops in proptest::collection::vec(op(), 1..120)) {
-        let mut s = ShardScheduler::new(workers, 1_000);
+    fn random_inputs_keep_every_invariant(workers in 1usize..4, hooked in any::<bool>(), ops in proptest::collection::vec(op(), 1..120)) {
+        let hooks = HooksSet { any: hooked, revoked: hooked };
+        let mut s = ShardScheduler::with_hooks(workers, 1_000, hooks);
         let mut m = Model { workers, ..Model::default() };
         for op in ops {
             let out = match op {
@@ -854,10 +929,12 @@ proptest! {
                     let deadline = m.now + 2_000;
                     m.deadline = m.deadline.max(deadline);
                     if m.revoking.contains(&shard) {
-                        // Served after the REVOKED report: the model learns the epoch then.
+                        // Served once the revoked ownership drained (its REVOKED report may still wait
+                        // for the revoked hook).
+                        m.reassigned.insert(shard);
+                        m.owned.insert(shard, epoch);
                         let out = s.assign(t(m.now), shard, epoch, t(deadline));
                         m.check(&out)?;
-                        m.owned.insert(shard, epoch);
                         continue;
                     }
                     m.owned.insert(shard, epoch);
@@ -867,6 +944,11 @@ proptest! {
                 }
                 Op::Revoke(shard) => {
                     m.staled(Some(shard));
+                    if !m.revoking.contains(&shard) {
+                        let jobs = m.running.iter().filter(|(_, (s, _))| s.contains(&shard)).map(|(j, _)| *j).collect();
+                        m.draining.insert(shard, jobs);
+                    }
+                    m.reassigned.remove(&shard);
                     m.owned.remove(&shard);
                     m.retry_at.remove(&shard);
                     m.unconfirmed.remove(&shard);
@@ -877,6 +959,8 @@ proptest! {
                     m.staled(None);
                     m.owned.clear();
                     m.revoking.clear();
+                    m.draining.clear();
+                    m.reassigned.clear();
                     m.retry_at.clear();
                     m.unconfirmed.clear();
                     m.deadline = m.now;
@@ -902,24 +986,34 @@ proptest! {
                         let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32) % 2 == 0).collect();
                         s.wait_ended(t(m.now), job, &woke, kind == 6)
                     } else {
-                        let end = match kind {
-                            0 => JobEnd::Data,
-                            1 => JobEnd::Empty,
-                            2 => JobEnd::Claiming,
-                            3 => JobEnd::Deferred { retry_at: t(m.now + d) },
-                            4 => JobEnd::Failed { retry_at: t(m.now + d) },
-                            5 => JobEnd::Expired,
-                            6 => JobEnd::Aborted,
-                            7 => JobEnd::ReadFailed { retry_at: t(m.now + d) },
-                            _ => JobEnd::MissingGroup { retry_at: t(m.now + d) },
+                        // Every kind of end, as a job reports it (`end_of` says what it means).
+                        let live = |fetched| JobReport { next_read_mode: Some(ReadMode::Live), fetched, ..JobReport::default() };
+                        let claim = ReadMode::Claim { cursor: "1-0".into() };
+                        let error = || Some(redis::RedisError::from((redis::ErrorKind::Io, "reset")));
+                        let report = match kind {
+                            0 => Some(live(1)),
+                            1 => Some(live(0)),
+                            2 => Some(JobReport { next_read_mode: Some(claim), fetched: 1, ..JobReport::default() }),
+                            3 => Some(JobReport { deferred: vec![entry("1-0")], defer_for: Some(Duration::from_millis(d)), ..live(1) }),
+                            4 => Some(JobReport { error: error(), next_read_mode: Some(claim), ..JobReport::default() }),
+                            5 => Some(JobReport { expired: true, ..live(0) }),
+                            6 => None,
+                            7 => Some(JobReport { error: error(), ..live(0) }),
+                            _ => Some(JobReport { missing_group: true, ..live(0) }),
                         };
-                        if let (JobEnd::Deferred { retry_at } | JobEnd::Failed { retry_at } | JobEnd::ReadFailed { retry_at } | JobEnd::MissingGroup { retry_at }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
-                            m.retry_at.insert(shards[0], retry_at.0);
+                        // The earliest the shard may run again (an error's backoff is at least 50 ms).
+                        let retry_at = match kind {
+                            3 => Some(m.now + d),
+                            4 | 7 | 8 => Some(m.now + 50),
+                            _ => None,
+                        };
+                        if let (Some(at), Some(_), false) = (retry_at, m.owned.get(&shards[0]), stale) {
+                            m.retry_at.insert(shards[0], at);
                         }
-                        if let (JobEnd::MissingGroup { .. }, Some(_), false) = (end, m.owned.get(&shards[0]), stale) {
+                        if let (8, Some(_), false) = (kind, m.owned.get(&shards[0]), stale) {
                             m.unconfirmed.insert(shards[0]);
                         }
-                        s.job_ended(t(m.now), job, end)
+                        s.job_reported(t(m.now), job, report)
                     }
                 }
                 Op::Tick(d) => {
@@ -938,6 +1032,8 @@ proptest! {
                     m.closing = true;
                     s.shutdown(t(m.now))
                 }
+                Op::Settle => s.settle(),
+                Op::HookDone => s.hook_done(),
             };
             m.check(&out)?;
             prop_assert_eq!(s.running(), m.running.len());
@@ -948,7 +1044,8 @@ proptest! {
             return Ok(());
         }
         m.paused = false;
-        m.now += 1_000;
+        // Past the longest error backoff (5 s).
+        m.now += 10_000;
         m.deadline = m.now + 1_000_000;
         m.retry_at.clear();
         m.unconfirmed.clear();
@@ -958,7 +1055,12 @@ proptest! {
         m.check(&out)?;
         let mut seen = BTreeSet::new();
         for _ in 0..(m.owned.len() + m.revoking.len() + 8) * 4 {
-            let Some((&job, (shards, wait))) = m.running.iter().next() else { break };
+            let mut out = s.settle();
+            while !s.1.is_empty() {
+                out.extend(s.hook_done());
+            }
+            m.check(&out)?;
+            let Some((&job, (shards, wait))) = m.running.iter().next() else { continue };
             let (shards, wait) = (shards.clone(), *wait);
             m.running.remove(&job);
             seen.extend(shards.iter().copied());
@@ -1261,6 +1363,40 @@ fn rule_hooks_hear_drained_before_assigned_in_one_batch_per_settle() {
         ]
     );
     assert!(m.settle().is_empty());
+}
+
+#[test]
+fn rule_a_repeated_revocation_of_a_drained_shard_still_waits_for_its_hook() {
+    let mut m = machine(1, REVOKED_HOOK);
+    m.assign(t(0), 0, token(1));
+    m.assign(t(0), 1, token(1));
+    m.revoke(t(1), 1);
+    let out = m.revoke(t(1), 1);
+    assert_eq!(
+        reports(&out),
+        vec![Report::Draining {
+            shard: 1,
+            job: None
+        }]
+    );
+    m.settle();
+    let out = m.revoke(t(2), 1);
+    assert_eq!(
+        reports(&out),
+        vec![Report::Draining {
+            shard: 1,
+            job: None
+        }]
+    );
+    assert_eq!(
+        m.hook_done(0, vec![1]),
+        vec![Command::Report(Report::Revoked { shard: 1 })]
+    );
+    let out = m.revoke(t(3), 1);
+    assert!(
+        reports(&out).contains(&Report::Revoked { shard: 1 }),
+        "answered: at once"
+    );
 }
 
 #[test]
