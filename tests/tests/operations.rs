@@ -325,9 +325,10 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     let text = error.to_string();
     assert!(text.contains("unreachable"), "{text}");
     assert!(!text.contains("secret"), "{text}");
-    let stream_listener::RuntimeError::Unreachable { attempts, .. } = error else {
+    let stream_listener::RuntimeError::Unreachable(unreachable) = &error else {
         panic!("{error:?}");
     };
+    let attempts = unreachable.attempts;
     assert!(attempts >= 2, "{error:?}");
 
     // Each failed attempt was logged, a WARN with its number, then the last one an ERROR; the URL

@@ -14,7 +14,9 @@
 
 mod builder;
 mod follower;
+pub(crate) mod registry;
 mod spec;
+mod startup;
 mod state;
 mod supervise;
 
@@ -40,6 +42,7 @@ use crate::topology::{StartFrom, Topology, TopologyError};
 
 pub use builder::ConsumerBuilder;
 pub use spec::{InvalidListener, ListenerSpec, Origin};
+pub use startup::Unreachable;
 pub use state::{MissingState, State, States};
 
 /// Shards of a stream created by a listener when no producer has created its topology yet.
@@ -64,17 +67,8 @@ pub enum RuntimeError {
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
     /// Redis did not answer within the startup limit ([`Runtime::startup_timeout`]).
-    #[error("Redis at {url} unreachable for {waited_ms} ms ({attempts} attempts): {last_error}")]
-    Unreachable {
-        /// The URL, credentials redacted.
-        url: String,
-        /// Connection attempts made.
-        attempts: u32,
-        /// How long the runtime kept trying.
-        waited_ms: u64,
-        /// The last attempt's error.
-        last_error: redis::RedisError,
-    },
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
     /// A graceful shutdown missed its deadline; what was still running was aborted (entries in flight stay
     /// pending for the next owner).
     #[error("shutdown missed its deadline of {timeout_ms} ms; stuck: {}", .stuck.join("; "))]
@@ -377,7 +371,7 @@ impl Runtime {
         }
         check_unique_members(&plans)?;
         let client = crate::tls::open_target::<RuntimeError>(self.redis_url.expose(), &self.tls)?;
-        crate::startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
+        startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (exits, exits_rx) = mpsc::unbounded_channel();
         let mut groups: Vec<(String, String)> = plans
