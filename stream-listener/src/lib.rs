@@ -68,6 +68,7 @@ pub mod http;
 pub mod member;
 pub mod metrics;
 pub mod names;
+mod panic;
 pub mod producer;
 pub mod redact;
 pub mod replay;
