@@ -73,11 +73,6 @@ impl RunningRuntime {
         })
     }
 
-    /// The memberIds this process runs, in start order.
-    pub fn member_ids(&self) -> Vec<String> {
-        self.members.iter().map(|m| m.member_id.clone()).collect()
-    }
-
     /// The ids [`pause`](Self::pause) and [`resume`](Self::resume) take: a listener's id is its member's
     /// id (one per member, so `concurrency = 4` gives four), in start order.
     pub fn listener_ids(&self) -> Vec<String> {
@@ -157,13 +152,6 @@ impl RunningRuntime {
             .iter()
             .map(|m| (m.member_id.clone(), m.status.borrow().clone()))
             .collect()
-    }
-
-    /// [`stop`](Self::stop), logging what missed the deadline instead of returning it.
-    pub async fn shutdown(self) {
-        if let Err(error) = self.stop().await {
-            tracing::error!(%error, "shutdown incomplete");
-        }
     }
 
     /// Graceful shutdown: every member revokes its shards, waits for in-flight handlers, acknowledges,
