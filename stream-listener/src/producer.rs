@@ -65,6 +65,7 @@ pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 
 /// Errors from publishing.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProducerError {
     /// The stream's topology is missing, corrupt, or could not be read.
     #[error(transparent)]

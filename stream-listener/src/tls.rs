@@ -32,6 +32,7 @@ pub struct TlsFiles {
 
 /// Why the TLS files cannot be used. Names the file, never its contents.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
     #[error("{what} {}: {source}", .path.display())]
