@@ -31,7 +31,7 @@ pub struct RunningRuntime {
 }
 
 impl RunningRuntime {
-    /// [`Runtime::run`] for a runtime already started: runs until SIGTERM or ctrl-c, then
+    /// [`Runtime::run`](super::Runtime::run) for a runtime already started: runs until SIGTERM or ctrl-c, then
     /// [`stop`](Self::stop)s. Take what you need first:
     ///
     /// ```no_run
