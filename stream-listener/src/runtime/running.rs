@@ -31,8 +31,8 @@ pub struct RunningRuntime {
 }
 
 impl RunningRuntime {
-    /// [`Runtime::run`](super::Runtime::run) for a runtime already started: runs until SIGTERM or ctrl-c, then
-    /// [`stop`](Self::stop)s. Take what you need first:
+    /// [`Runtime::run`](super::Runtime::run) for a runtime already started: runs until SIGTERM or
+    /// ctrl-c, then [`stop`](Self::stop)s. Take what you need first:
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), stream_listener::RuntimeError> {
