@@ -1463,7 +1463,7 @@ async fn a_replay_reaches_only_the_group_that_failed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    running.shutdown().await;
+    let _ = running.stop().await;
     let seen = seen.lock().unwrap().clone();
     let handled = |group: &str| seen.iter().filter(|(g, k)| g == group && k == key).count();
     assert_eq!(handled(GROUP), 1, "{seen:?}");

@@ -263,6 +263,6 @@ fn library_over_tls(server: &TlsRedis) {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        running.shutdown().await;
+        let _ = running.stop().await;
     });
 }

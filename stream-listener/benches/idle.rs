@@ -192,6 +192,6 @@ fn main() {
         let sent = (n - 1_000_000) as usize;
         wait_for(&latencies, sent, Duration::from_secs(10)).await;
         report("busy shard, 10 entries every 10 ms (target p50 <= 10 ms)", &latencies);
-        running.shutdown().await;
+        let _ = running.stop().await;
     });
 }

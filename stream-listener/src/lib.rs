@@ -68,13 +68,12 @@ pub mod http;
 pub mod member;
 pub mod metrics;
 pub mod names;
+mod panic;
 pub mod producer;
 pub mod redact;
-mod registry;
 pub mod replay;
 pub mod routing;
 pub mod runtime;
-mod startup;
 pub mod store;
 pub mod tls;
 pub mod topology;
@@ -102,7 +101,7 @@ pub mod __private {
     pub use crate::consumer::{
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
-    pub use crate::registry::{registrations, ListenerRegistration, PayloadKind};
+    pub use crate::runtime::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
     pub use crate::topology::StartFrom;
     pub use core::result::Result;

@@ -65,6 +65,7 @@ pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 
 /// Errors from publishing.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProducerError {
     /// The stream's topology is missing, corrupt, or could not be read.
     #[error(transparent)]
@@ -167,11 +168,11 @@ struct Cached {
 
 /// Publishes messages to one sharded stream. Cheap to clone; clones share the connection and topology cache.
 ///
-/// `C` is any async Redis connection that is cheap to clone: [`Connection`](crate::Connection) (the
+/// `C` is any async Redis connection that is cheap to clone: [`Connection`](crate::connection::Connection) (the
 /// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`] or
 /// [`redis::aio::MultiplexedConnection`].
 #[derive(Clone)]
-pub struct Producer<C = crate::Connection> {
+pub struct Producer<C = crate::connection::Connection> {
     conn: C,
     prefix: Arc<str>,
     config: ProducerConfig,
@@ -211,11 +212,11 @@ impl<C> Producer<C> {
     }
 }
 
-impl Producer<crate::Connection> {
+impl Producer<crate::connection::Connection> {
     /// Connects to the Redis at `url` (reconnecting on failure) and loads the topology of `stream`, which
     /// must exist: a listener with a `shard_count`, [`Topology::ensure`], or
     /// [`connect_creating`](Self::connect_creating) creates it. A `redis+cluster://host:port,...` URL
-    /// connects to a Redis Cluster (see [`RedisTarget::open`](crate::RedisTarget::open)).
+    /// connects to a Redis Cluster (see [`RedisTarget::open`](crate::connection::RedisTarget::open)).
     pub async fn connect(url: &str, stream: &str) -> Result<Self, ProducerError> {
         Self::connect_with_tls(url, stream, &TlsFiles::default()).await
     }
@@ -255,7 +256,10 @@ impl Producer<crate::Connection> {
     }
 }
 
-async fn connect_url(url: &str, tls: &TlsFiles) -> Result<crate::Connection, ProducerError> {
+async fn connect_url(
+    url: &str,
+    tls: &TlsFiles,
+) -> Result<crate::connection::Connection, ProducerError> {
     let target = crate::tls::open_target::<ProducerError>(url, tls)?;
     Ok(target
         .connect(crate::connection::ConnectOptions::default())

@@ -86,6 +86,7 @@ pub fn shard_stream_key(prefix: &str, index: u32) -> String {
 
 /// Why a stream prefix was rejected by [`validate_prefix`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PrefixError {
     /// The prefix is empty.
     Empty,

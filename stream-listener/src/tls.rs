@@ -1,7 +1,7 @@
 //! Certificates for `rediss://` and `rediss+cluster://`: a certificate authority to trust instead of the
 //! system's roots, and a client certificate for servers that require one (`tls-auth-clients yes`, mutual
 //! TLS). [`TlsFiles`] names the PEM files; [`TlsFiles::load`] reads and checks them, and
-//! [`RedisTarget::with_tls`](crate::RedisTarget::with_tls) connects with them, on one node or a cluster.
+//! [`RedisTarget::with_tls`](crate::connection::RedisTarget::with_tls) connects with them, on one node or a cluster.
 //!
 //! The runtime ([`Runtime::tls`](crate::Runtime::tls), [`Runtime::from_env`](crate::Runtime::from_env)),
 //! the producer ([`Producer::connect_with_tls`](crate::Producer::connect_with_tls)) and the CLI
@@ -32,6 +32,7 @@ pub struct TlsFiles {
 
 /// Why the TLS files cannot be used. Names the file, never its contents.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
     #[error("{what} {}: {source}", .path.display())]
@@ -167,13 +168,13 @@ fn invalid(path: &Path, what: &'static str, reason: &'static str) -> TlsError {
     }
 }
 
-/// `url` as a [`RedisTarget`](crate::RedisTarget), with `tls`'s certificates when any file is named:
+/// `url` as a [`RedisTarget`](crate::connection::RedisTarget), with `tls`'s certificates when any file is named:
 /// what the runtime and the producer connect to.
-pub(crate) fn open_target<E>(url: &str, tls: &TlsFiles) -> Result<crate::RedisTarget, E>
+pub(crate) fn open_target<E>(url: &str, tls: &TlsFiles) -> Result<crate::connection::RedisTarget, E>
 where
     E: From<redis::RedisError> + From<TlsError>,
 {
-    let target = crate::RedisTarget::open(url)?;
+    let target = crate::connection::RedisTarget::open(url)?;
     if tls.is_empty() {
         return Ok(target);
     }

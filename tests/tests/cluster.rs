@@ -170,8 +170,8 @@ async fn consume_through(
         distinct(&seen) as u32 == sent
     })
     .await;
-    a.shutdown().await;
-    b.shutdown().await;
+    let _ = a.stop().await;
+    let _ = b.stop().await;
     check(&seen, sent, per_key);
 }
 
@@ -325,7 +325,7 @@ async fn the_idle_wait_blocks_per_slot_and_ends_when_any_read_returns() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// A grow and then a shrink while a producer writes and two runtimes consume: the scripts touch one
@@ -400,7 +400,7 @@ async fn a_grow_then_a_shrink_under_traffic_loses_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    a.shutdown().await;
-    b.shutdown().await;
+    let _ = a.stop().await;
+    let _ = b.stop().await;
     check(&seen, sent, per_key);
 }

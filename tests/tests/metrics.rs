@@ -255,8 +255,8 @@ async fn a_known_workload_shows_up_in_the_recorder() {
             "{base} is listed"
         );
     }
-    second.shutdown().await;
-    runtime.shutdown().await;
+    let _ = second.stop().await;
+    let _ = runtime.stop().await;
 }
 
 /// Every metric name in `text` (`stream_listener_...`), histogram series suffixes removed.

@@ -120,7 +120,7 @@ async fn a_hung_handler_times_out_is_retried_then_dead_lettered_while_other_shar
         },
     )
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +193,7 @@ async fn a_retry_backoff_holds_its_shard_but_not_the_only_worker() {
         "per-key order on the failing shard"
     );
     assert_eq!(dead_letters(&url, "backoff").await.len(), 1);
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 #[stream_listener::stream_listener(stream = "dup", group = "g", id = "dup")]
@@ -303,7 +303,7 @@ async fn the_runtime_waits_for_a_redis_that_comes_up_after_it_and_then_consumes(
         HANDLED.lock().unwrap().len() == 5
     })
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 #[tokio::test]
@@ -325,9 +325,10 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     let text = error.to_string();
     assert!(text.contains("unreachable"), "{text}");
     assert!(!text.contains("secret"), "{text}");
-    let stream_listener::RuntimeError::Unreachable { attempts, .. } = error else {
+    let stream_listener::RuntimeError::Unreachable(unreachable) = &error else {
         panic!("{error:?}");
     };
+    let attempts = unreachable.attempts;
     assert!(attempts >= 2, "{error:?}");
 
     // Each failed attempt was logged, a WARN with its number, then the last one an ERROR; the URL
@@ -625,5 +626,5 @@ async fn health_is_not_ready_while_a_shards_reads_keep_failing_and_ready_again_o
         || HANDLED.load(Ordering::SeqCst) == 1,
     )
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }

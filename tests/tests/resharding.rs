@@ -101,7 +101,7 @@ async fn a_grow_keeps_per_key_order_for_keys_that_move(target: Target) {
         distinct_handled(&log) == total
     })
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 
     // Per key, the first handling of each sequence number comes in increasing order.
     let handled = log.lock().unwrap().clone();
@@ -568,7 +568,7 @@ async fn a_shrink_just_before_a_follower_tick_loses_nothing(target: Target) {
     for shard in 8..16 {
         assert!(retired(&mut conn, &format!("tick:{shard}")).await);
     }
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// A shrink 16 -> 8 while the removed shards' handlers are slow: keys whose shard was removed must wait
@@ -601,7 +601,7 @@ async fn a_shrink_with_slow_removed_shards_keeps_per_key_order(target: Target) {
     let v = verdict(&log, &sent, Duration::from_secs(60)).await;
     assert_clean("shrink with slow removed shards", &v);
     wait_for_group_shard_count(&mut conn, "slow", 8).await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// A grow 8 -> 16 whose new shards hold a backlog (slow handlers there) is rolled back while producers
@@ -690,7 +690,7 @@ async fn a_rollback_of_a_grow_with_entries_in_the_new_shards_sticks_and_loses_no
         },
     )
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// A producer whose topology refresh (60 s) is much slower than the grace keeps writing the old layout
@@ -732,7 +732,7 @@ async fn a_stale_producer_during_a_shrink_loses_nothing(target: Target) {
         "the stale producer's late writes were detected"
     );
     wait_for_group_shard_count(&mut conn, "stale", 8).await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// The same on a grow 8 -> 16, with the old shards slow: the stale producer's late old-layout writes can
@@ -822,7 +822,7 @@ async fn a_stale_producer_during_a_grow_is_detected(target: Target) {
         "{} counted {metric}, Redis counted {detected}",
         stream_listener::metrics::STALE_WRITES
     );
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 /// What [`STALE_WRITES`](stream_listener::metrics::STALE_WRITES) counted for `stream` so far, from the

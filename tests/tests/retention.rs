@@ -173,8 +173,8 @@ async fn the_default_producer_keeps_everything_a_group_has_not_read() {
         .await
         .unwrap()
         .is_empty());
-    late.shutdown().await;
-    eager.shutdown().await;
+    let _ = late.stop().await;
+    let _ = eager.stop().await;
 }
 
 /// Retention runs on the server so far: each reads `XINFO STREAM` (nothing else of the library does).
@@ -283,7 +283,7 @@ async fn retention_trims_what_every_group_acknowledged_and_nothing_else() {
     expected.extend(more);
     assert_eq!(ids(&mut conn, "two:0").await, expected);
     assert!(trimmed_unread(&mut conn, "two").await.unwrap().is_empty());
-    fast.shutdown().await;
+    let _ = fast.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +313,7 @@ async fn keep_and_keep_for_hold_acknowledged_entries() {
     .await;
     wait_len(&conn, "kept:0", 300, "the newest 300 kept").await;
     assert_eq!(ids(&mut conn, "kept:0").await, sent[700..]);
-    kept.shutdown().await;
+    let _ = kept.stop().await;
 
     // keep_for: entries younger than an hour stay. 400 entries from two hours ago (explicit ids), then
     // 600 new ones.
@@ -364,7 +364,7 @@ async fn keep_and_keep_for_hold_acknowledged_entries() {
     )
     .await;
     assert_eq!(ids(&mut conn, "aged:0").await, young);
-    aged.shutdown().await;
+    let _ = aged.stop().await;
 }
 
 /// Every counter as `name{label=value,...}` -> value, summed into `seen` (the recorder resets what it
@@ -451,7 +451,7 @@ async fn an_opt_in_cap_that_drops_unread_entries_is_counted_and_logged() {
     .await;
 
     // The consumers are down while the capped producer writes: most of it is trimmed unread.
-    first.shutdown().await;
+    let _ = first.stop().await;
     send(&capped, 1, 10..2010).await;
     let lost = expected_loss(&mut conn, "capped:0", "g").await;
     let left = xlen(&mut conn, "capped:0").await;
@@ -489,7 +489,7 @@ async fn an_opt_in_cap_that_drops_unread_entries_is_counted_and_logged() {
         trimmed_unread(&mut conn, "capped").await.unwrap().get("g"),
         Some(&(lost + lost_again))
     );
-    second.shutdown().await;
+    let _ = second.stop().await;
 
     let mut counters = BTreeMap::new();
     accumulate(&snapshotter, &mut counters);
@@ -583,7 +583,7 @@ async fn a_full_redis_refuses_writes_loses_nothing_and_takes_them_again_after_re
     for chunk in again.chunks(100) {
         producer.send_batch(chunk).await.unwrap();
     }
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

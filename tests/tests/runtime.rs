@@ -96,7 +96,7 @@ async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listene
         .start()
         .await
         .unwrap();
-    let mut ids = runtime.member_ids();
+    let mut ids = runtime.listener_ids();
     ids.sort();
     assert_eq!(
         ids,
@@ -131,7 +131,7 @@ async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listene
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
     let view = projection(&url, "annotated", "billing").await;
     assert!(
         view.members.is_empty(),
@@ -191,7 +191,7 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
     };
     let start = || test_runtime(&url).consumer(builder()).start();
     let runtime = start().await.unwrap();
-    assert_eq!(runtime.member_ids(), ["solo"]);
+    assert_eq!(runtime.listener_ids(), ["solo"]);
     wait_until("some orders handled", Duration::from_secs(30), || {
         seen_len(&seen) >= 100
     })
@@ -200,7 +200,7 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
     assert_eq!(view.members.len(), 1, "one member, however many workers");
     assert_eq!(view.members[0].runtime_max_concurrency, 3);
     // Stop mid-stream: in-flight work is finished and acknowledged, the rest stays for the next run.
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
     assert!(
         projection(&url, "built", "g").await.members.is_empty(),
         "left the group"
@@ -210,7 +210,7 @@ async fn builder_registers_one_member_with_local_workers_and_shutdown_loses_noth
         seen_len(&seen) == 600
     })
     .await;
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
     assert_eq!(
         pending(&url, "built", "g", 8).await,
         0,
@@ -259,7 +259,7 @@ async fn a_resized_stream_is_followed_by_its_groups_and_a_shrink_never_strands_e
     })
     .await;
     assert_eq!(projection(&url, "grown", "g").await.shard_count, 8);
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 
     // With nobody reading, a shrink strands nothing either: the removed shards keep their entries and stay
     // readable (draining) until every group consumed them, and nothing retires them before. (After the
@@ -388,7 +388,7 @@ async fn redis_restarted_empty_is_rebuilt_and_consumption_resumes() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
     assert_eq!(
         pending(&url, "phoenix", "g", 4).await,
         0,

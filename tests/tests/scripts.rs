@@ -198,7 +198,7 @@ async fn every_script_touches_only_the_keys_it_declares() {
     })
     .await;
     // A member leaves with entries pending: its shards move to the other one, which fences and claims.
-    b.shutdown().await;
+    let _ = b.stop().await;
     third.send_batch(&orders(8, 40..50)).await.unwrap();
     wait_until(
         "the orders after the hand-off handled",
@@ -238,8 +238,8 @@ async fn every_script_touches_only_the_keys_it_declares() {
         .await
         .unwrap();
     let c = joining.await.unwrap();
-    c.shutdown().await;
-    a.shutdown().await;
+    let _ = c.stop().await;
+    let _ = a.stop().await;
 
     let audit = script_key_audit(&mut conn, &monitor.lines()).await;
     let undeclared: BTreeMap<&str, Vec<String>> = audit

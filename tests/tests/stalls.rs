@@ -188,8 +188,8 @@ async fn stall_and_recover(stream: &str, stall: Duration, how: Stall) -> (Durati
          (heartbeat interval {} ms)",
         STALL_TIMING.heartbeat_interval_ms
     );
-    a.shutdown().await;
-    b.shutdown().await;
+    let _ = a.stop().await;
+    let _ = b.stop().await;
     (first, last)
 }
 
@@ -251,7 +251,7 @@ async fn a_member_on_a_slow_link_stays_a_member_through_membership_changes() {
     // Membership changes elsewhere: a member joins, another leaves, one more joins.
     let fast_c = start_timed(&url, stream, "fast-c", &handled, SLOW_LINK_TIMING).await;
     send.send_batch(&orders(16, 3..6)).await.unwrap();
-    fast_a.shutdown().await;
+    let _ = fast_a.stop().await;
     let fast_d = start_timed(&url, stream, "fast-d", &handled, SLOW_LINK_TIMING).await;
     send.send_batch(&orders(16, 6..9)).await.unwrap();
     let runtimes = [&slow, &fast_b, &fast_c, &fast_d];
@@ -294,6 +294,6 @@ async fn a_member_on_a_slow_link_stays_a_member_through_membership_changes() {
             .collect::<Vec<_>>()
     );
     for runtime in [slow, fast_b, fast_c, fast_d] {
-        runtime.shutdown().await;
+        let _ = runtime.stop().await;
     }
 }

@@ -140,7 +140,7 @@ async fn entries_written_by_other_clients_are_handled_as_field_maps() {
         .await
         .unwrap();
     assert_eq!(
-        runtime.member_ids(),
+        runtime.listener_ids(),
         ["surface-host-billing"],
         "a builder's default member id is {{base}}-{{group}}"
     );

@@ -160,7 +160,7 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
         "{recovered:#?}"
     );
 
-    runtime.shutdown().await;
+    let _ = runtime.stop().await;
 
     // Every line the member's heartbeat loop, store and consumer logged says which member, stream and
     // group it is about; and every heartbeat had its span, at DEBUG.

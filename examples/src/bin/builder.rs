@@ -39,13 +39,14 @@ async fn main() -> Result<(), stream_listener::RuntimeError> {
         .consumer(billing)
         .start()
         .await?;
-    println!("started members {:?}", running.member_ids());
+    println!("started members {:?}", running.listener_ids());
 
     // `Runtime::run()` would do this for us: wait for ctrl-c, then leave the group gracefully.
     let _ = tokio::signal::ctrl_c().await;
     for (member, status) in running.statuses() {
         println!("{member}: {status:?}");
     }
-    running.shutdown().await;
+    // A member that could not leave within the shutdown timeout is an error naming it.
+    running.stop().await?;
     Ok(())
 }

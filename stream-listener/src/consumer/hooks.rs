@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::message::{panic_message, BoxFuture};
+use super::message::BoxFuture;
+use crate::panic::{catch_panic, panic_message};
 
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
 
@@ -134,30 +135,11 @@ async fn call_hook(name: &str, hook: &Option<ShardsHook>, shards: Vec<u32>) {
     };
     let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(shards)));
     let panicked = match call {
-        Ok(future) => CatchPanic { future }.await.err(),
+        Ok(future) => catch_panic(future).await.err(),
         Err(panic) => Some(panic_message(&*panic)),
     };
     if let Some(message) = panicked {
         tracing::error!(hook = name, panic = %message, "lifecycle hook panicked; the member goes on");
-    }
-}
-
-struct CatchPanic {
-    future: BoxFuture<'static, ()>,
-}
-
-impl Future for CatchPanic {
-    type Output = Result<(), String>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let future = self.future.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(poll) => poll.map(Ok),
-            Err(panic) => std::task::Poll::Ready(Err(panic_message(&*panic))),
-        }
     }
 }
 

@@ -32,7 +32,7 @@ use super::config::{AckPolicy, OnExhausted};
 use super::driver::JobSignals;
 use super::entry::Entry;
 use super::fence::{self, is_missing_group, Fence};
-use super::message::{Acker, CatchUnwind, Delivery, HandlerError, ShardOwnership};
+use super::message::{Acker, BoxFuture, Delivery, HandlerError, ShardOwnership};
 use super::scheduler::{JobReport, ReadMode};
 use super::shard_io::{Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
@@ -437,9 +437,9 @@ async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
     });
     let result = match called {
         Ok(Ok(future)) => match io.config.handler_timeout {
-            None => CatchUnwind { future }.instrument(span).await,
+            None => caught(future).instrument(span).await,
             Some(limit) => {
-                match tokio::time::timeout(limit, CatchUnwind { future }.instrument(span)).await {
+                match tokio::time::timeout(limit, caught(future).instrument(span)).await {
                     Ok(result) => result,
                     Err(_) => {
                         timed_out = true;
@@ -460,7 +460,7 @@ async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
         }
         Err(panic) => Err(HandlerError::msg(format!(
             "handler panicked: {}",
-            super::message::panic_message(&*panic)
+            crate::panic::panic_message(&*panic)
         ))),
     };
     let config = &io.config;
@@ -599,7 +599,7 @@ async fn handle_batch(
             let Some(future) = future else {
                 return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
             };
-            let run = CatchUnwind { future }.instrument(span);
+            let run = caught(future).instrument(span);
             match io.config.handler_timeout {
                 None => run.await,
                 Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
@@ -613,7 +613,7 @@ async fn handle_batch(
         }
         Err(panic) => Err(HandlerError::msg(format!(
             "handler panicked: {}",
-            super::message::panic_message(&*panic)
+            crate::panic::panic_message(&*panic)
         ))),
     };
     let handled: Vec<usize> = handed
@@ -660,6 +660,13 @@ async fn handle_batch(
         fates[i] = Some(fate(&error));
     }
     fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect()
+}
+
+/// Runs a handler's future, turning a panic into a failed attempt instead of unwinding through the worker.
+async fn caught(future: BoxFuture<'static, Result<(), HandlerError>>) -> Result<(), HandlerError> {
+    crate::panic::catch_panic(future)
+        .await
+        .unwrap_or_else(|panic| Err(HandlerError::msg(format!("handler panicked: {panic}"))))
 }
 
 fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate {

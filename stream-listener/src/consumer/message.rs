@@ -485,40 +485,6 @@ where
     }
 }
 
-/// Runs a handler future, turning a panic into an error instead of unwinding through the worker.
-pub(crate) struct CatchUnwind {
-    pub(crate) future: BoxFuture<'static, Result<(), HandlerError>>,
-}
-
-impl Future for CatchUnwind {
-    type Output = Result<(), HandlerError>;
-
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let future = self.future.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(poll) => poll,
-            Err(panic) => std::task::Poll::Ready(Err(HandlerError::msg(format!(
-                "handler panicked: {}",
-                panic_message(&*panic)
-            )))),
-        }
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
-
 #[cfg(test)]
 mod ownership_tests {
     use super::*;

@@ -69,7 +69,6 @@ mod wait;
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted, Retention};
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
-pub(crate) use message::panic_message;
 pub use message::{
     AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
 };

@@ -452,6 +452,7 @@ struct HeaderRef<'a> {
 
 /// Why stored metadata cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MetadataError {
     /// Not JSON of the expected shape, or values no honest store writes (see
     /// [`Coordinator::from_metadata`](super::Coordinator::from_metadata)).

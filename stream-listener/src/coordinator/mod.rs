@@ -102,6 +102,7 @@ pub enum AdminCommand {
 
 /// Why an admin command was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CommandError {
     /// A group needs at least one shard.
     #[error("shard count must be at least 1")]

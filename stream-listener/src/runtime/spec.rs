@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::consumer::{AckPolicy, ConsumerConfig, FailurePolicy, OnExhausted, Retention};
 use crate::member::identity;
-use crate::registry::ListenerRegistration;
 use crate::topology::StartFrom;
 
+use super::registry::ListenerRegistration;
 use super::state::{HandlerSource, States};
 
 /// Where a listener was declared: named in every error about it.
@@ -183,7 +183,7 @@ impl ListenerSpec {
 
     /// Every `#[stream_listener]` of the binary, as specs (before overrides and validation).
     pub fn registered() -> Vec<ListenerSpec> {
-        crate::registry::registrations()
+        super::registry::registrations()
             .map(Self::from_registration)
             .collect()
     }

@@ -7,12 +7,10 @@
 //! sampler) only log at ERROR when they panic.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use tokio::sync::mpsc;
 
-use crate::consumer::panic_message;
+use crate::panic::catch_panic;
 
 /// A supervised task that ended while the runtime was running.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +34,7 @@ pub(crate) async fn supervised(
     exits: Exits,
     future: impl Future<Output = ()>,
 ) {
-    let reason = match CatchPanic(Box::pin(future)).await {
+    let reason = match catch_panic(Box::pin(future)).await {
         Ok(()) => "ended".to_owned(),
         Err(message) => format!("panicked: {message}"),
     };
@@ -49,22 +47,7 @@ pub(crate) async fn supervised(
 
 /// Runs `future`, logging at ERROR if it panics; for tasks whose end nothing depends on.
 pub(crate) async fn logged(what: String, future: impl Future<Output = ()>) {
-    if let Err(message) = CatchPanic(Box::pin(future)).await {
+    if let Err(message) = catch_panic(Box::pin(future)).await {
         tracing::error!(task = %what, panic = %message, "a background task panicked");
-    }
-}
-
-/// A future that turns a panic while polling into `Err(message)`.
-struct CatchPanic<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchPanic<F> {
-    type Output = Result<F::Output, String>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let future = self.0.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
-            Ok(poll) => poll.map(Ok),
-            Err(panic) => Poll::Ready(Err(panic_message(&*panic))),
-        }
     }
 }

@@ -95,6 +95,7 @@ pub const DEFAULT_RESIZE_GRACE: std::time::Duration = std::time::Duration::from_
 
 /// Errors reading or changing a stream's topology.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopologyError {
     /// The stream prefix cannot name a sharded stream.
     #[error(transparent)]

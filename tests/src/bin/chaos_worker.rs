@@ -208,13 +208,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "chaos_worker {} (pid {}) started members {:?}",
         settings.proc_name,
         std::process::id(),
-        running.member_ids()
+        running.listener_ids()
     );
     tokio::select! {
         _ = sigterm.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    running.shutdown().await;
+    if let Err(error) = running.stop().await {
+        tracing::error!(%error, "shutdown incomplete");
+    }
     eprintln!("chaos_worker {} stopped", settings.proc_name);
     Ok(())
 }

@@ -48,7 +48,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::clock::LocalMillis;
@@ -793,7 +793,7 @@ impl ShardScheduler {
 
     /// Shards owned (not revoking).
     #[cfg(test)]
-    pub(crate) fn owned(&self) -> BTreeSet<u32> {
+    pub(crate) fn owned(&self) -> std::collections::BTreeSet<u32> {
         self.shards
             .iter()
             .filter(|(_, s)| !s.revoking)

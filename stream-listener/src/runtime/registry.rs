@@ -6,8 +6,9 @@
 //! handler when the runtime needs it.
 
 use crate::consumer::{AckPolicy, BoxedHandler, OnExhausted};
-use crate::runtime::{MissingState, States};
 use crate::topology::StartFrom;
+
+use super::state::{MissingState, States};
 
 /// How a listener's payloads are decoded, chosen by the handler's argument type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

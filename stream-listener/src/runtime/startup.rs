@@ -7,7 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::redact::RedisUrl;
-use crate::runtime::RuntimeError;
+
+/// The target these lines had before this file moved into `runtime/`, kept for log filters that name it.
+const LOG_TARGET: &str = "stream_listener::startup";
 
 /// First wait between attempts.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -26,12 +28,26 @@ pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
     )
 }
 
+/// Redis did not answer within the startup limit.
+#[derive(Debug, thiserror::Error)]
+#[error("Redis at {url} unreachable for {waited_ms} ms ({attempts} attempts): {last_error}")]
+pub struct Unreachable {
+    /// The URL, credentials redacted.
+    pub url: String,
+    /// Connection attempts made.
+    pub attempts: u32,
+    /// How long the runtime kept trying.
+    pub waited_ms: u64,
+    /// The last attempt's error.
+    pub last_error: redis::RedisError,
+}
+
 /// Connects and `PING`s until Redis answers, or `limit` (if any) has passed.
 pub(crate) async fn wait_for_redis(
     client: &crate::connection::RedisTarget,
     url: &RedisUrl,
     limit: Option<Duration>,
-) -> Result<(), RuntimeError> {
+) -> Result<(), Unreachable> {
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
@@ -39,7 +55,7 @@ pub(crate) async fn wait_for_redis(
         let error = match result {
             Ok(Ok(())) => {
                 if attempt > 0 {
-                    tracing::info!(%url, attempts = attempt + 1, "Redis reachable");
+                    tracing::info!(target: LOG_TARGET, %url, attempts = attempt + 1, "Redis reachable");
                 }
                 return Ok(());
             }
@@ -55,8 +71,8 @@ pub(crate) async fn wait_for_redis(
         let waited = start.elapsed();
         if let Some(limit) = limit {
             if waited + wait > limit {
-                tracing::error!(%url, attempts = attempt, %error, "Redis unreachable; giving up");
-                return Err(RuntimeError::Unreachable {
+                tracing::error!(target: LOG_TARGET, %url, attempts = attempt, %error, "Redis unreachable; giving up");
+                return Err(Unreachable {
                     url: url.to_string(),
                     attempts: attempt,
                     waited_ms: waited.as_millis() as u64,
@@ -64,7 +80,7 @@ pub(crate) async fn wait_for_redis(
                 });
             }
         }
-        tracing::warn!(%url, attempt, %error, retry_in = ?wait, "Redis unreachable at startup; retrying");
+        tracing::warn!(target: LOG_TARGET, %url, attempt, %error, retry_in = ?wait, "Redis unreachable at startup; retrying");
         tokio::time::sleep(wait).await;
     }
 }

@@ -1,0 +1,104 @@
+//! [`RuntimeError`]: why the runtime could not start, or stopped.
+
+use crate::consumer::ConsumerError;
+use crate::store::StoreError;
+use crate::topology::TopologyError;
+
+use super::spec::InvalidListener;
+use super::startup::Unreachable;
+use super::state::MissingState;
+
+/// Why the runtime could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// Redis is unreachable or failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The TLS files ([`Runtime::tls`](super::Runtime::tls), `REDIS_TLS_*`) cannot be used; names the file.
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    /// The stream's topology could not be read or created.
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+    /// The group metadata store refused the names.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A consumer could not start.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+    /// Redis did not answer within the startup limit ([`Runtime::startup_timeout`](super::Runtime::startup_timeout)).
+    #[error(transparent)]
+    Unreachable(#[from] Unreachable),
+    /// A graceful shutdown missed its deadline; what was still running was aborted (entries in flight stay
+    /// pending for the next owner).
+    #[error("shutdown missed its deadline of {timeout_ms} ms; stuck: {}", .stuck.join("; "))]
+    ShutdownTimedOut {
+        /// The shutdown timeout.
+        timeout_ms: u64,
+        /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
+        stuck: Vec<String>,
+    },
+    /// [`RunningRuntime::pause`](super::RunningRuntime::pause) or [`RunningRuntime::resume`](super::RunningRuntime::resume) got an id no listener of this runtime has.
+    #[error("no listener with id `{id}` in this runtime (listeners: {})", .known.join(", "))]
+    UnknownListener {
+        /// The id asked for.
+        id: String,
+        /// The ids this runtime has ([`RunningRuntime::listener_ids`](super::RunningRuntime::listener_ids)).
+        known: Vec<String>,
+    },
+    /// A member's heartbeat loop or consumer, or a group's topology follower, ended (panicked, or gave
+    /// up) while the runtime was running; [`Runtime::run`](super::Runtime::run) then shuts the rest down and returns this.
+    #[error("{owner}: the {task} stopped while running ({reason}); the runtime shut down")]
+    TaskStopped {
+        /// Whose task: `member <memberId>`, or `group <group> of stream <stream>`.
+        owner: String,
+        /// `heartbeat loop`, `consumer` or `topology follower`.
+        task: &'static str,
+        /// `ended`, or `panicked: <message>`.
+        reason: String,
+    },
+    /// Nothing to run.
+    #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
+    NoListeners,
+    /// [`Runtime::hooks`](super::Runtime::hooks) names a listener this runtime does not run.
+    #[error("lifecycle hooks for `{name}`: no listener of this runtime has that name (listeners: {})", .known.join(", "))]
+    HooksForUnknownListener {
+        /// The name given.
+        name: String,
+        /// The names of this runtime's listeners.
+        known: Vec<String>,
+    },
+    /// A listener's settings (after the environment's overrides) are invalid; names the listener.
+    #[error(transparent)]
+    InvalidListener(#[from] InvalidListener),
+    /// A runtime setting from the environment ([`Runtime::from_env`](super::Runtime::from_env)) does not parse.
+    #[error("invalid environment: {0}")]
+    InvalidEnvironment(String),
+    /// A handler takes a [`State<T>`](super::State) whose type nobody registered.
+    #[error("listener {listener}: {missing}")]
+    MissingState {
+        /// The listener ([`Origin`](super::Origin)).
+        listener: String,
+        /// The missing type.
+        missing: MissingState,
+    },
+    /// Two listeners of this process would run the same member of the same group: they would fence each
+    /// other forever. Give one an `id` (attribute) or a [`ConsumerBuilder::member_id`](super::ConsumerBuilder::member_id).
+    #[error(
+        "listeners {first} and {second} would both run member `{member_id}` of group `{group}` on stream `{stream}`: \
+         give one of them another id (`id = \"...\"` on the attribute, `ConsumerBuilder::member_id`)"
+    )]
+    DuplicateMemberId {
+        /// The member id both would use.
+        member_id: String,
+        /// The stream.
+        stream: String,
+        /// The group.
+        group: String,
+        /// The first listener (handler path and source location, or the builder).
+        first: String,
+        /// The second listener.
+        second: String,
+    },
+}
