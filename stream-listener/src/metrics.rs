@@ -32,7 +32,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use tokio::sync::watch;
 
-use crate::consumer::ConsumerConfig;
 use crate::member::heartbeat::MemberStatus;
 use crate::member::lifecycle::OwnershipDeadline;
 use crate::member::session::Phase;
@@ -121,37 +120,53 @@ pub(crate) fn trimmed_unread(stream: &str, group: &str, n: u64) {
         .increment(n);
 }
 
-/// A retention run of a consumer of `config`'s group trimmed `n` acknowledged entries.
-pub(crate) fn retention_trimmed(config: &ConsumerConfig, n: u64) {
-    if n == 0 {
-        return;
-    }
-    counter!(RETENTION_TRIMMED, "stream" => config.stream_prefix.clone(), "group" => config.group.clone())
-        .increment(n);
-}
-
 /// Late writes under a stale layout, detected by consumers.
 pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";
 
-/// A consumer of `config`'s group found a late write under a stale layout.
-pub(crate) fn stale_write(config: &ConsumerConfig) {
-    counter!(STALE_WRITES, "stream" => config.stream_prefix.clone(), "group" => config.group.clone())
-        .increment(1);
+/// The metrics of one consumer, labelled once with its stream and group.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerMetrics {
+    stream: String,
+    group: String,
 }
 
-/// `n` entries of the consumer's group had `outcome`.
-pub(crate) fn messages(config: &ConsumerConfig, outcome: &'static str, n: u64) {
-    if n == 0 {
-        return;
+impl ConsumerMetrics {
+    pub(crate) fn new(stream: &str, group: &str) -> Self {
+        Self {
+            stream: stream.to_owned(),
+            group: group.to_owned(),
+        }
     }
-    counter!(MESSAGES, "stream" => config.stream_prefix.clone(), "group" => config.group.clone(), "outcome" => outcome)
-        .increment(n);
-}
 
-/// One handler attempt took `elapsed` and ended with `outcome` (`ok`, `error`, `timeout`).
-pub(crate) fn handler_attempt(config: &ConsumerConfig, outcome: &'static str, elapsed: Duration) {
-    histogram!(HANDLER_DURATION, "stream" => config.stream_prefix.clone(), "group" => config.group.clone(), "outcome" => outcome)
-        .record(elapsed.as_secs_f64());
+    /// `n` entries had `outcome`.
+    pub(crate) fn messages(&self, outcome: &'static str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        counter!(MESSAGES, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
+            .increment(n);
+    }
+
+    /// One handler attempt took `elapsed` and ended with `outcome` (`ok`, `error`, `timeout`).
+    pub(crate) fn handler_attempt(&self, outcome: &'static str, elapsed: Duration) {
+        histogram!(HANDLER_DURATION, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
+            .record(elapsed.as_secs_f64());
+    }
+
+    /// A late write under a stale layout was found.
+    pub(crate) fn stale_write(&self) {
+        counter!(STALE_WRITES, "stream" => self.stream.clone(), "group" => self.group.clone())
+            .increment(1);
+    }
+
+    /// A retention run trimmed `n` acknowledged entries.
+    pub(crate) fn retention_trimmed(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        counter!(RETENTION_TRIMMED, "stream" => self.stream.clone(), "group" => self.group.clone())
+            .increment(n);
+    }
 }
 
 /// What [`follow_member`] samples from Redis: each owned shard's lag and pending entries, with one

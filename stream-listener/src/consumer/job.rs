@@ -19,20 +19,19 @@
 //! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
 //! (`ShardIo::note_stale_write`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisError;
-use tracing::Instrument;
 
 use crate::member::lifecycle::FencingToken;
 
-use super::config::{AckPolicy, OnExhausted};
+use super::attempt::{self, Fate};
 use super::driver::JobSignals;
 use super::entry::Entry;
 use super::fence::{self, is_missing_group, Fence};
-use super::message::{Acker, BoxFuture, Delivery, HandlerError, ShardOwnership};
+use super::message::ShardOwnership;
 use super::scheduler::{JobReport, ReadMode};
 use super::shard_io::{Layout, ShardIo, MOVED_KEY_RETRY};
 use crate::topology::Placement;
@@ -60,25 +59,6 @@ pub(crate) struct JobSpec {
     pub(crate) recreate_group: bool,
     /// At most this many batches before handing the shard back.
     pub(crate) max_turns: u32,
-}
-
-/// The fate of one entry.
-enum Fate {
-    Ack,
-    DeadLetter {
-        deliveries: u32,
-        error: String,
-    },
-    LeavePending,
-    /// Already acknowledged by the handler (manual policy), or nothing to do.
-    Done,
-    /// Stopped before or during its retries: leave it and the rest of the batch pending.
-    Stopped,
-    /// Failed with deliveries left: defer it (and the rest of the batch) for the backoff, then retry. The
-    /// worker serves other shards meanwhile.
-    Retry {
-        after: Duration,
-    },
 }
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
@@ -205,7 +185,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         let mut retry_at: Option<usize> = None;
         // A batch handler's entries are gated and handled together first (`handle_batch`).
         let mut batch_fates = if io.handler.is_batch() {
-            handle_batch(&io, &spec, &entries, &mut refreshed).await
+            attempt::batch(&io, &spec, &entries, &mut refreshed).await
         } else {
             Vec::new()
         }
@@ -224,7 +204,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     break;
                 }
                 io.note_stale_write(spec.shard, entry).await;
-                handle(&io, &spec, entry).await
+                attempt::single(&io, &spec, entry).await
             };
             spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
@@ -234,7 +214,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     letters.push((entry, deliveries, error));
                 }
                 Fate::LeavePending => {
-                    crate::metrics::messages(&io.config, "left_pending", 1);
+                    io.metrics.messages("left_pending", 1);
                     outcome.left_pending += 1
                 }
                 Fate::Done => {}
@@ -299,7 +279,12 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
 /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
 /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
 /// entry is placed; `refreshed` limits forced re-reads to one per job.
-async fn gate(io: &ShardIo, shard: u32, refreshed: &mut bool, entry: &Entry) -> Option<Duration> {
+pub(super) async fn gate(
+    io: &ShardIo,
+    shard: u32,
+    refreshed: &mut bool,
+    entry: &Entry,
+) -> Option<Duration> {
     let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
         return None;
     };
@@ -375,307 +360,6 @@ async fn fetch(io: &ShardIo, spec: &mut JobSpec) -> Result<(Vec<Entry>, ReadMode
     }
 }
 
-/// Run one attempt of the handler on one entry (the entry's `retries`-th retry), per the failure policy.
-/// A failure with deliveries left is `Fate::Retry`: the job defers the entry for the backoff instead of
-/// sleeping on its worker.
-async fn handle(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> Fate {
-    let policy = io.config.failure_policy;
-    let max = policy.max_deliveries.max(1);
-    // A dead letter replayed to another group only (see `crate::replay`): acknowledged, not handled.
-    let fields = entry
-        .fields
-        .iter()
-        .map(|(n, v)| (n.as_slice(), v.as_slice()));
-    if crate::replay::addressed_to_other_group(fields, &io.config.group) {
-        return Fate::Ack;
-    }
-    if entry.delivery_count > max {
-        let error = format!(
-            "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
-            entry.delivery_count
-        );
-        return exhausted(policy.on_exhausted, entry.delivery_count, error);
-    }
-    let manual = io.config.ack_policy == AckPolicy::Manual;
-    let retry = entry.retries;
-    let deliveries = entry.delivery_count + retry;
-    let acked = Arc::new(AtomicBool::new(false));
-    let acker = manual.then(|| Acker {
-        io: io.clone(),
-        stream_key: spec.key.clone(),
-        ownership: spec.ownership.clone(),
-        acked: acked.clone(),
-    });
-    let delivery = Delivery {
-        fields: &entry.fields,
-        id: &entry.id,
-        key: entry.key(),
-        shard: spec.shard,
-        delivery_count: deliveries,
-        token: &spec.token,
-        acker,
-    };
-    let _running = io
-        .probe
-        .handler_started(spec.shard, &entry.id, io.config.handler_timeout);
-    let started = std::time::Instant::now();
-    let mut timed_out = false;
-    // The handler runs inside the message's span, so its own logs carry where the entry came from.
-    let span = tracing::info_span!(
-        "message",
-        stream = %io.config.stream_prefix,
-        group = %io.config.group,
-        shard = spec.shard,
-        entry_id = %entry.id,
-        key = entry.key(),
-        member = %spec.token.member_id,
-        epoch = spec.token.member_epoch,
-        delivery_count = deliveries,
-    );
-    let called = span.in_scope(|| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| io.handler.call(delivery)))
-    });
-    let result = match called {
-        Ok(Ok(future)) => match io.config.handler_timeout {
-            None => caught(future).instrument(span).await,
-            Some(limit) => {
-                match tokio::time::timeout(limit, caught(future).instrument(span)).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        timed_out = true;
-                        tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, ?limit, "handler timed out; the attempt counts as failed");
-                        Err(HandlerError::msg(format!(
-                            "handler timed out after {} ms",
-                            limit.as_millis()
-                        )))
-                    }
-                }
-            }
-        },
-        Ok(Err(decode_error)) => {
-            return Fate::DeadLetter {
-                deliveries,
-                error: format!("undecodable payload: {decode_error}"),
-            }
-        }
-        Err(panic) => Err(HandlerError::msg(format!(
-            "handler panicked: {}",
-            crate::panic::panic_message(&*panic)
-        ))),
-    };
-    let config = &io.config;
-    let outcome = match (&result, timed_out) {
-        (Ok(()), _) => "ok",
-        (Err(_), true) => "timeout",
-        (Err(_), false) => "error",
-    };
-    crate::metrics::handler_attempt(config, outcome, started.elapsed());
-    crate::metrics::messages(config, if result.is_ok() { "handled" } else { "failed" }, 1);
-    let error = match result {
-        Ok(()) if manual => return Fate::Done,
-        Ok(()) => return Fate::Ack,
-        Err(_) if acked.load(Ordering::Acquire) => return Fate::Done,
-        Err(error) => error,
-    };
-    tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, %error, "handler failed");
-    if deliveries >= max {
-        return exhausted(policy.on_exhausted, deliveries, error.to_string());
-    }
-    if spec.signals.stop.load(Ordering::Acquire) {
-        return Fate::Stopped;
-    }
-    crate::metrics::messages(config, "retried", 1);
-    Fate::Retry {
-        after: policy.backoff(retry),
-    }
-}
-
-/// A batch handler's turn (see [`BoxedHandler::json_batch`](super::BoxedHandler::json_batch)): the
-/// entries up to the first one that must wait for its old shard (or a stop) go to the handler in one call,
-/// and every one of them gets the batch's fate, in order: the job loop then acks, dead-letters or defers
-/// them exactly as single entries. The batch's retry count is its first entry's (a deferred batch carries it
-/// there); an entry that does not decode, or is addressed to another group, or was delivered too often,
-/// gets its own fate and does not go to the handler.
-async fn handle_batch(
-    io: &Arc<ShardIo>,
-    spec: &JobSpec,
-    entries: &[Entry],
-    refreshed: &mut bool,
-) -> Vec<Fate> {
-    let policy = io.config.failure_policy;
-    let max = policy.max_deliveries.max(1);
-    let manual = io.config.ack_policy == AckPolicy::Manual;
-    let retry = entries.first().map_or(0, |e| e.retries);
-    let mut fates: Vec<Option<Fate>> = Vec::new();
-    let mut handed = Vec::new();
-    for entry in entries {
-        if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
-            break;
-        }
-        if gate(io, spec.shard, refreshed, entry).await.is_some() {
-            break;
-        }
-        io.note_stale_write(spec.shard, entry).await;
-        let fields = entry
-            .fields
-            .iter()
-            .map(|(n, v)| (n.as_slice(), v.as_slice()));
-        fates.push(if crate::replay::addressed_to_other_group(fields, &io.config.group) {
-            Some(Fate::Ack)
-        } else if entry.delivery_count > max {
-            let error = format!(
-                "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
-                entry.delivery_count
-            );
-            Some(exhausted(policy.on_exhausted, entry.delivery_count, error))
-        } else {
-            handed.push(fates.len());
-            None
-        });
-    }
-    let Some(&first) = handed.first() else {
-        return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
-    };
-    let deliveries = handed
-        .iter()
-        .map(|&i| entries[i].delivery_count)
-        .max()
-        .unwrap_or(1)
-        + retry;
-    let acked: Vec<Arc<AtomicBool>> = handed
-        .iter()
-        .map(|_| Arc::new(AtomicBool::new(false)))
-        .collect();
-    let batch: Vec<Delivery<'_>> = handed
-        .iter()
-        .zip(&acked)
-        .map(|(&i, acked)| Delivery {
-            fields: &entries[i].fields,
-            id: &entries[i].id,
-            key: entries[i].key(),
-            shard: spec.shard,
-            delivery_count: entries[i].delivery_count + retry,
-            token: &spec.token,
-            acker: manual.then(|| Acker {
-                io: io.clone(),
-                stream_key: spec.key.clone(),
-                ownership: spec.ownership.clone(),
-                acked: acked.clone(),
-            }),
-        })
-        .collect();
-    let first_id = entries[first].id.as_str();
-    let _running = io
-        .probe
-        .handler_started(spec.shard, first_id, io.config.handler_timeout);
-    let started = std::time::Instant::now();
-    let span = tracing::info_span!(
-        "batch",
-        stream = %io.config.stream_prefix,
-        group = %io.config.group,
-        shard = spec.shard,
-        first_entry_id = %first_id,
-        entries = handed.len(),
-        member = %spec.token.member_id,
-        epoch = spec.token.member_epoch,
-        delivery_count = deliveries,
-    );
-    let called = span.in_scope(|| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            io.handler.call_batch(batch)
-        }))
-    });
-    let mut timed_out = false;
-    let result = match called {
-        Ok((errors, future)) => {
-            for (&i, error) in handed.iter().zip(errors) {
-                if let Some(error) = error {
-                    fates[i] = Some(Fate::DeadLetter {
-                        deliveries,
-                        error: format!("undecodable payload: {error}"),
-                    });
-                }
-            }
-            let Some(future) = future else {
-                return fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect();
-            };
-            let run = caught(future).instrument(span);
-            match io.config.handler_timeout {
-                None => run.await,
-                Some(limit) => tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
-                    timed_out = true;
-                    Err(HandlerError::msg(format!(
-                        "batch handler timed out after {} ms",
-                        limit.as_millis()
-                    )))
-                }),
-            }
-        }
-        Err(panic) => Err(HandlerError::msg(format!(
-            "handler panicked: {}",
-            crate::panic::panic_message(&*panic)
-        ))),
-    };
-    let handled: Vec<usize> = handed
-        .iter()
-        .copied()
-        .filter(|&i| fates[i].is_none())
-        .collect();
-    let config = &io.config;
-    let outcome = match (&result, timed_out) {
-        (Ok(()), _) => "ok",
-        (Err(_), true) => "timeout",
-        (Err(_), false) => "error",
-    };
-    crate::metrics::handler_attempt(config, outcome, started.elapsed());
-    let count = handled.len() as u64;
-    crate::metrics::messages(
-        config,
-        if result.is_ok() { "handled" } else { "failed" },
-        count,
-    );
-    let all_acked = manual && acked.iter().all(|a| a.load(Ordering::Acquire));
-    let fate = |error: &Option<String>| -> Fate {
-        match error {
-            None if manual => Fate::Done,
-            None => Fate::Ack,
-            Some(_) if all_acked => Fate::Done,
-            Some(error) if deliveries >= max => {
-                exhausted(policy.on_exhausted, deliveries, error.clone())
-            }
-            Some(_) if spec.signals.stop.load(Ordering::Acquire) => Fate::Stopped,
-            Some(_) => Fate::Retry {
-                after: policy.backoff(retry),
-            },
-        }
-    };
-    let error = result.err().map(|e| e.to_string());
-    if let Some(error) = &error {
-        tracing::debug!(shard = spec.shard, id = %first_id, deliveries, %error, "batch handler failed");
-        if deliveries < max && !spec.signals.stop.load(Ordering::Acquire) {
-            crate::metrics::messages(config, "retried", count);
-        }
-    }
-    for i in handled {
-        fates[i] = Some(fate(&error));
-    }
-    fates.into_iter().map(|f| f.unwrap_or(Fate::Done)).collect()
-}
-
-/// Runs a handler's future, turning a panic into a failed attempt instead of unwinding through the worker.
-async fn caught(future: BoxFuture<'static, Result<(), HandlerError>>) -> Result<(), HandlerError> {
-    crate::panic::catch_panic(future)
-        .await
-        .unwrap_or_else(|panic| Err(HandlerError::msg(format!("handler panicked: {panic}"))))
-}
-
-fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate {
-    match on_exhausted {
-        OnExhausted::DeadLetter => Fate::DeadLetter { deliveries, error },
-        OnExhausted::LeavePending => Fate::LeavePending,
-    }
-}
-
 /// Dead-letter, then acknowledge, retrying transient errors a few times.
 async fn finish(
     io: &ShardIo,
@@ -699,7 +383,7 @@ async fn finish(
             if !lettered {
                 io.dead_letter(&spec.key, spec.shard, letters).await?;
                 lettered = true;
-                crate::metrics::messages(&io.config, "dead_lettered", letters.len() as u64);
+                io.metrics.messages("dead_lettered", letters.len() as u64);
             }
             io.ack(&spec.key, &all).await
         }

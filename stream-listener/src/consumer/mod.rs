@@ -52,6 +52,7 @@
 //! retries the shard shortly after (see the `job` module). Entries a producer wrote with a stale layout
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
+mod attempt;
 mod cluster_wait;
 mod config;
 mod driver;

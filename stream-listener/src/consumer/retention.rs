@@ -212,7 +212,7 @@ async fn run(io: &ShardIo, key: &str, settings: &Retention) -> RedisResult<RunOu
 /// Metrics, a WARN per group that lost entries, and the per-group count in Redis.
 async fn report(io: &ShardIo, shard: u32, key: &str, outcome: &RunOutcome) {
     let stream = &io.config.stream_prefix;
-    crate::metrics::retention_trimmed(&io.config, outcome.trimmed);
+    io.metrics.retention_trimmed(outcome.trimmed);
     for (group, lost) in &outcome.lost {
         crate::metrics::trimmed_unread(stream, group, *lost);
         tracing::warn!(

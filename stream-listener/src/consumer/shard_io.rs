@@ -195,6 +195,8 @@ pub(crate) struct ShardIo {
     stale_warned: Mutex<(Option<Instant>, u64)>,
     /// Handlers running and failing reads, for health and shutdown reports.
     pub(crate) probe: crate::health::Probe,
+    /// The consumer's counters and histograms, labelled with its stream and group.
+    pub(crate) metrics: crate::metrics::ConsumerMetrics,
     /// Each shard's retention runs (see the `retention` module).
     pub(crate) retention: super::retention::RetentionJob,
 }
@@ -223,6 +225,7 @@ impl ShardIo {
         });
         Ok(Self {
             dead_letter_key: config.dead_letter_key(),
+            metrics: crate::metrics::ConsumerMetrics::new(&config.stream_prefix, &config.group),
             config,
             client,
             conn,
@@ -358,7 +361,7 @@ impl ShardIo {
             return;
         }
         crate::topology::count_stale_write_seen();
-        crate::metrics::stale_write(&self.config);
+        self.metrics.stale_write();
         let prefix = &self.config.stream_prefix;
         if let Err(error) =
             Topology::count_stale_write(&mut self.conn.clone(), prefix, &self.config.group).await
