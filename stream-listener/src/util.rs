@@ -73,6 +73,9 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
+/// A boxed future that is `Send`: what handlers and hooks return.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

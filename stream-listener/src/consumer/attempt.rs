@@ -12,8 +12,9 @@ use tracing::Instrument;
 
 use super::config::{AckPolicy, FailurePolicy, OnExhausted};
 use super::entry::Entry;
-use super::job::{gate, JobSpec};
+use super::job_spec::JobSpec;
 use super::message::{Acker, BoxFuture, Delivery, HandlerError};
+use super::order::gate;
 use super::shard_io::ShardIo;
 
 /// The fate of one entry.
@@ -177,7 +178,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         epoch = spec.token.member_epoch,
         delivery_count = deliveries,
     );
-    let result = match called(&span, || io.handler.call(delivery)) {
+    let result = match called(&span, || spec.handler.call(delivery)) {
         Ok(Ok(future)) => attempt(io, span, future, 1).await,
         Ok(Err(decode_error)) => {
             return Fate::DeadLetter {
@@ -282,7 +283,7 @@ pub(super) async fn batch(
         epoch = spec.token.member_epoch,
         delivery_count = deliveries,
     );
-    let result = match called(&span, || io.handler.call_batch(batch)) {
+    let result = match called(&span, || spec.handler.call_batch(batch)) {
         Ok((errors, future)) => {
             for (&i, error) in handed.iter().zip(errors) {
                 if let Some(error) = error {

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
-use super::wait::WaitSpec;
+use super::wait_spec::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
 
 /// The `client` value the scheduler stores to interrupt a cluster wait (see [`ClusterWait::interrupt`]).
@@ -74,30 +74,25 @@ impl ClusterWait {
     }
 }
 
-async fn slot_map(io: &ShardIo) -> RedisResult<SlotMap> {
-    if let Some(map) = io
-        .cluster_wait
-        .slots
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-    {
+async fn slot_map(io: &ShardIo, pool: &ClusterWait) -> RedisResult<SlotMap> {
+    if let Some(map) = pool.slots.lock().unwrap_or_else(|p| p.into_inner()).clone() {
         return Ok(map);
     }
     let mut cmd = redis::cmd("CLUSTER");
     cmd.arg("SLOTS");
     let value: Value = io.conn.clone().query_one_node(&cmd, None).await?;
     let map = Arc::new(parse_cluster_slots(value)?);
-    *io.cluster_wait
-        .slots
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
+    *pool.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
     Ok(map)
 }
 
-async fn blocking_for(io: &ShardIo, slot: u16, node: &Node) -> RedisResult<Blocking> {
-    let cached = io
-        .cluster_wait
+async fn blocking_for(
+    io: &ShardIo,
+    pool: &ClusterWait,
+    slot: u16,
+    node: &Node,
+) -> RedisResult<Blocking> {
+    let cached = pool
         .conns
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -127,14 +122,19 @@ async fn blocking_for(io: &ShardIo, slot: u16, node: &Node) -> RedisResult<Block
 type ReadResult = (u16, Blocking, RedisResult<Vec<String>>);
 
 /// The blocking part of the idle wait on a cluster (once [`super::wait::run`] knows where to watch from).
-pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitReport) -> WaitReport {
-    let notified = io.cluster_wait.interrupted.notified();
+pub(crate) async fn read(
+    io: Arc<ShardIo>,
+    pool: &ClusterWait,
+    spec: WaitSpec,
+    mut outcome: WaitReport,
+) -> WaitReport {
+    let notified = pool.interrupted.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
     if spec.client.load(Ordering::Acquire) == INTERRUPTED {
         return outcome;
     }
-    let map = match slot_map(&io).await {
+    let map = match slot_map(&io, pool).await {
         Ok(map) => map,
         Err(error) => {
             outcome.error = Some(error);
@@ -151,7 +151,7 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitRepo
     let mut connected = Vec::new();
     for (slot, keys) in groups {
         let Some((_, _, node)) = map.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)) else {
-            io.cluster_wait.forget_slots();
+            pool.forget_slots();
             outcome.error = Some(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "no master serves the slot",
@@ -159,7 +159,7 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitRepo
             )));
             return outcome;
         };
-        match blocking_for(&io, slot, node).await {
+        match blocking_for(&io, pool, slot, node).await {
             Ok(blocking) => connected.push((slot, keys, blocking)),
             Err(error) => {
                 outcome.error = Some(error);
@@ -191,7 +191,7 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitRepo
         let joined = tokio::select! {
             joined = reads.join_next() => joined,
             () = &mut notified, if !unblocked => {
-                unblock(&io, &running).await;
+                unblock(&io, pool, &running).await;
                 unblocked = true;
                 continue;
             }
@@ -206,8 +206,7 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitRepo
             Ok(keys) => {
                 let got = !keys.is_empty();
                 spec.note_new_entries(&keys, &mut outcome);
-                io.cluster_wait
-                    .conns
+                pool.conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(slot, blocking);
@@ -219,23 +218,26 @@ pub(crate) async fn read(io: Arc<ShardIo>, spec: WaitSpec, mut outcome: WaitRepo
             }
             Err(error) => {
                 if error.redirect_node().is_some() {
-                    io.cluster_wait.forget_slots();
+                    pool.forget_slots();
                 }
                 outcome.error = Some(error);
                 true
             }
         };
         if ended && !unblocked {
-            unblock(&io, &running).await;
+            unblock(&io, pool, &running).await;
             unblocked = true;
         }
     }
     outcome
 }
 
-async fn control(io: &ShardIo, node: &Node) -> RedisResult<MultiplexedConnection> {
-    let cached = io
-        .cluster_wait
+async fn control(
+    io: &ShardIo,
+    pool: &ClusterWait,
+    node: &Node,
+) -> RedisResult<MultiplexedConnection> {
+    let cached = pool
         .control
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -251,8 +253,7 @@ async fn control(io: &ShardIo, node: &Node) -> RedisResult<MultiplexedConnection
         .client
         .node_connection(Some((&node.0, node.1)), &config)
         .await?;
-    io.cluster_wait
-        .control
+    pool.control
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(node.clone(), conn.clone());
@@ -260,9 +261,9 @@ async fn control(io: &ShardIo, node: &Node) -> RedisResult<MultiplexedConnection
 }
 
 /// `CLIENT UNBLOCK` every read still blocked, on its own node.
-async fn unblock(io: &ShardIo, running: &HashMap<u16, (Node, i64)>) {
+async fn unblock(io: &ShardIo, pool: &ClusterWait, running: &HashMap<u16, (Node, i64)>) {
     for (node, id) in running.values() {
-        let done: RedisResult<i64> = match control(io, node).await {
+        let done: RedisResult<i64> = match control(io, pool, node).await {
             Ok(mut conn) => {
                 redis::cmd("CLIENT")
                     .arg("UNBLOCK")
@@ -274,8 +275,7 @@ async fn unblock(io: &ShardIo, running: &HashMap<u16, (Node, i64)>) {
         };
         if done.is_err() {
             // A broken control connection is made again next time.
-            io.cluster_wait
-                .control
+            pool.control
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(node);

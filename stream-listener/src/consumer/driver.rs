@@ -6,7 +6,7 @@
 //! acks check before every command), the idle wait's connection, and the channels.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,26 +18,19 @@ use tokio::time::Instant;
 use crate::coordinator::wire::{ShardId, ShardProgress};
 use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 
+use super::cluster_wait::ClusterWait;
 use super::fence::Fence;
 use super::hooks::{self, HookCall, LifecycleHooks};
-use super::message::ShardOwnership;
+use super::job_spec::{JobSignals, JobSpec};
+use super::message::{BoxedHandler, ShardOwnership};
+use super::retention::RetentionJob;
 use super::scheduler::{
     Command, HooksSet, JobId, JobPlan, JobReport, Millis, ProbeEvent, Report, ShardScheduler,
     WaitReport,
 };
 use super::shard_io::ShardIo;
+use super::wait_spec::WaitSpec;
 use super::{job, wait, PauseHandle};
-
-/// How a running job is told to hand its shard back early, and what it has in flight.
-#[derive(Debug, Default)]
-pub(crate) struct JobSignals {
-    /// Revoked or shutting down: finish the running handler, ack, leave the rest pending.
-    pub(crate) stop: AtomicBool,
-    /// Hand the shard back after this batch (another shard waits for a worker, or paused).
-    pub(crate) yield_now: AtomicBool,
-    /// Entries of the batch not finished yet, for `Draining` and progress reports.
-    pub(crate) in_flight: AtomicU32,
-}
 
 /// What a task of the driver's join set returns.
 pub(crate) enum Ended {
@@ -61,6 +54,10 @@ struct Owned {
 
 pub(crate) struct Driver {
     io: Arc<ShardIo>,
+    handler: BoxedHandler,
+    retention: Arc<RetentionJob>,
+    /// The idle wait's blocking connections and slot map on a cluster.
+    cluster_wait: Arc<ClusterWait>,
     deadline: Arc<OwnershipDeadline>,
     machine: ShardScheduler,
     tasks: HashMap<tokio::task::Id, Running>,
@@ -83,6 +80,7 @@ pub(crate) struct Driver {
 impl Driver {
     pub(crate) fn new(
         io: Arc<ShardIo>,
+        handler: BoxedHandler,
         deadline: Arc<OwnershipDeadline>,
         hooks: LifecycleHooks,
         pause: PauseHandle,
@@ -99,6 +97,9 @@ impl Driver {
         let pause_rx = pause.paused.subscribe();
         Self {
             io,
+            handler,
+            retention: Arc::default(),
+            cluster_wait: Arc::default(),
             deadline,
             machine: ShardScheduler::new(workers, reclaim_every, set),
             tasks: HashMap::new(),
@@ -375,7 +376,7 @@ impl Driver {
         };
         let signals = Arc::new(JobSignals::default());
         let job = plan.job;
-        let spec = job::JobSpec {
+        let spec = JobSpec {
             shard: plan.shard,
             fence: Arc::new(Fence::new(
                 &owned.key,
@@ -392,6 +393,8 @@ impl Driver {
             reclaim: plan.reclaim,
             recreate_group: plan.recreate_group,
             max_turns: plan.max_turns,
+            handler: self.handler.clone(),
+            retention: self.retention.clone(),
         };
         let io = self.io.clone();
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
@@ -429,16 +432,17 @@ impl Driver {
         let conn = self.wait_conn.take();
         self.wait_client
             .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
-        let spec = wait::WaitSpec {
+        let spec = WaitSpec {
             shards: keys,
             watch_from,
             conn,
             client: self.wait_client.clone(),
             deadline: self.deadline.clone(),
+            retention: self.retention.clone(),
         };
-        let io = self.io.clone();
+        let (io, pool) = (self.io.clone(), self.cluster_wait.clone());
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
-            let (report, conn) = wait::run(io, spec).await;
+            let (report, conn) = wait::run(io, pool, spec).await;
             Ended::Wait(report, conn)
         }));
         self.by_job.insert(job, abort.id());
@@ -460,7 +464,7 @@ impl Driver {
             return;
         };
         if self.io.client.is_cluster() {
-            self.io.cluster_wait.interrupt(&self.wait_client);
+            self.cluster_wait.interrupt(&self.wait_client);
             return;
         }
         let client = self.wait_client.load(Ordering::Acquire);

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
-use super::shard_io::KEY_FIELD;
+use crate::names::field::KEY as KEY_FIELD;
 
 /// The fields of one stream entry, in the order they were written, without the library's own `k`
 /// (the partition key, in [`Message::key`](super::Message::key)) and `v` (the topology version).

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::message::BoxFuture;
 use crate::panic::{catch_panic, panic_message};
+use crate::util::BoxFuture;
 
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
 

@@ -1,23 +1,5 @@
 //! One turn of one shard on a worker: fetch a batch (claim or read), run the handler on each entry in
 //! order, then acknowledge / dead-letter the batch.
-//!
-//! # Order across a resize
-//!
-//! Before an entry is handled, its key is placed with [`Topology::placement`](crate::topology::Topology::placement)
-//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`](super::shard_io::LAYOUT_REFRESH), and
-//! at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
-//! that moved here with the last resize waits until the group has consumed the key's old shard below
-//! `min(entry id, cut)`. Until then the job stops at that entry (later entries of the shard wait too, so
-//! per-key order holds within the shard), acknowledges what it finished, and hands the rest of the batch
-//! back to the scheduler, which retries the shard after a short delay, starting with those entries. They
-//! stay pending in Redis under this consumer, so a revoke or crash hands them to the next owner as usual;
-//! they are kept in memory rather than re-claimed so that waiting does not raise their delivery count
-//! (every `XAUTOCLAIM` adds one, and enough of them would dead-letter an entry that never failed).
-//!
-//! A key that moved out of a shard a shrink removed waits the same way, for that shard's entries older than
-//! its own while the shard drains (see [`Topology::placement`](crate::topology::Topology::placement)). An
-//! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
-//! (`ShardIo::note_stale_write`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,49 +7,22 @@ use std::time::Duration;
 
 use redis::RedisError;
 
-use crate::member::lifecycle::FencingToken;
-
 use super::attempt::{self, Fate};
-use super::driver::JobSignals;
 use super::entry::Entry;
-use super::fence::{self, is_missing_group, Fence};
-use super::message::ShardOwnership;
+use super::fence::{self, is_missing_group};
+use super::job_spec::JobSpec;
+use super::order;
 use super::scheduler::{JobReport, ReadMode};
-use super::shard_io::{Layout, ShardIo, MOVED_KEY_RETRY};
-use crate::topology::Placement;
-
-/// What a job needs to know about its shard: the scheduler's plan, with the ownership's handles.
-pub(crate) struct JobSpec {
-    pub(crate) shard: u32,
-    pub(crate) key: Arc<str>,
-    pub(crate) token: FencingToken,
-    /// This ownership's fence in Redis (see the `fence` module).
-    pub(crate) fence: Arc<Fence>,
-    /// Install the fence before anything else (the ownership's first job, or its fence was found gone).
-    pub(crate) install_fence: bool,
-    pub(crate) ownership: Arc<ShardOwnership>,
-    pub(crate) read_mode: ReadMode,
-    /// Stop, yield, and the entries in flight (see [`JobSignals`]).
-    pub(crate) signals: Arc<JobSignals>,
-    /// Entries an earlier job deferred (a failed attempt's backoff, or a moved key waiting for its old
-    /// shard): handled first.
-    pub(crate) deferred: Vec<Entry>,
-    /// Look for entries other consumers of the group have left pending too long, and claim them first.
-    pub(crate) reclaim: bool,
-    /// The shard's consumer group was found missing and the member's ownership was confirmed since:
-    /// create it again before reading.
-    pub(crate) recreate_group: bool,
-    /// At most this many batches before handing the shard back.
-    pub(crate) max_turns: u32,
-}
+use super::shard_io::ShardIo;
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
     let (shard, key, ownership) = (spec.shard, spec.key.clone(), spec.ownership.clone());
+    let retention = spec.retention.clone();
     let outcome = turns(&io, spec).await;
     // Trim what every group acknowledged, now and then (see the `retention` module).
     if outcome.error.is_none() && ownership.is_active() {
         let acked = outcome.last_acked.is_some();
-        super::retention::step(&io, shard, &key, acked).await;
+        retention.step(&io, shard, &key, acked).await;
     }
     outcome
 }
@@ -103,9 +58,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                 outcome.fence_installed = true;
                 // Before the ownership's first read: entries removed while the group was not reading
                 // are still visible (see the `retention` module).
-                super::retention::ownership_started(&io, &spec.key);
+                spec.retention.ownership_started(&spec.key);
                 if spec.ownership.is_active() {
-                    super::retention::step(&io, spec.shard, &spec.key, false).await;
+                    spec.retention.step(&io, spec.shard, &spec.key, false).await;
                 }
             }
             Err(error) => {
@@ -184,7 +139,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         let mut defer: Option<(usize, Duration)> = None;
         let mut retry_at: Option<usize> = None;
         // A batch handler's entries are gated and handled together first (`handle_batch`).
-        let mut batch_fates = if io.handler.is_batch() {
+        let mut batch_fates = if spec.handler.is_batch() {
             attempt::batch(&io, &spec, &entries, &mut refreshed).await
         } else {
             Vec::new()
@@ -198,7 +153,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     stopped = true;
                     break;
                 }
-                if let Some(delay) = gate(&io, spec.shard, &mut refreshed, entry).await {
+                if let Some(delay) = order::gate(&io, spec.shard, &mut refreshed, entry).await {
                     tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
                     defer = Some((index, delay));
                     break;
@@ -273,55 +228,6 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         }
         outcome.next_read_mode = Some(spec.read_mode.clone());
         return outcome;
-    }
-}
-
-/// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
-/// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
-/// entry is placed; `refreshed` limits forced re-reads to one per job.
-pub(super) async fn gate(
-    io: &ShardIo,
-    shard: u32,
-    refreshed: &mut bool,
-    entry: &Entry,
-) -> Option<Duration> {
-    let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
-        return None;
-    };
-    let mut layout: Option<Layout> = io.layout(false).await;
-    loop {
-        let view = layout.as_ref()?;
-        // Routed with a newer topology than ours: re-read it once.
-        if !*refreshed
-            && entry
-                .topology_version()
-                .is_some_and(|v| v > view.topology.version())
-        {
-            *refreshed = true;
-            layout = io.layout(true).await;
-            continue;
-        }
-        match view.topology.placement(key, shard, entry_ms) {
-            Placement::Current | Placement::Previous => return None,
-            Placement::Misrouted => {
-                // Newer than our read: routed by a topology we have not seen yet. Re-read it once.
-                if *refreshed || entry_ms < view.read_ms {
-                    return None;
-                }
-                *refreshed = true;
-                layout = io.layout(true).await;
-            }
-            Placement::Moved { from, before_ms } => {
-                let version = view.topology.version();
-                return match io.old_shard_consumed(version, from, before_ms).await {
-                    Ok(wait) => wait,
-                    Err(error) => {
-                        tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; deferring");
-                        Some(MOVED_KEY_RETRY)
-                    }
-                };
-            }
-        }
     }
 }
 

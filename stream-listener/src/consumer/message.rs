@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -11,10 +10,9 @@ use serde::de::DeserializeOwned;
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
 use super::fields::Fields;
-use super::shard_io::{ShardIo, PAYLOAD_FIELD};
+use crate::names::field::PAYLOAD as PAYLOAD_FIELD;
 
-/// A boxed, sendable future: handlers are stored as trait objects, so they return one of these.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::util::BoxFuture;
 
 /// One stream entry handed to a handler.
 ///
@@ -124,9 +122,15 @@ impl ShardOwnership {
     }
 }
 
+/// Acknowledges entries of a shard stream: the consumer's shard commands, seen from a message.
+pub(crate) trait Acknowledge: Send + Sync {
+    fn ack<'a>(&'a self, key: &'a str, ids: &'a [&'a str])
+        -> BoxFuture<'a, redis::RedisResult<()>>;
+}
+
 /// The right to acknowledge one entry by hand.
 pub(crate) struct Acker {
-    pub(crate) io: Arc<ShardIo>,
+    pub(crate) io: Arc<dyn Acknowledge>,
     pub(crate) stream_key: Arc<str>,
     pub(crate) ownership: Arc<ShardOwnership>,
     pub(crate) acked: Arc<AtomicBool>,

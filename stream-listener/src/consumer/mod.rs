@@ -61,11 +61,14 @@ mod fence;
 mod fields;
 mod hooks;
 mod job;
+mod job_spec;
 mod message;
+mod order;
 mod retention;
 mod scheduler;
 mod shard_io;
 mod wait;
+mod wait_spec;
 
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted, Retention};
 pub use fields::{FieldError, Fields};
@@ -113,6 +116,7 @@ pub enum ConsumerError {
 #[derive(Clone)]
 pub struct Consumer {
     io: Arc<ShardIo>,
+    handler: BoxedHandler,
     deadline: Arc<OwnershipDeadline>,
     hooks: LifecycleHooks,
     pause: PauseHandle,
@@ -192,7 +196,7 @@ impl Consumer {
                 config.stream_prefix
             )));
         }
-        let io = ShardIo::connect(client, config, handler).await?;
+        let io = ShardIo::connect(client, config).await?;
         retention::check_eviction_policy(&mut io.conn.clone()).await?;
         let version = io.version;
         if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
@@ -203,6 +207,7 @@ impl Consumer {
         }
         Ok(Self {
             io: Arc::new(io),
+            handler,
             deadline: OwnershipDeadline::unbounded(),
             hooks: LifecycleHooks::default(),
             pause: PauseHandle::new(),
@@ -256,8 +261,15 @@ impl Consumer {
         commands: mpsc::UnboundedReceiver<ShardCommand>,
         reports: mpsc::UnboundedSender<ShardReport>,
     ) {
-        driver::Driver::new(self.io, self.deadline, self.hooks, self.pause, reports)
-            .run(commands)
-            .await;
+        driver::Driver::new(
+            self.io,
+            self.handler,
+            self.deadline,
+            self.hooks,
+            self.pause,
+            reports,
+        )
+        .run(commands)
+        .await;
     }
 }

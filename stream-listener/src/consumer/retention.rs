@@ -144,69 +144,70 @@ impl RetentionJob {
     }
 }
 
-/// An ownership of the shard `key` starts: forget what an earlier one did, so that the run is due.
-pub(crate) fn ownership_started(io: &ShardIo, key: &Arc<str>) {
-    io.retention.shards().remove(key);
-}
+impl RetentionJob {
+    /// An ownership of the shard `key` starts: forget what an earlier one did, so that the run is due.
+    pub(crate) fn ownership_started(&self, key: &Arc<str>) {
+        self.shards().remove(key);
+    }
 
-/// The step at a job's end (and after a new ownership's fence): note `acked`, then run the script if a run
-/// is due (see the module docs).
-pub(crate) async fn step(io: &ShardIo, shard: u32, key: &Arc<str>, acked: bool) {
-    let Some(settings) = io.config.retention else {
-        return;
-    };
-    let now = Instant::now();
-    {
-        let mut shards = io.retention.shards();
-        let state = shards.entry(key.clone()).or_default();
-        if acked {
-            state.acked();
-        }
-        if !state.due(now, settings.interval) {
+    /// The step at a job's end (and after a new ownership's fence): note `acked`, then run the script if a run
+    /// is due (see the module docs).
+    pub(crate) async fn step(&self, io: &ShardIo, shard: u32, key: &Arc<str>, acked: bool) {
+        let Some(settings) = io.config.retention else {
             return;
-        }
-    }
-    for _ in 0..MAX_RUNS_PER_STEP {
-        let started = Instant::now();
-        let result = run(io, key, &settings).await;
-        let saturated = {
-            let mut shards = io.retention.shards();
-            let state = shards.entry(key.clone()).or_default();
-            match &result {
-                Ok(outcome) => state.ran(now, outcome),
-                Err(_) => state.failed(now),
-            }
-            state.due(now, settings.interval)
         };
-        match result {
-            Ok(outcome) => {
-                tracing::debug!(shard, trimmed = outcome.trimmed, saturated = outcome.saturated, took = ?started.elapsed(), "retention ran");
-                report(io, shard, key, &outcome).await;
+        let now = Instant::now();
+        {
+            let mut shards = self.shards();
+            let state = shards.entry(key.clone()).or_default();
+            if acked {
+                state.acked();
             }
-            Err(error) => {
-                tracing::debug!(shard, %error, "retention failed; trying again later");
+            if !state.due(now, settings.interval) {
+                return;
             }
         }
-        if !saturated {
-            break;
+        for _ in 0..MAX_RUNS_PER_STEP {
+            let started = Instant::now();
+            let result = self.run(io, key, &settings).await;
+            let saturated = {
+                let mut shards = self.shards();
+                let state = shards.entry(key.clone()).or_default();
+                match &result {
+                    Ok(outcome) => state.ran(now, outcome),
+                    Err(_) => state.failed(now),
+                }
+                state.due(now, settings.interval)
+            };
+            match result {
+                Ok(outcome) => {
+                    tracing::debug!(shard, trimmed = outcome.trimmed, saturated = outcome.saturated, took = ?started.elapsed(), "retention ran");
+                    report(io, shard, key, &outcome).await;
+                }
+                Err(error) => {
+                    tracing::debug!(shard, %error, "retention failed; trying again later");
+                }
+            }
+            if !saturated {
+                break;
+            }
         }
     }
-}
 
-async fn run(io: &ShardIo, key: &str, settings: &Retention) -> RedisResult<RunOutcome> {
-    let keep_for_ms = settings.keep_for.map_or(0, |age| {
-        u64::try_from(age.as_millis()).unwrap_or(u64::MAX).max(1)
-    });
-    let reply: Value = io
-        .retention
-        .script
-        .key(key)
-        .arg(settings.keep)
-        .arg(keep_for_ms)
-        .arg(MAX_TRIM)
-        .invoke_async(&mut io.conn.clone())
-        .await?;
-    Ok(RunOutcome::parse(&reply))
+    async fn run(&self, io: &ShardIo, key: &str, settings: &Retention) -> RedisResult<RunOutcome> {
+        let keep_for_ms = settings.keep_for.map_or(0, |age| {
+            u64::try_from(age.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
+        let reply: Value = self
+            .script
+            .key(key)
+            .arg(settings.keep)
+            .arg(keep_for_ms)
+            .arg(MAX_TRIM)
+            .invoke_async(&mut io.conn.clone())
+            .await?;
+        Ok(RunOutcome::parse(&reply))
+    }
 }
 
 /// Metrics, a WARN per group that lost entries, and the per-group count in Redis.

@@ -14,7 +14,7 @@ use crate::connection::{ConnectOptions, Connection, RedisTarget};
 use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
-use super::message::BoxedHandler;
+use super::message::{Acknowledge, BoxFuture};
 use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
 
 /// How old the cached topology may get before a job re-reads it. It must stay below the smallest grace
@@ -173,16 +173,13 @@ async fn warn_about_other_groups(conn: &mut Connection, config: &ConsumerConfig)
 
 /// One consumer's way to its shard streams, shared (`Arc`) by its scheduler, jobs, idle wait and manual
 /// ackers: the connections, the Redis commands on shards, the cached topology, and what those commands
-/// need to know (config, handler, server version, probe).
+/// need to know (config, server version, probe, metrics).
 pub(crate) struct ShardIo {
     pub(crate) config: ConsumerConfig,
     pub(crate) client: RedisTarget,
     /// Non-blocking commands only: reads without BLOCK, claims, acks, dead letters, scripts.
     pub(crate) conn: Connection,
-    /// The idle wait's blocking connections and slot map on a cluster.
-    pub(crate) cluster_wait: super::cluster_wait::ClusterWait,
     pub(crate) version: ServerVersion,
-    pub(crate) handler: BoxedHandler,
     pub(crate) dead_letter_key: String,
     ack_delete_script: Script,
     cleanup_script: Script,
@@ -197,16 +194,10 @@ pub(crate) struct ShardIo {
     pub(crate) probe: crate::health::Probe,
     /// The consumer's counters and histograms, labelled with its stream and group.
     pub(crate) metrics: crate::metrics::ConsumerMetrics,
-    /// Each shard's retention runs (see the `retention` module).
-    pub(crate) retention: super::retention::RetentionJob,
 }
 
 impl ShardIo {
-    pub(crate) async fn connect(
-        client: RedisTarget,
-        config: ConsumerConfig,
-        handler: BoxedHandler,
-    ) -> RedisResult<Self> {
+    pub(crate) async fn connect(client: RedisTarget, config: ConsumerConfig) -> RedisResult<Self> {
         let options = ConnectOptions {
             response_timeout: Some(config.response_timeout),
             connection_timeout: Some(config.response_timeout),
@@ -229,9 +220,7 @@ impl ShardIo {
             config,
             client,
             conn,
-            cluster_wait: Default::default(),
             version,
-            handler,
             ack_delete_script: Script::new(ACK_DELETE_SCRIPT),
             cleanup_script: Script::new(CLEANUP_SCRIPT),
             fence_script: Script::new(super::fence::INSTALL_SCRIPT),
@@ -240,7 +229,6 @@ impl ShardIo {
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             stale_warned: Mutex::new((None, 0)),
             probe: crate::health::Probe::default(),
-            retention: Default::default(),
         })
     }
 
@@ -1054,5 +1042,11 @@ mod decode_tests {
             parse_pending(reply),
             vec![("1-0".into(), "a".into(), 2), ("4-0".into(), "c".into(), 1)]
         );
+    }
+}
+
+impl Acknowledge for ShardIo {
+    fn ack<'a>(&'a self, key: &'a str, ids: &'a [&'a str]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ShardIo::ack(self, key, ids))
     }
 }

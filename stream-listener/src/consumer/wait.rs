@@ -17,37 +17,20 @@
 //! UNBLOCK`) when ownership changes (an assignment, a revocation, a fence, shutdown): aborting the task
 //! would leave the blocked `XREAD` in Redis, holding the wait's connection.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-
-use crate::member::lifecycle::OwnershipDeadline;
-
+use super::cluster_wait::ClusterWait;
 use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
-
-/// The shards to wait on, by index and stream key.
-pub(crate) struct WaitSpec {
-    pub(crate) shards: Vec<(u32, Arc<str>)>,
-    /// Where each shard's stream is watched from, when known (see the module docs); the others are read
-    /// from the group first.
-    pub(crate) watch_from: HashMap<u32, String>,
-    pub(crate) conn: Option<WaitConnection>,
-    /// Where to publish the connection's client id, so the scheduler can `CLIENT UNBLOCK` it.
-    pub(crate) client: Arc<AtomicI64>,
-    pub(crate) deadline: Arc<OwnershipDeadline>,
-}
-
-/// The idle wait's blocking connection and its Redis client id.
-pub(crate) type WaitConnection = (MultiplexedConnection, i64);
+use super::wait_spec::{WaitConnection, WaitSpec};
 
 /// Waits; hands back what it saw and its connection (none after an error: a fresh one is made next time).
 pub(crate) async fn run(
     io: Arc<ShardIo>,
+    pool: Arc<ClusterWait>,
     mut spec: WaitSpec,
 ) -> (WaitReport, Option<WaitConnection>) {
     let mut outcome = WaitReport::default();
@@ -85,7 +68,10 @@ pub(crate) async fn run(
         }
     }
     if cluster {
-        return (super::cluster_wait::read(io, spec, outcome).await, None);
+        return (
+            super::cluster_wait::read(io, &pool, spec, outcome).await,
+            None,
+        );
     }
     // Read at the last moment: connecting may have taken a while.
     let Some(left) = spec.deadline.remaining() else {
@@ -103,7 +89,7 @@ pub(crate) async fn run(
             // module), so what it acknowledged last is trimmed without waiting for new entries.
             for (shard, key) in &spec.shards {
                 if !outcome.new_entries.contains(shard) && spec.deadline.remaining().is_some() {
-                    super::retention::step(&io, *shard, key, false).await;
+                    spec.retention.step(&io, *shard, key, false).await;
                 }
             }
         }
@@ -111,26 +97,4 @@ pub(crate) async fn run(
         Err(error) => outcome.error = Some(error),
     }
     (outcome, kept)
-}
-
-impl WaitSpec {
-    /// `(stream key, id to watch above)` of every shard, in order (all known by now).
-    pub(crate) fn streams(&self) -> Vec<(&str, &str)> {
-        self.shards
-            .iter()
-            .map(|(shard, key)| {
-                let from = self.watch_from.get(shard).map_or("0-0", String::as_str);
-                (&**key, from)
-            })
-            .collect()
-    }
-
-    /// Records the shards whose streams have new entries (by key) as woken.
-    pub(crate) fn note_new_entries(&self, keys: &[String], outcome: &mut WaitReport) {
-        for key in keys {
-            if let Some((shard, _)) = self.shards.iter().find(|(_, k)| **k == **key) {
-                outcome.new_entries.push(*shard);
-            }
-        }
-    }
 }

@@ -67,17 +67,17 @@ impl GroupKeys {
     }
 }
 
+/// How long the writer lock lives if its writer never releases it (crashed or paused). The writer extends
+/// it before every batch.
+pub(super) const WRITER_LOCK_MS: u64 = 1000;
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_lock_ttl_in_the_key_table_is_the_one_the_store_uses() {
-        assert_eq!(
-            super::super::writer::WRITER_LOCK_MS,
-            1000,
-            "update the table above"
-        );
+        assert_eq!(super::WRITER_LOCK_MS, 1000, "update the table above");
     }
 
     #[test]

@@ -7,8 +7,8 @@ use redis::{Script, ScriptInvocation, Value};
 
 use crate::coordinator::events::AuditEvent;
 
+use super::keys::WRITER_LOCK_MS;
 use super::snapshot::{CommitDelta, LoadReply};
-use super::writer::WRITER_LOCK_MS;
 use super::{GroupKeys, StoreError};
 
 /// Audit entries kept (approximately).

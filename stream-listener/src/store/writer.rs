@@ -15,14 +15,12 @@ use crate::coordinator::metadata::MetadataError;
 use crate::coordinator::wire::{HeartbeatRequest, HeartbeatResponse};
 use crate::coordinator::{Change, Outcome, Writes};
 
+use super::keys::WRITER_LOCK_MS;
 use super::scripts::{self, decode_peek};
 use super::snapshot::Snapshot;
 use super::stats::Stat;
 use super::{inbox, GroupKeys, GroupStore, StoreError, MAX_ATTEMPTS};
 
-/// How long the writer lock lives if its writer never releases it (crashed or paused). The writer extends
-/// it before every batch.
-pub(super) const WRITER_LOCK_MS: u64 = 1000;
 /// Batches one writer commits before letting others have a turn.
 const MAX_BATCHES: usize = 64;
 /// A queued heartbeat whose sender stops waiting this soon is not applied: its answer would come too late.
