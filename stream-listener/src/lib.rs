@@ -57,6 +57,7 @@
 //!
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod clock;
 pub mod connection;

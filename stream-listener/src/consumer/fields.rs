@@ -20,6 +20,7 @@ pub struct Fields {
 
 /// Why a field could not be read as the asked type.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FieldError {
     /// The entry has no such field.
     #[error("the entry has no field `{0}`")]

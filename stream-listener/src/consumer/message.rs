@@ -81,6 +81,7 @@ impl<T: fmt::Debug> fmt::Debug for Message<T> {
 
 /// Why [`Message::ack`] failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AckError {
     /// The member no longer owns the shard; the entry belongs to the next owner now.
     #[error("the shard is no longer owned by this member; not acknowledging")]

@@ -89,6 +89,7 @@ use shard_io::ShardIo;
 
 /// Why a consumer could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConsumerError {
     /// Connecting to Redis or reading its version failed.
     #[error("redis: {0}")]
