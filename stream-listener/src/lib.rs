@@ -59,25 +59,36 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+// The layers below the user's surface (`clock`, `coordinator`, `member`, `names`, `redact`, `store`,
+// `util`) are public for the workspace's CLI, tests and benches only: hidden from the docs, with no
+// stability promise. ARCHITECTURE.md explains them.
+
+#[doc(hidden)]
 pub mod clock;
 pub mod connection;
 pub mod consumer;
+#[doc(hidden)]
 pub mod coordinator;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
+#[doc(hidden)]
 pub mod member;
 pub mod metrics;
+#[doc(hidden)]
 pub mod names;
 mod panic;
 pub mod producer;
+#[doc(hidden)]
 pub mod redact;
 pub mod replay;
 pub mod routing;
 pub mod runtime;
+#[doc(hidden)]
 pub mod store;
 pub mod tls;
 pub mod topology;
+#[doc(hidden)]
 pub mod util;
 
 pub use connection::{Connection, RedisTarget};
