@@ -8,8 +8,8 @@
 //!
 //! Owned shards wait in one round-robin ready queue. Up to `runtime_max_concurrency` jobs run at once; a
 //! job takes one shard, fetches a batch, runs the handler on each entry in order, acknowledges, and puts
-//! the shard back at the end of the queue (it keeps the shard for up to 64 full batches while no other
-//! shard waits for a worker, see the `job` module). So:
+//! the shard back at the end of the queue (it keeps the shard for up to 64 full batches until the scheduler
+//! asks for it back because another shard waits for a worker, or the listener paused). So:
 //!
 //! * a shard is in at most one job at a time: one read loop per shard, one batch in flight, per-key order;
 //! * a member with far more shards than workers still visits every shard once per rotation: no starvation;
@@ -49,7 +49,7 @@
 //! After [`Topology::resize`](crate::topology::Topology::resize), an entry of a key that moved to another
 //! shard waits until the group has consumed the key's old shard up to the resize's cut (up to the entry
 //! itself when the old shard is a shrink's draining shard); the shard's job stops at it and the scheduler
-//! retries the shard shortly after (see the `job` module). Entries a producer wrote with a stale layout
+//! retries the shard shortly after (see the `order` module). Entries a producer wrote with a stale layout
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
 mod attempt;
