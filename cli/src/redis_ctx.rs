@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::Value;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::redact::redact_url;
+use stream_listener::reply::{xinfo_groups, GroupInfo};
 use stream_listener::store::{GroupKeys, GroupStore};
 use stream_listener::tls::TlsFiles;
 
@@ -87,17 +88,17 @@ impl Ctx {
             .await?)
     }
 
-    /// `XINFO GROUPS key`, one map per consumer group (empty if the stream does not exist).
-    pub async fn consumer_groups(&mut self, key: &str) -> Result<Vec<ConsumerGroupInfo>, CliError> {
+    /// `XINFO GROUPS key`, one row per consumer group (empty if the stream does not exist).
+    pub async fn consumer_groups(&mut self, key: &str) -> Result<Vec<GroupInfo>, CliError> {
         if !self.exists(key).await? {
             return Ok(Vec::new());
         }
-        let groups: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+        let groups: Value = redis::cmd("XINFO")
             .arg("GROUPS")
             .arg(key)
             .query_async(&mut self.conn)
             .await?;
-        Ok(groups.iter().map(ConsumerGroupInfo::from_fields).collect())
+        Ok(xinfo_groups(&groups)?)
     }
 
     /// `entries-added` of `XINFO STREAM key` (Redis >= 7; `None` before).
@@ -119,34 +120,6 @@ impl Ctx {
             .arg(key)
             .query_async(&mut self.conn)
             .await?)
-    }
-}
-
-/// One consumer group of one shard stream, from `XINFO GROUPS`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConsumerGroupInfo {
-    /// Group name.
-    pub name: String,
-    /// Entries delivered and not acknowledged.
-    pub pending: Option<u64>,
-    /// Entries not delivered yet (nil when Redis cannot tell).
-    pub lag: Option<u64>,
-    /// Last id delivered to the group.
-    pub last_delivered_id: Option<String>,
-    /// Entries the group has read (Redis >= 7; nil when Redis cannot tell).
-    pub entries_read: Option<u64>,
-}
-
-impl ConsumerGroupInfo {
-    fn from_fields(fields: &HashMap<String, Value>) -> Self {
-        let text = |name: &str| fields.get(name).and_then(value_text);
-        Self {
-            name: text("name").unwrap_or_default(),
-            pending: text("pending").and_then(|v| v.parse().ok()),
-            lag: text("lag").and_then(|v| v.parse().ok()),
-            last_delivered_id: text("last-delivered-id"),
-            entries_read: text("entries-read").and_then(|v| v.parse().ok()),
-        }
     }
 }
 

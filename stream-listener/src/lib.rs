@@ -42,9 +42,9 @@
 //! breaking change bumps the minor version (0.1 to 0.2).
 //!
 //! The layer modules below ([`coordinator`], [`store`], [`member`], [`clock`], [`names`], [`util`],
-//! [`redact`], and the other modules' items beyond that surface) are public for the admin CLI, the
-//! benchmarks, the integration tests and other tooling. They are not part of that promise and may change
-//! in any minor version. `__private` (what the attribute's expansion names) is never public API.
+//! [`redact`], [`reply`], and the other modules' items beyond that surface) are public for the admin
+//! CLI, the benchmarks, the integration tests and other tooling. They are not part of that promise and may
+//! change in any minor version. `__private` (what the attribute's expansion names) is never public API.
 //!
 //! # Layers
 //!
@@ -82,6 +82,7 @@ pub mod producer;
 #[doc(hidden)]
 pub mod redact;
 pub mod replay;
+pub mod reply;
 pub mod routing;
 pub mod runtime;
 #[doc(hidden)]

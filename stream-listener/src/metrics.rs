@@ -340,42 +340,15 @@ async fn sample_shards(
         .collect())
 }
 
-/// `(lag, pending)` of `group` in an `XINFO GROUPS` reply (RESP2 flat pairs or RESP3 maps).
+/// `(lag, pending)` of `group` in an `XINFO GROUPS` reply ([`crate::reply::xinfo_groups`]); a pending
+/// count Redis did not give is 0.
 fn group_lag(reply: &redis::Value, group: &str) -> Option<(Option<i64>, i64)> {
-    use redis::Value;
-    let redis::Value::Array(groups) = reply else {
-        return None;
-    };
-    groups.iter().find_map(|info| {
-        let pairs: Vec<(&Value, &Value)> = match info {
-            Value::Array(flat) => flat
-                .chunks(2)
-                .filter_map(|p| Some((p.first()?, p.get(1)?)))
-                .collect(),
-            Value::Map(map) => map.iter().map(|(k, v)| (k, v)).collect(),
-            _ => return None,
-        };
-        let field = |name: &str| {
-            pairs.iter().find_map(|(k, v)| match k {
-                Value::BulkString(b) if b == name.as_bytes() => Some(*v),
-                Value::SimpleString(s) if s == name => Some(*v),
-                _ => None,
-            })
-        };
-        let name = match field("name")? {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::SimpleString(s) => s.clone(),
-            _ => return None,
-        };
-        if name != group {
-            return None;
-        }
-        let int = |v: Option<&Value>| match v {
-            Some(Value::Int(n)) => Some(*n),
-            _ => None,
-        };
-        Some((int(field("lag")), int(field("pending")).unwrap_or(0)))
-    })
+    let info = crate::reply::xinfo_groups(reply)
+        .ok()?
+        .into_iter()
+        .find(|info| info.name == group)?;
+    let signed = |n: Option<u64>| n.and_then(|n| i64::try_from(n).ok());
+    Some((signed(info.lag), signed(info.pending).unwrap_or(0)))
 }
 
 /// Installs a Prometheus recorder as the process's global recorder, serving every metric in the text

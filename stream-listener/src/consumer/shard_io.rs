@@ -10,6 +10,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
+use crate::reply;
 
 use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
@@ -115,30 +116,14 @@ where
     if !exists {
         return Ok(Vec::new());
     }
-    let groups: Vec<Value> = redis::cmd("XINFO")
+    let groups: Value = redis::cmd("XINFO")
         .arg("GROUPS")
         .arg(&key)
         .query_async(conn)
         .await?;
-    // Each group is `name <name> consumers <n> ...` (a flat array in RESP2, a map in RESP3).
-    let name_of = |group: Value| -> Option<String> {
-        let pairs: Vec<(Value, Value)> = match group {
-            Value::Map(pairs) => pairs,
-            Value::Array(items) => {
-                let mut items = items.into_iter();
-                std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
-            }
-            _ => return None,
-        };
-        pairs.into_iter().find_map(|(k, v)| {
-            (value_string(k).as_deref() == Some("name"))
-                .then(|| value_string(v))
-                .flatten()
-        })
-    };
-    let mut names: Vec<String> = groups
+    let mut names: Vec<String> = reply::xinfo_groups(&groups)?
         .into_iter()
-        .filter_map(name_of)
+        .map(|group| group.name)
         .filter(|name| *name != config.group && !crate::names::is_internal_group(name))
         .collect();
     names.sort();
@@ -446,7 +431,7 @@ impl ShardIo {
             .read_cmd(key, fence)
             .query_async(&mut self.conn.clone())
             .await?;
-        Ok(parse_read_reply(reply))
+        Ok(entries_of(reply::read(reply)))
     }
 
     /// The idle wait: one `XREAD COUNT 1 BLOCK ms STREAMS k1 k2 .. id1 id2 ..` over several shard streams,
@@ -471,7 +456,7 @@ impl ShardIo {
             cmd.arg(*id);
         }
         let reply: Value = cmd.query_async(conn).await?;
-        Ok(parse_read_reply_by_stream(reply)
+        Ok(reply::read_by_stream(reply)
             .into_iter()
             .filter(|(_, entries)| !entries.is_empty())
             .map(|(key, _)| key)
@@ -492,7 +477,16 @@ impl ShardIo {
             redis::make_extension_error("NOGROUP".to_owned(), Some(detail))
         };
         match reply {
-            Ok(groups) => group_last_delivered_id(groups, &self.config.group).ok_or_else(missing),
+            Ok(groups) => reply::xinfo_groups(&groups)
+                .ok()
+                .and_then(|groups| {
+                    groups.into_iter().find_map(|info| {
+                        (info.name == self.config.group)
+                            .then_some(info.last_delivered_id)
+                            .flatten()
+                    })
+                })
+                .ok_or_else(missing),
             // `ERR no such key`: the stream is gone with its group.
             Err(error) if error.to_string().contains("no such key") => Err(missing()),
             Err(error) => Err(error),
@@ -515,10 +509,10 @@ impl ShardIo {
             .arg(self.config.batch_size)
             .query_async(&mut conn)
             .await?;
-        let stale: Vec<String> = parse_pending(pending)
+        let stale: Vec<String> = reply::pending(pending)
             .into_iter()
-            .filter(|(_, consumer, _)| *consumer != self.config.consumer_name)
-            .map(|(id, _, _)| id)
+            .filter(|row| row.consumer != self.config.consumer_name)
+            .map(|row| row.id)
             .collect();
         if stale.is_empty() {
             return Ok(Vec::new());
@@ -533,7 +527,7 @@ impl ShardIo {
             .arg(&stale)
             .invoke_async(&mut conn)
             .await?;
-        let mut entries: Vec<Entry> = parse_entries(claimed)
+        let mut entries: Vec<Entry> = entries_of(reply::entries(claimed))
             .into_iter()
             .filter(|e| !e.deleted)
             .collect();
@@ -599,7 +593,7 @@ impl ShardIo {
         pipe.add_command(ack).ignore();
         pipe.add_command(self.read_cmd(key, fence));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok(parse_read_reply(reply))
+        Ok(entries_of(reply::read(reply)))
     }
 
     /// `XAUTOCLAIM key group me 0 cursor COUNT n`, then the delivery counts of what was claimed. Returns
@@ -623,15 +617,9 @@ impl ShardIo {
             .arg(self.config.batch_size)
             .invoke_async(&mut conn)
             .await?;
-        let Value::Array(mut parts) = reply else {
-            return Ok((crate::names::START_ID.to_owned(), Vec::new()));
-        };
-        parts.truncate(2);
-        let entries = parts.pop().map(parse_entries).unwrap_or_default();
-        let next = parts
-            .pop()
-            .and_then(value_string)
-            .unwrap_or_else(|| crate::names::START_ID.to_owned());
+        let (next, entries) = reply::autoclaim(reply);
+        let entries = entries_of(entries);
+        let next = next.unwrap_or_else(|| crate::names::START_ID.to_owned());
         // Redis 6.2 returns deleted entries as nil; ack them so they leave the pending list.
         let (mut live, dead): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !e.deleted);
         if !dead.is_empty() {
@@ -661,7 +649,7 @@ impl ShardIo {
             .arg(&self.config.consumer_name)
             .query_async(&mut self.conn.clone())
             .await?;
-        let counts = parse_pending_counts(pending);
+        let counts = reply::pending_counts(pending);
         for entry in entries {
             entry.delivery_count = counts.get(entry.id.as_str()).copied().unwrap_or(1).max(1);
         }
@@ -768,150 +756,15 @@ impl ShardIo {
     }
 }
 
-fn value_string(value: Value) -> Option<String> {
-    match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
-        Value::SimpleString(s) => Some(s),
-        Value::VerbatimString { text, .. } => Some(text),
-        _ => None,
-    }
-}
-
-/// `XREADGROUP` reply (one stream): `[[key, [[id, [f, v, ...]], ...]]]`, or nil when nothing was read.
-fn parse_read_reply(reply: Value) -> Vec<Entry> {
-    parse_read_reply_by_stream(reply)
-        .into_iter()
-        .flat_map(|(_, entries)| entries)
-        .collect()
-}
-
-/// `XREADGROUP` reply over several streams, by stream key (RESP2 arrays or RESP3 maps); malformed parts
-/// are skipped.
-fn parse_read_reply_by_stream(reply: Value) -> Vec<(String, Vec<Entry>)> {
-    let pairs: Vec<(Value, Value)> = match reply {
-        Value::Array(streams) => streams
-            .into_iter()
-            .filter_map(|stream| match stream {
-                Value::Array(pair) => <[Value; 2]>::try_from(pair).ok().map(|[k, v]| (k, v)),
-                _ => None,
-            })
-            .collect(),
-        Value::Map(streams) => streams,
-        _ => Vec::new(),
-    };
-    pairs
-        .into_iter()
-        .filter_map(|(key, entries)| Some((value_string(key)?, parse_entries(entries))))
-        .collect()
-}
-
-/// `XINFO GROUPS` (a list of flat `[name, value, ...]` arrays, or maps under RESP3): the
-/// `last-delivered-id` of group `group`, `None` if it is not listed or the reply is malformed.
-fn group_last_delivered_id(reply: Value, group: &str) -> Option<String> {
-    let Value::Array(groups) = reply else {
-        return None;
-    };
-    groups.into_iter().find_map(|info| {
-        let pairs: Vec<(Value, Value)> = match info {
-            Value::Array(flat) => {
-                let mut iter = flat.into_iter();
-                std::iter::from_fn(|| Some((iter.next()?, iter.next()?))).collect()
-            }
-            Value::Map(pairs) => pairs,
-            _ => return None,
-        };
-        let mut name = None;
-        let mut last = None;
-        for (field, value) in pairs {
-            match value_string(field).as_deref() {
-                Some("name") => name = value_string(value),
-                Some("last-delivered-id") => last = value_string(value),
-                _ => {}
-            }
-        }
-        (name.as_deref() == Some(group)).then_some(last).flatten()
-    })
-}
-
-/// A list of `[id, [f, v, ...]]`; nil fields mark deleted entries.
-fn parse_entries(value: Value) -> Vec<Entry> {
-    let Value::Array(items) = value else {
-        return Vec::new();
-    };
-    let mut entries = Vec::with_capacity(items.len());
-    for item in items {
-        let Value::Array(mut pair) = item else {
-            continue;
-        };
-        if pair.len() != 2 {
-            continue;
-        }
-        let raw_fields = pair.pop().unwrap_or(Value::Nil);
-        let Some(id) = pair.pop().and_then(value_string) else {
-            continue;
-        };
-        let (fields, deleted) = match raw_fields {
-            Value::Array(flat) => {
-                let mut fields = Vec::with_capacity(flat.len() / 2);
-                let mut iter = flat.into_iter();
-                while let (Some(name), Some(value)) = (iter.next(), iter.next()) {
-                    fields.push((bytes_of(name), bytes_of(value)));
-                }
-                (fields, false)
-            }
-            Value::Map(pairs) => (
-                pairs
-                    .into_iter()
-                    .map(|(n, v)| (bytes_of(n), bytes_of(v)))
-                    .collect(),
-                false,
-            ),
-            _ => (Vec::new(), true),
-        };
-        entries.push(Entry {
-            id,
-            fields,
-            delivery_count: 1,
-            deleted,
-            retries: 0,
-        });
-    }
-    entries
-}
-
-fn bytes_of(value: Value) -> Vec<u8> {
-    match value {
-        Value::BulkString(bytes) => bytes,
-        Value::SimpleString(s) => s.into_bytes(),
-        Value::Int(i) => i.to_string().into_bytes(),
-        _ => Vec::new(),
-    }
-}
-
-/// Extended `XPENDING` reply: `[[id, consumer, idle, deliveries], ...]`.
-fn parse_pending_counts(value: Value) -> HashMap<String, u32> {
-    parse_pending(value)
-        .into_iter()
-        .map(|(id, _, count)| (id, count))
-        .collect()
-}
-
-/// Extended `XPENDING` rows `[id, consumer, idle, deliveries]`; malformed rows are skipped.
-fn parse_pending(value: Value) -> Vec<(String, String, u32)> {
-    let Value::Array(rows) = value else {
-        return Vec::new();
-    };
+/// Entries as the consumer keeps them, from a reply's rows: delivered once until `XPENDING` says more.
+fn entries_of(rows: Vec<reply::StreamEntry>) -> Vec<Entry> {
     rows.into_iter()
-        .filter_map(|row| {
-            let Value::Array(row) = row else {
-                return None;
-            };
-            let [id, consumer, _idle, count] = <[Value; 4]>::try_from(row).ok()?;
-            let count = match count {
-                Value::Int(n) => u32::try_from(n).ok()?,
-                _ => return None,
-            };
-            Some((value_string(id)?, value_string(consumer)?, count))
+        .map(|row| Entry {
+            id: row.id,
+            deleted: row.fields.is_none(),
+            fields: row.fields.unwrap_or_default(),
+            delivery_count: 1,
+            retries: 0,
         })
         .collect()
 }
@@ -951,97 +804,24 @@ mod tests {
                 ]),
             ])]),
         ])]);
-        let entries = parse_read_reply(reply);
+        let entries = entries_of(reply::read(reply));
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].id, "1-0");
         assert_eq!(entries[0].key(), "user-1");
         assert_eq!(entries[0].payload(), Some(&b"{}"[..]));
-        assert!(parse_read_reply(Value::Nil).is_empty());
-    }
-}
-
-#[cfg(test)]
-mod decode_tests {
-    //! Stream replies come from a server we do not control (another version, a proxy, a bug): decoding
-    //! must never panic, whatever the shape.
-    use super::*;
-    use proptest::prelude::*;
-
-    fn value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Nil),
-            any::<i64>().prop_map(Value::Int),
-            proptest::collection::vec(any::<u8>(), 0..12).prop_map(Value::BulkString),
-            "[a-z0-9-]{0,8}".prop_map(Value::SimpleString),
-            Just(Value::Okay),
-        ];
-        leaf.prop_recursive(4, 64, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                proptest::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
-            ]
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn stream_reply_decoders_never_panic(reply in value()) {
-            let _ = parse_read_reply(reply.clone());
-            let _ = parse_read_reply_by_stream(reply.clone());
-            let _ = parse_entries(reply.clone());
-            let _ = parse_pending(reply.clone());
-            let _ = group_last_delivered_id(reply.clone(), "g");
-            let _ = parse_pending_counts(reply);
-        }
+        assert_eq!((entries[0].delivery_count, entries[0].deleted), (1, false));
+        assert!(entries_of(reply::read(Value::Nil)).is_empty());
     }
 
     #[test]
-    fn the_last_delivered_id_is_read_from_either_protocol_and_only_for_our_group() {
-        let bulk = |s: &str| Value::BulkString(s.into());
-        let flat = |name: &str, last: &str| {
-            Value::Array(vec![
-                bulk("name"),
-                bulk(name),
-                bulk("consumers"),
-                Value::Int(1),
-                bulk("last-delivered-id"),
-                bulk(last),
-            ])
-        };
-        let resp2 = Value::Array(vec![flat("other", "9-0"), flat("g", "5-1")]);
-        assert_eq!(group_last_delivered_id(resp2, "g").as_deref(), Some("5-1"));
-        let resp3 = Value::Array(vec![Value::Map(vec![
-            (bulk("last-delivered-id"), bulk("7-0")),
-            (bulk("name"), bulk("g")),
+    fn an_entry_with_nil_fields_is_kept_as_deleted() {
+        let claimed = Value::Array(vec![Value::Array(vec![
+            Value::BulkString(b"1-0".to_vec()),
+            Value::Nil,
         ])]);
-        assert_eq!(group_last_delivered_id(resp3, "g").as_deref(), Some("7-0"));
-        let only_other = Value::Array(vec![flat("other", "9-0")]);
-        assert_eq!(group_last_delivered_id(only_other, "g"), None);
-        // A group entry without the field, or an odd-length row, is no answer rather than a guess.
-        let broken = Value::Array(vec![Value::Array(vec![bulk("name"), bulk("g"), bulk("x")])]);
-        assert_eq!(group_last_delivered_id(broken, "g"), None);
-    }
-
-    #[test]
-    fn pending_rows_of_the_wrong_shape_are_skipped() {
-        let row = |id: &str, consumer: &str, count: i64| {
-            Value::Array(vec![
-                Value::BulkString(id.into()),
-                Value::BulkString(consumer.into()),
-                Value::Int(5),
-                Value::Int(count),
-            ])
-        };
-        let reply = Value::Array(vec![
-            row("1-0", "a", 2),
-            Value::Array(vec![Value::BulkString("2-0".into())]),
-            row("3-0", "b", -1),
-            row("4-0", "c", 1),
-        ]);
-        assert_eq!(
-            parse_pending(reply),
-            vec![("1-0".into(), "a".into(), 2), ("4-0".into(), "c".into(), 1)]
-        );
+        let entries = entries_of(reply::entries(claimed));
+        assert_eq!(entries.len(), 1);
+        assert!(entries[0].deleted && entries[0].fields.is_empty());
     }
 }
 

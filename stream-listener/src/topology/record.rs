@@ -161,14 +161,14 @@ where
     if !exists {
         return Ok(Vec::new());
     }
-    let groups: Vec<std::collections::HashMap<String, Value>> = redis::cmd("XINFO")
+    let groups: Value = redis::cmd("XINFO")
         .arg("GROUPS")
         .arg(stream)
         .query_async(conn)
         .await?;
-    Ok(groups
-        .iter()
-        .filter_map(|g| redis::from_redis_value::<String>(g.get("name")?.clone()).ok())
+    Ok(crate::reply::xinfo_groups(&groups)?
+        .into_iter()
+        .map(|g| g.name)
         .filter(|name| name != BOOTSTRAP_GROUP)
         .collect())
 }
