@@ -1,6 +1,6 @@
-//! The Redis side of consumption ([`ShardIo`]): connections, reply parsing, and every command a consumer
-//! sends to its shard streams (reads, claims, acks, dead letters, cleanup), with the cached topology that
-//! the moved-key rule reads.
+//! The Redis side of consumption ([`ShardIo`]): connections, and every command a consumer sends to its
+//! shard streams (reads, claims, acks, dead letters, cleanup; their replies decoded by [`crate::reply`]),
+//! with the cached topology that the moved-key rule reads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
