@@ -41,10 +41,10 @@
 //! with: moving to a new major version of it is a breaking change of ours. While the crate is 0.x, a
 //! breaking change bumps the minor version (0.1 to 0.2).
 //!
-//! The layer modules below ([`coordinator`], [`store`], [`member`], [`clock`], [`names`], [`util`],
-//! [`redact`], [`reply`], and the other modules' items beyond that surface) are public for the admin
-//! CLI, the benchmarks, the integration tests and other tooling. They are not part of that promise and may
-//! change in any minor version. `__private` (what the attribute's expansion names) is never public API.
+//! The layer modules below (`coordinator`, `store`, `member`, `clock`, `names`, `util`, `redact`,
+//! `reply`, and the other modules' items beyond that surface) are public for the admin CLI, the
+//! benchmarks, the integration tests and other tooling, and hidden from these docs. They are not part of
+//! that promise and may change in any minor version. `__private` (what the attribute's expansion names) is never public API.
 //!
 //! # Layers
 //!
@@ -58,10 +58,6 @@
 //! `ARCHITECTURE.md` in the repository has the data flows and the Redis key layout.
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
-
-// The layers below the user's surface (`clock`, `coordinator`, `member`, `names`, `redact`, `store`,
-// `util`) are public for the workspace's CLI, tests and benches only: hidden from the docs, with no
-// stability promise. ARCHITECTURE.md explains them.
 
 #[doc(hidden)]
 pub mod clock;
@@ -82,6 +78,7 @@ pub mod producer;
 #[doc(hidden)]
 pub mod redact;
 pub mod replay;
+#[doc(hidden)]
 pub mod reply;
 pub mod routing;
 pub mod runtime;

@@ -769,6 +769,12 @@ fn entries_of(rows: Vec<reply::StreamEntry>) -> Vec<Entry> {
         .collect()
 }
 
+impl Acknowledge for ShardIo {
+    fn ack<'a>(&'a self, key: &'a str, ids: &'a [&'a str]) -> BoxFuture<'a, RedisResult<()>> {
+        Box::pin(ShardIo::ack(self, key, ids))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -822,11 +828,5 @@ mod tests {
         let entries = entries_of(reply::entries(claimed));
         assert_eq!(entries.len(), 1);
         assert!(entries[0].deleted && entries[0].fields.is_empty());
-    }
-}
-
-impl Acknowledge for ShardIo {
-    fn ack<'a>(&'a self, key: &'a str, ids: &'a [&'a str]) -> BoxFuture<'a, RedisResult<()>> {
-        Box::pin(ShardIo::ack(self, key, ids))
     }
 }
