@@ -400,16 +400,21 @@ impl Driver {
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
             Ended::Job(job::run(io, spec).await)
         }));
+        self.track(job, abort, Some(signals));
+        None
+    }
+
+    /// Remembers a spawned job (or the wait) by its task.
+    fn track(&mut self, job: JobId, abort: AbortHandle, signals: Option<Arc<JobSignals>>) {
         self.by_job.insert(job, abort.id());
         self.tasks.insert(
             abort.id(),
             Running {
                 job,
                 abort,
-                signals: Some(signals),
+                signals,
             },
         );
-        None
     }
 
     /// Starts the idle wait over `shards` (see the `wait` module).
@@ -445,15 +450,7 @@ impl Driver {
             let (report, conn) = wait::run(io, pool, spec).await;
             Ended::Wait(report, conn)
         }));
-        self.by_job.insert(job, abort.id());
-        self.tasks.insert(
-            abort.id(),
-            Running {
-                job,
-                abort,
-                signals: None,
-            },
-        );
+        self.track(job, abort, None);
     }
 
     /// Ends the idle wait early. Aborting the task would not end the read in Redis, which would hold
