@@ -1,7 +1,7 @@
 //! The library's files import one another without circles (ARCHITECTURE.md: "dependencies point down
 //! only"). A file's imports are its `crate::` and `super::` paths (also inside `use ...::{..}` lists),
-//! resolved to the deepest module file that exists; unit tests are left out. `scripts/imports` prints the
-//! same graph's circles.
+//! resolved to the deepest module file that exists; unit tests are left out. A failure names the files of
+//! each circle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
