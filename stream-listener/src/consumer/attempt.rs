@@ -14,7 +14,6 @@ use super::config::{AckPolicy, FailurePolicy, OnExhausted};
 use super::entry::Entry;
 use super::job_spec::JobSpec;
 use super::message::{Acker, BoxFuture, Delivery, HandlerError};
-use super::order::gate;
 use super::shard_io::ShardIo;
 
 /// The fate of one entry.
@@ -230,10 +229,15 @@ pub(super) async fn batch(
         if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
             break;
         }
-        if gate(io, spec.shard, refreshed, entry).await.is_some() {
+        if spec
+            .order
+            .gate(io, spec.shard, refreshed, entry)
+            .await
+            .is_some()
+        {
             break;
         }
-        io.note_stale_write(spec.shard, entry).await;
+        spec.order.note_stale_write(io, spec.shard, entry).await;
         let fate = without_attempt(entry, &io.config.group, &policy);
         if fate.is_none() {
             handed.push(fates.len());

@@ -23,6 +23,7 @@ use super::fence::Fence;
 use super::hooks::{self, HookCall, LifecycleHooks};
 use super::job_spec::{JobSignals, JobSpec};
 use super::message::{BoxedHandler, ShardOwnership};
+use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::{
     Command, HooksSet, JobId, JobPlan, JobReport, Millis, ProbeEvent, Report, ShardScheduler,
@@ -56,6 +57,7 @@ pub(crate) struct Driver {
     io: Arc<ShardIo>,
     handler: BoxedHandler,
     retention: Arc<RetentionJob>,
+    order: Arc<OrderGate>,
     /// The idle wait's blocking connections and slot map on a cluster.
     cluster_wait: Arc<ClusterWait>,
     deadline: Arc<OwnershipDeadline>,
@@ -99,6 +101,7 @@ impl Driver {
             io,
             handler,
             retention: Arc::default(),
+            order: Arc::default(),
             cluster_wait: Arc::default(),
             deadline,
             machine: ShardScheduler::new(workers, reclaim_every, set),
@@ -395,6 +398,7 @@ impl Driver {
             max_turns: plan.max_turns,
             handler: self.handler.clone(),
             retention: self.retention.clone(),
+            order: self.order.clone(),
         };
         let io = self.io.clone();
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {

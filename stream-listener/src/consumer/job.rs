@@ -11,7 +11,6 @@ use super::attempt::{self, Fate};
 use super::entry::Entry;
 use super::fence::{self, is_missing_group};
 use super::job_spec::JobSpec;
-use super::order;
 use super::scheduler::{JobReport, ReadMode};
 use super::shard_io::ShardIo;
 
@@ -153,12 +152,16 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     stopped = true;
                     break;
                 }
-                if let Some(delay) = order::gate(&io, spec.shard, &mut refreshed, entry).await {
+                if let Some(delay) = spec
+                    .order
+                    .gate(&io, spec.shard, &mut refreshed, entry)
+                    .await
+                {
                     tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
                     defer = Some((index, delay));
                     break;
                 }
-                io.note_stale_write(spec.shard, entry).await;
+                spec.order.note_stale_write(&io, spec.shard, entry).await;
                 attempt::single(&io, &spec, entry).await
             };
             spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);

@@ -9,6 +9,7 @@ use crate::member::lifecycle::FencingToken;
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{BoxedHandler, ShardOwnership};
+use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::ReadMode;
 
@@ -50,4 +51,6 @@ pub(crate) struct JobSpec {
     pub(crate) handler: BoxedHandler,
     /// Each shard's retention runs (see the `retention` module).
     pub(crate) retention: Arc<RetentionJob>,
+    /// The resize's order gate, shared by the consumer's jobs (see the `order` module).
+    pub(crate) order: Arc<OrderGate>,
 }

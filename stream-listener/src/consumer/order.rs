@@ -1,7 +1,7 @@
 //! The order barrier of a resize: whether an entry may be handled now, or waits for its key's old shard.
 //!
 //! Before an entry is handled, its key is placed with [`Topology::placement`](crate::topology::Topology::placement)
-//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`](super::shard_io::LAYOUT_REFRESH), and
+//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`], and
 //! at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
 //! that moved here with the last resize waits until the group has consumed the key's old shard below
 //! `min(entry id, cut)`. Until then the job stops at that entry (later entries of the shard wait too, so
@@ -14,58 +14,256 @@
 //! A key that moved out of a shard a shrink removed waits the same way, for that shard's entries older than
 //! its own while the shard drains (see [`Topology::placement`](crate::topology::Topology::placement)). An
 //! entry about to be handled that a producer wrote with a stale layout after the cut is counted and logged
-//! (`ShardIo::note_stale_write`).
+//! (`OrderGate::note_stale_write`).
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::entry::Entry;
-use super::shard_io::{Layout, ShardIo, MOVED_KEY_RETRY};
-use crate::topology::Placement;
+use super::shard_io::ShardIo;
+use crate::topology::{consumed_before, ConsumedBefore, Placement, Topology, TopologyError};
 
-/// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
-/// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
-/// entry is placed; `refreshed` limits forced re-reads to one per job.
-pub(super) async fn gate(
-    io: &ShardIo,
-    shard: u32,
-    refreshed: &mut bool,
-    entry: &Entry,
-) -> Option<Duration> {
-    let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
-        return None;
-    };
-    let mut layout: Option<Layout> = io.layout(false).await;
-    loop {
-        let view = layout.as_ref()?;
-        // Routed with a newer topology than ours: re-read it once.
-        if !*refreshed
-            && entry
-                .topology_version()
-                .is_some_and(|v| v > view.topology.version())
+/// How old the cached topology may get before a job re-reads it. It must stay below the smallest grace
+/// period of a resize ([`crate::topology::DEFAULT_RESIZE_GRACE`] is 2 s): a second resize waits for the
+/// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
+/// moved-key rule detects (see [`Topology::placement`]).
+const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
+/// Retry delay of a shard whose entries wait for a moved key whose old shard is not consumed yet.
+const MOVED_KEY_RETRY: Duration = Duration::from_millis(50);
+
+/// The stream's topology as this consumer last read it.
+#[derive(Clone)]
+struct Layout {
+    topology: Arc<Topology>,
+    /// Redis time (ms) taken just before the read: any entry with an older id was written by a producer
+    /// whose topology was at most this one.
+    read_ms: u64,
+}
+
+#[derive(Default)]
+struct LayoutCache {
+    /// `None`: not read yet, or the stream has no topology record (then no order barrier applies).
+    view: Option<Layout>,
+    read_at: Option<Instant>,
+    /// Old shard -> bound (ms) below which the group is known to have consumed it, for `view`'s version.
+    /// Consumption below a bound never goes back, so this only grows.
+    consumed: HashMap<u32, u64>,
+}
+
+/// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
+const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// One consumer's order gate: the cached topology and what it knows of old shards' consumption, and the
+/// stale-layout warnings. Shared by the consumer's jobs.
+#[derive(Default)]
+pub(crate) struct OrderGate {
+    cache: Mutex<LayoutCache>,
+    /// Last stale-layout warning, and stale writes seen since.
+    stale_warned: Mutex<(Option<Instant>, u64)>,
+}
+
+impl OrderGate {
+    fn cache(&self) -> std::sync::MutexGuard<'_, LayoutCache> {
+        // Plain data: a panic elsewhere cannot leave it half-updated.
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The stream's topology, re-read when older than [`LAYOUT_REFRESH`] or when `force` is set. `None`
+    /// when the stream has no topology record. A failed read keeps the last one (and is logged).
+    async fn layout(&self, io: &ShardIo, force: bool) -> Option<Layout> {
         {
-            *refreshed = true;
-            layout = io.layout(true).await;
-            continue;
-        }
-        match view.topology.placement(key, shard, entry_ms) {
-            Placement::Current | Placement::Previous => return None,
-            Placement::Misrouted => {
-                // Newer than our read: routed by a topology we have not seen yet. Re-read it once.
-                if *refreshed || entry_ms < view.read_ms {
-                    return None;
-                }
-                *refreshed = true;
-                layout = io.layout(true).await;
+            let cache = self.cache();
+            if !force
+                && cache
+                    .read_at
+                    .is_some_and(|at| at.elapsed() < LAYOUT_REFRESH)
+            {
+                return cache.view.clone();
             }
-            Placement::Moved { from, before_ms } => {
-                let version = view.topology.version();
-                return match io.old_shard_consumed(version, from, before_ms).await {
-                    Ok(wait) => wait,
-                    Err(error) => {
-                        tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; deferring");
-                        Some(MOVED_KEY_RETRY)
+        }
+        let mut conn = io.conn.clone();
+        let read = async {
+            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            let topology = Topology::load(&mut conn, &io.config.stream_prefix).await;
+            Ok::<_, redis::RedisError>((secs * 1000 + micros / 1000, topology))
+        }
+        .await;
+        let mut cache = self.cache();
+        cache.read_at = Some(Instant::now());
+        match read {
+            Ok((read_ms, Ok(topology))) => {
+                let version = cache.view.as_ref().map(|l| l.topology.version());
+                if version != Some(topology.version()) {
+                    cache.consumed.clear();
+                }
+                cache.view = Some(Layout {
+                    topology: Arc::new(topology),
+                    read_ms,
+                });
+            }
+            Ok((_, Err(TopologyError::Missing { .. }))) => cache.view = None,
+            Ok((_, Err(error))) => {
+                tracing::warn!(stream = %io.config.stream_prefix, %error, "cannot read the stream's topology")
+            }
+            Err(error) => {
+                tracing::warn!(stream = %io.config.stream_prefix, %error, "cannot read the stream's topology")
+            }
+        }
+        cache.view.clone()
+    }
+
+    /// Whether the group consumed old shard `from` below `before_ms` (see
+    /// [`crate::topology::consumed_before`]): `None` if so, else how long to defer the entry waiting on it.
+    /// Positive answers are cached for the topology `version`.
+    async fn old_shard_consumed(
+        &self,
+        io: &ShardIo,
+        version: u64,
+        from: u32,
+        before_ms: u64,
+    ) -> Result<Option<Duration>, TopologyError> {
+        let cached = |cache: &LayoutCache| {
+            cache
+                .view
+                .as_ref()
+                .is_some_and(|l| l.topology.version() == version)
+        };
+        {
+            let cache = self.cache();
+            if cached(&cache) && cache.consumed.get(&from).is_some_and(|&b| b >= before_ms) {
+                return Ok(None);
+            }
+        }
+        let stream = io.config.shard_key(from);
+        let answer = consumed_before(
+            &mut io.conn.clone(),
+            &stream,
+            Some(&io.config.group),
+            before_ms,
+        )
+        .await?;
+        match answer {
+            ConsumedBefore::Yes => {
+                let mut cache = self.cache();
+                if cached(&cache) {
+                    let bound = cache.consumed.entry(from).or_insert(0);
+                    *bound = (*bound).max(before_ms);
+                }
+                Ok(None)
+            }
+            // Old-layout entries may still be written: wait for the bound itself.
+            ConsumedBefore::No {
+                now_ms,
+                group: None,
+            } => Ok(Some(
+                Duration::from_millis(before_ms.saturating_sub(now_ms))
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1)),
+            )),
+            ConsumedBefore::No { .. } => Ok(Some(MOVED_KEY_RETRY)),
+        }
+    }
+
+    /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
+    /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
+    pub(crate) async fn note_stale_write(&self, io: &ShardIo, shard: u32, entry: &Entry) {
+        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
+            return;
+        };
+        let Some(view) = self.layout(io, false).await else {
+            return;
+        };
+        if !view
+            .topology
+            .is_stale_write(key, shard, entry_ms, entry.topology_version())
+        {
+            return;
+        }
+        crate::topology::count_stale_write_seen();
+        io.metrics.stale_write();
+        let prefix = &io.config.stream_prefix;
+        if let Err(error) =
+            Topology::count_stale_write(&mut io.conn.clone(), prefix, &io.config.group).await
+        {
+            tracing::debug!(stream = %prefix, %error, "cannot count a stale-layout write");
+        }
+        let since_last_warning = {
+            let mut warned = self
+                .stale_warned
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            warned.1 += 1;
+            if warned.0.is_some_and(|at| at.elapsed() < STALE_WARN_EVERY) {
+                return;
+            }
+            let seen = warned.1;
+            *warned = (Some(Instant::now()), 0);
+            seen
+        };
+        tracing::warn!(
+            stale_writes = since_last_warning,
+            stream = %prefix,
+            group = %io.config.group,
+            shard,
+            id = %entry.id,
+            key = %entry.key(),
+            routed_with = ?entry.topology_version(),
+            topology = view.topology.version(),
+            "a producer wrote with a stale topology after the resize's grace period: per-key order of \
+             this key across the resize is not guaranteed (stale writes are counted in {}; refresh \
+             producers within the grace)",
+            Topology::stale_key(prefix),
+        );
+    }
+
+    /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
+    /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
+    /// entry is placed; `refreshed` limits forced re-reads to one per job.
+    pub(super) async fn gate(
+        &self,
+        io: &ShardIo,
+        shard: u32,
+        refreshed: &mut bool,
+        entry: &Entry,
+    ) -> Option<Duration> {
+        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
+            return None;
+        };
+        let mut layout: Option<Layout> = self.layout(io, false).await;
+        loop {
+            let view = layout.as_ref()?;
+            // Routed with a newer topology than ours: re-read it once.
+            if !*refreshed
+                && entry
+                    .topology_version()
+                    .is_some_and(|v| v > view.topology.version())
+            {
+                *refreshed = true;
+                layout = self.layout(io, true).await;
+                continue;
+            }
+            match view.topology.placement(key, shard, entry_ms) {
+                Placement::Current | Placement::Previous => return None,
+                Placement::Misrouted => {
+                    // Newer than our read: routed by a topology we have not seen yet. Re-read it once.
+                    if *refreshed || entry_ms < view.read_ms {
+                        return None;
                     }
-                };
+                    *refreshed = true;
+                    layout = self.layout(io, true).await;
+                }
+                Placement::Moved { from, before_ms } => {
+                    let version = view.topology.version();
+                    return match self.old_shard_consumed(io, version, from, before_ms).await {
+                        Ok(wait) => wait,
+                        Err(error) => {
+                            tracing::warn!(shard, from, %error, "cannot check the moved key's old shard; deferring");
+                            Some(MOVED_KEY_RETRY)
+                        }
+                    };
+                }
             }
         }
     }

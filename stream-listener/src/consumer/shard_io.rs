@@ -2,9 +2,7 @@
 //! shard streams (reads, claims, acks, dead letters, cleanup; their replies decoded by [`crate::reply`]),
 //! with the cached topology that the moved-key rule reads.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
@@ -16,39 +14,8 @@ use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{Acknowledge, BoxFuture};
-use crate::topology::{consumed_before, ConsumedBefore, Topology, TopologyError};
-
-/// How old the cached topology may get before a job re-reads it. It must stay below the smallest grace
-/// period of a resize ([`crate::topology::DEFAULT_RESIZE_GRACE`] is 2 s): a second resize waits for the
-/// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
-/// moved-key rule detects (see [`Topology::placement`]).
-pub(crate) const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
-/// Retry delay of a shard whose entries wait for a moved key whose old shard is not consumed yet.
-pub(crate) const MOVED_KEY_RETRY: Duration = Duration::from_millis(50);
-
-/// The stream's topology as this consumer last read it.
-#[derive(Clone)]
-pub(crate) struct Layout {
-    pub(crate) topology: Arc<Topology>,
-    /// Redis time (ms) taken just before the read: any entry with an older id was written by a producer
-    /// whose topology was at most this one.
-    pub(crate) read_ms: u64,
-}
-
-#[derive(Default)]
-struct LayoutCache {
-    /// `None`: not read yet, or the stream has no topology record (then no order barrier applies).
-    view: Option<Layout>,
-    read_at: Option<Instant>,
-    /// Old shard -> bound (ms) below which the group is known to have consumed it, for `view`'s version.
-    /// Consumption below a bound never goes back, so this only grows.
-    consumed: HashMap<u32, u64>,
-}
 
 pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
-
-/// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
-const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Field names the consumer adds to a dead-letter entry ([`crate::names::dead_letter_field`]).
 pub use crate::names::dead_letter_field as dead_letter_fields;
@@ -171,10 +138,7 @@ pub(crate) struct ShardIo {
     /// Installs an ownership's fence, and runs single-key commands behind it (see the `fence` module).
     fence_script: Script,
     fenced_script: Script,
-    layout: Mutex<LayoutCache>,
     warned_missing_group: std::sync::atomic::AtomicBool,
-    /// Last stale-layout warning, and stale writes seen since.
-    stale_warned: Mutex<(Option<Instant>, u64)>,
     /// Handlers running and failing reads, for health and shutdown reports.
     pub(crate) probe: crate::health::Probe,
     /// The consumer's counters and histograms, labelled with its stream and group.
@@ -210,164 +174,9 @@ impl ShardIo {
             cleanup_script: Script::new(CLEANUP_SCRIPT),
             fence_script: Script::new(super::fence::INSTALL_SCRIPT),
             fenced_script: Script::new(super::fence::FENCED_SCRIPT),
-            layout: Mutex::new(LayoutCache::default()),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
-            stale_warned: Mutex::new((None, 0)),
             probe: crate::health::Probe::default(),
         })
-    }
-
-    fn layout_cache(&self) -> std::sync::MutexGuard<'_, LayoutCache> {
-        // Plain data: a panic elsewhere cannot leave it half-updated.
-        self.layout
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The stream's topology, re-read when older than [`LAYOUT_REFRESH`] or when `force` is set. `None`
-    /// when the stream has no topology record. A failed read keeps the last one (and is logged).
-    pub(crate) async fn layout(&self, force: bool) -> Option<Layout> {
-        {
-            let cache = self.layout_cache();
-            if !force
-                && cache
-                    .read_at
-                    .is_some_and(|at| at.elapsed() < LAYOUT_REFRESH)
-            {
-                return cache.view.clone();
-            }
-        }
-        let mut conn = self.conn.clone();
-        let read = async {
-            let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-            let topology = Topology::load(&mut conn, &self.config.stream_prefix).await;
-            Ok::<_, redis::RedisError>((secs * 1000 + micros / 1000, topology))
-        }
-        .await;
-        let mut cache = self.layout_cache();
-        cache.read_at = Some(Instant::now());
-        match read {
-            Ok((read_ms, Ok(topology))) => {
-                let version = cache.view.as_ref().map(|l| l.topology.version());
-                if version != Some(topology.version()) {
-                    cache.consumed.clear();
-                }
-                cache.view = Some(Layout {
-                    topology: Arc::new(topology),
-                    read_ms,
-                });
-            }
-            Ok((_, Err(TopologyError::Missing { .. }))) => cache.view = None,
-            Ok((_, Err(error))) => {
-                tracing::warn!(stream = %self.config.stream_prefix, %error, "cannot read the stream's topology")
-            }
-            Err(error) => {
-                tracing::warn!(stream = %self.config.stream_prefix, %error, "cannot read the stream's topology")
-            }
-        }
-        cache.view.clone()
-    }
-
-    /// Whether the group consumed old shard `from` below `before_ms` (see
-    /// [`crate::topology::consumed_before`]): `None` if so, else how long to defer the entry waiting on it.
-    /// Positive answers are cached for the topology `version`.
-    pub(crate) async fn old_shard_consumed(
-        &self,
-        version: u64,
-        from: u32,
-        before_ms: u64,
-    ) -> Result<Option<Duration>, TopologyError> {
-        let cached = |cache: &LayoutCache| {
-            cache
-                .view
-                .as_ref()
-                .is_some_and(|l| l.topology.version() == version)
-        };
-        {
-            let cache = self.layout_cache();
-            if cached(&cache) && cache.consumed.get(&from).is_some_and(|&b| b >= before_ms) {
-                return Ok(None);
-            }
-        }
-        let stream = self.config.shard_key(from);
-        let answer = consumed_before(
-            &mut self.conn.clone(),
-            &stream,
-            Some(&self.config.group),
-            before_ms,
-        )
-        .await?;
-        match answer {
-            ConsumedBefore::Yes => {
-                let mut cache = self.layout_cache();
-                if cached(&cache) {
-                    let bound = cache.consumed.entry(from).or_insert(0);
-                    *bound = (*bound).max(before_ms);
-                }
-                Ok(None)
-            }
-            // Old-layout entries may still be written: wait for the bound itself.
-            ConsumedBefore::No {
-                now_ms,
-                group: None,
-            } => Ok(Some(
-                Duration::from_millis(before_ms.saturating_sub(now_ms))
-                    .clamp(Duration::from_millis(10), Duration::from_secs(1)),
-            )),
-            ConsumedBefore::No { .. } => Ok(Some(MOVED_KEY_RETRY)),
-        }
-    }
-
-    /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
-    /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
-    pub(crate) async fn note_stale_write(&self, shard: u32, entry: &Entry) {
-        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
-            return;
-        };
-        let Some(view) = self.layout(false).await else {
-            return;
-        };
-        if !view
-            .topology
-            .is_stale_write(key, shard, entry_ms, entry.topology_version())
-        {
-            return;
-        }
-        crate::topology::count_stale_write_seen();
-        self.metrics.stale_write();
-        let prefix = &self.config.stream_prefix;
-        if let Err(error) =
-            Topology::count_stale_write(&mut self.conn.clone(), prefix, &self.config.group).await
-        {
-            tracing::debug!(stream = %prefix, %error, "cannot count a stale-layout write");
-        }
-        let since_last_warning = {
-            let mut warned = self
-                .stale_warned
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            warned.1 += 1;
-            if warned.0.is_some_and(|at| at.elapsed() < STALE_WARN_EVERY) {
-                return;
-            }
-            let seen = warned.1;
-            *warned = (Some(Instant::now()), 0);
-            seen
-        };
-        tracing::warn!(
-            stale_writes = since_last_warning,
-            stream = %prefix,
-            group = %self.config.group,
-            shard,
-            id = %entry.id,
-            key = %entry.key(),
-            routed_with = ?entry.topology_version(),
-            topology = view.topology.version(),
-            "a producer wrote with a stale topology after the resize's grace period: per-key order of \
-             this key across the resize is not guaranteed (stale writes are counted in {}; refresh \
-             producers within the grace)",
-            Topology::stale_key(prefix),
-        );
     }
 
     /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a blocking read
