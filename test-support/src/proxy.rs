@@ -4,6 +4,8 @@
 //! - [`hold`](FaultProxy::hold): what clients send is kept, replies still flow back. A command that passed
 //!   every check in the client and was on its way when the process froze reaches Redis only later, after
 //!   the world moved on; [`release`](FaultProxy::release) forwards everything held, in order.
+//! - [`hold_connection_from`](FaultProxy::hold_connection_from): the same, for one connection only (the
+//!   one that sends a pattern): a command still on its way while the client's other connections go on.
 //! - [`lose_reply_after`](FaultProxy::lose_reply_after): the next command that contains a pattern reaches
 //!   Redis, Redis runs it, and the connection is reset before the reply gets back: a reset (or an EOF)
 //!   right after a command reached Redis.
@@ -43,6 +45,8 @@ struct Shared {
     armed: Option<(Vec<u8>, ReplyFault)>,
     /// One-shot: hold from the first chunk that contains this pattern on (that chunk included).
     hold_from: Option<Vec<u8>>,
+    /// One-shot: the same, for the connection that sends it only.
+    hold_connection_from: Option<Vec<u8>>,
     /// How many armed faults fired.
     fired: u64,
     /// The local ports of the open connections to the server, by connection.
@@ -55,6 +59,8 @@ struct Shared {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Switches {
     holding: bool,
+    /// The one connection held (by id), if any.
+    held_connection: Option<u64>,
     blackhole: bool,
     latency: Duration,
     /// Bumped by `reset_all`: connections opened before close.
@@ -100,7 +106,7 @@ impl FaultProxy {
                 let state = state.clone();
                 let (rx, tx) = (rx.clone(), tx.clone());
                 tokio::spawn(async move {
-                    connection(client, server, rx, tx, state.clone()).await;
+                    connection(id, client, server, rx, tx, state.clone()).await;
                     state.lock().expect("proxy state").upstream.remove(&id);
                 });
             }
@@ -142,6 +148,14 @@ impl FaultProxy {
         shared.hold_from = Some(pattern.as_bytes().to_vec());
     }
 
+    /// Holds what ONE connection sends from its first chunk that contains `pattern` on (that chunk included),
+    /// until [`release`](Self::release); the other connections go on.
+    pub fn hold_connection_from(&self, pattern: &str) {
+        let mut shared = self.shared();
+        shared.held.clear();
+        shared.hold_connection_from = Some(pattern.as_bytes().to_vec());
+    }
+
     /// What clients sent since [`hold`](Self::hold), as text (RESP is mostly ASCII).
     pub fn held(&self) -> String {
         String::from_utf8_lossy(&self.shared().held).into_owned()
@@ -149,7 +163,10 @@ impl FaultProxy {
 
     /// Forward everything held, in order, and everything sent from now on.
     pub fn release(&self) {
-        self.switches.send_modify(|s| s.holding = false);
+        self.switches.send_modify(|s| {
+            s.holding = false;
+            s.held_connection = None;
+        });
     }
 
     /// The next command containing `pattern` (say `XREADGROUP`) reaches Redis; the reply that follows is
@@ -201,6 +218,7 @@ impl Drop for FaultProxy {
 /// One client connection: a pump each way, each chunk stamped when read and forwarded once the switches
 /// allow it; both pumps end when either side closes, on a reset, or when an armed fault closes it.
 async fn connection(
+    id: u64,
     client: TcpStream,
     server: TcpStream,
     switches: watch::Receiver<Switches>,
@@ -220,13 +238,23 @@ async fn connection(
         to_server,
         switches.clone(),
         born,
-        |s| s.holding || s.blackhole,
-        move |chunk: &[u8], mut holding: bool| {
+        move |s: &Switches| s.holding || s.blackhole || s.held_connection == Some(id),
+        move |chunk: &[u8], switches: Switches| {
+            let mut holding = switches.holding || switches.held_connection == Some(id);
             let mut state = shared.lock().expect("proxy state");
+            // Set before the chunk is queued, so the writer holds it.
             if state.hold_from.as_ref().is_some_and(|p| contains(chunk, p)) {
-                // Set before the chunk is queued, so the writer holds it.
                 state.hold_from = None;
                 hold.send_modify(|s| s.holding = true);
+                holding = true;
+            }
+            if state
+                .hold_connection_from
+                .as_ref()
+                .is_some_and(|p| contains(chunk, p))
+            {
+                state.hold_connection_from = None;
+                hold.send_modify(|s| s.held_connection = Some(id));
                 holding = true;
             }
             if holding {
@@ -247,7 +275,7 @@ async fn connection(
         to_client,
         switches,
         born,
-        |s| s.blackhole,
+        |s: &Switches| s.blackhole,
         |_: &[u8], _| {},
         Some(fault),
     );
@@ -263,15 +291,15 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Reads chunks from `from` and writes them to `to` in order, each no earlier than its read time plus the
-/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and whether it is held);
+/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and the switches then);
 /// `reply_fault` (downstream only) drops or delays the next chunk after an armed command.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     switches: watch::Receiver<Switches>,
     born: u64,
-    stopped: fn(&Switches) -> bool,
-    mut seen: impl FnMut(&[u8], bool) + Send,
+    stopped: impl Fn(&Switches) -> bool + Send,
+    mut seen: impl FnMut(&[u8], Switches) + Send,
     reply_fault: Option<Arc<Mutex<Option<ReplyFault>>>>,
 ) {
     let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -285,8 +313,8 @@ async fn pump(
                 Ok(n) => n,
             };
             // Read the switch first: `seen` may flip it (`hold_from`), which needs the watch unborrowed.
-            let holding = switches.borrow().holding;
-            seen(&buf[..n], holding);
+            let now = *switches.borrow();
+            seen(&buf[..n], now);
             if chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
                 break;
             }

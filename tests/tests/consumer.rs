@@ -1887,6 +1887,59 @@ async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
     old.task.abort();
 }
 
+/// Single node only: the fault is injected by a proxy in front of one server.
+///
+/// The scheduler interrupts the idle wait with `CLIENT UNBLOCK`. One that reaches Redis before the wait's
+/// `XREAD` (still on the wire: here held by the proxy on that one connection) unblocks nothing and answers
+/// 0; the wait sends it again until its read has ended, so a revocation is not held up for the wait's
+/// whole timeout (60 s here, three times the test's deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_that_reaches_redis_before_the_waits_read_still_ends_it() {
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "unblock-race", 0..2).await;
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    let log = Log::default();
+    let mut config = config("unblock-race", "m");
+    config.block_ms = 60_000;
+    let running = Running::start(&proxy.url(), config, recording_handler(&log)).await;
+    // The wait's `XREAD` (not `XREADGROUP`) is held on its way; the member's other connection goes on.
+    proxy.hold_connection_from("$5\r\nXREAD\r\n");
+    running.assign([0, 1]).await;
+    wait_until_async(
+        "the wait's XREAD is on its way",
+        Duration::from_secs(10),
+        || async { proxy.held().contains("XREAD\r\n") },
+    )
+    .await;
+    running.revoke(1).await;
+    wait_until_async(
+        "the interrupt reached Redis before the read",
+        Duration::from_secs(10),
+        || {
+            let mut conn = conn.clone();
+            async move { calls_of(&mut conn, "client|unblock").await >= 1 }
+        },
+    )
+    .await;
+    assert_eq!(blocked_clients(&mut conn).await, 0, "nothing blocks yet");
+    proxy.release();
+    wait_until_async(
+        "the revocation completed once the read was ended",
+        Duration::from_secs(20),
+        || async { running.revoked(1) },
+    )
+    .await;
+    produce(&mut conn, "unblock-race", 0, 0, 1).await;
+    wait_until_async(
+        "the next wait picked up an entry on the shard kept",
+        Duration::from_secs(10),
+        || async { log.count() == 1 },
+    )
+    .await;
+    running.stop().await;
+}
+
 /// An assignment of a membership that was lost (queued before the fence, handled after the rejoin moved
 /// the deadline ahead again) starts nothing: its token is below the floor the loss raised, while a grant
 /// of the new membership is served.

@@ -12,22 +12,19 @@
 //! which follows redirections, and the next wait reads the new map.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
-use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
+use super::unblock::Unblocking;
 use super::wait_spec::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
-
-/// The `client` value the scheduler stores to interrupt a cluster wait (see [`ClusterWait::interrupt`]).
-const INTERRUPTED: i64 = -1;
 
 /// A node's address.
 type Node = crate::connection::NodeAddr;
@@ -52,7 +49,6 @@ pub(crate) struct ClusterWait {
     /// One non-blocking connection per node for `CLIENT UNBLOCK` (the cluster connection can only be
     /// routed to nodes it already holds a connection to).
     control: Mutex<HashMap<Node, MultiplexedConnection>>,
-    interrupted: Notify,
 }
 
 impl std::fmt::Debug for ClusterWait {
@@ -62,13 +58,6 @@ impl std::fmt::Debug for ClusterWait {
 }
 
 impl ClusterWait {
-    /// Ends the running wait (if any) and the next one that starts before it reads: `client` is the
-    /// wait's published client slot, which the scheduler resets when it starts a wait.
-    pub(crate) fn interrupt(&self, client: &AtomicI64) {
-        client.store(INTERRUPTED, Ordering::Release);
-        self.interrupted.notify_waiters();
-    }
-
     fn forget_slots(&self) {
         *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
@@ -128,10 +117,7 @@ pub(crate) async fn read(
     spec: WaitSpec,
     mut outcome: WaitReport,
 ) -> WaitReport {
-    let notified = pool.interrupted.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    if spec.client.load(Ordering::Acquire) == INTERRUPTED {
+    if spec.interrupt.is_set() {
         return outcome;
     }
     let map = match slot_map(&io, pool).await {
@@ -186,13 +172,19 @@ pub(crate) async fn read(
             (slot, blocking, result) as ReadResult
         }));
     }
-    let mut unblocked = false;
+    // See the `unblock` module: `CLIENT UNBLOCK` is sent again until every read has ended.
+    let mut unblocking = Unblocking::default();
     loop {
         let joined = tokio::select! {
+            biased;
             joined = reads.join_next() => joined,
-            () = &mut notified, if !unblocked => {
-                unblock(&io, pool, &running).await;
-                unblocked = true;
+            () = spec.interrupt.fired(), if !unblocking.started() => {
+                unblocking.start(Instant::now());
+                continue;
+            }
+            () = unblocking.due() => {
+                let unblocked = unblock(&io, pool, &running).await;
+                unblocking.sent(Instant::now(), unblocked);
                 continue;
             }
         };
@@ -224,9 +216,8 @@ pub(crate) async fn read(
                 true
             }
         };
-        if ended && !unblocked {
-            unblock(&io, pool, &running).await;
-            unblocked = true;
+        if ended {
+            unblocking.start(Instant::now());
         }
     }
     outcome
@@ -260,28 +251,25 @@ async fn control(
     Ok(conn)
 }
 
-/// `CLIENT UNBLOCK` every read still blocked, on its own node.
-async fn unblock(io: &ShardIo, pool: &ClusterWait, running: &HashMap<u16, (Node, i64)>) {
+/// `CLIENT UNBLOCK` every read still blocked, on its own node: whether each of them was unblocked.
+async fn unblock(io: &ShardIo, pool: &ClusterWait, running: &HashMap<u16, (Node, i64)>) -> bool {
+    let mut all = true;
     for (node, id) in running.values() {
-        let done: RedisResult<i64> = match control(io, pool, node).await {
-            Ok(mut conn) => {
-                redis::cmd("CLIENT")
-                    .arg("UNBLOCK")
-                    .arg(*id)
-                    .query_async(&mut conn)
-                    .await
+        let unblocked = match control(io, pool, node).await {
+            Ok(mut conn) => super::unblock::unblock(&mut conn, *id).await,
+            Err(error) => {
+                tracing::debug!(%error, host = %node.0, port = node.1, "no connection to interrupt a blocking read; trying again");
+                false
             }
-            Err(error) => Err(error),
         };
-        if done.is_err() {
-            // A broken control connection is made again next time.
+        if !unblocked {
+            // Perhaps a broken control connection: it is made again next time.
             pool.control
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(node);
         }
-        if let Err(error) = done {
-            tracing::debug!(%error, host = %node.0, port = node.1, "could not interrupt a blocking read; it ends at its timeout");
-        }
+        all &= unblocked;
     }
+    all
 }

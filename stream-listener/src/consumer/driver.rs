@@ -6,7 +6,7 @@
 //! acks check before every command), the idle wait's connection, and the channels.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use super::scheduler::{
     WaitReport,
 };
 use super::shard_io::ShardIo;
+use super::unblock::Interrupt;
 use super::wait_spec::WaitSpec;
 use super::{job, wait, PauseHandle};
 
@@ -67,8 +68,8 @@ pub(crate) struct Driver {
     owned: HashMap<u32, Owned>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<(MultiplexedConnection, i64)>,
-    /// The Redis client id of the running wait's connection (0: not known yet).
-    wait_client: Arc<AtomicI64>,
+    /// Ends the running wait early (see the `unblock` module).
+    interrupt: Arc<Interrupt>,
     reports: mpsc::UnboundedSender<ShardReport>,
     hook_calls: Option<mpsc::UnboundedSender<HookCall>>,
     /// Revoked shards whose hook returned, with the fence generation they were revoked in.
@@ -109,7 +110,7 @@ impl Driver {
             by_job: HashMap::new(),
             owned: HashMap::new(),
             wait_conn: None,
-            wait_client: Arc::new(AtomicI64::new(0)),
+            interrupt: Arc::default(),
             reports,
             hook_calls,
             hooks_done,
@@ -439,13 +440,12 @@ impl Driver {
             }
         }
         let conn = self.wait_conn.take();
-        self.wait_client
-            .store(conn.as_ref().map_or(0, |(_, id)| *id), Ordering::Release);
+        self.interrupt.reset();
         let spec = WaitSpec {
             shards: keys,
             watch_from,
             conn,
-            client: self.wait_client.clone(),
+            interrupt: self.interrupt.clone(),
             deadline: self.deadline.clone(),
             retention: self.retention.clone(),
         };
@@ -457,33 +457,11 @@ impl Driver {
         self.track(job, abort, None);
     }
 
-    /// Ends the idle wait early. Aborting the task would not end the read in Redis, which would hold
-    /// the wait's connection until its timeout; `CLIENT UNBLOCK` ends it there, and the wait returns
-    /// normally with the shards it saw new entries on.
+    /// Ends the idle wait early (see the `unblock` module); the wait returns normally with the shards it
+    /// saw new entries on.
     fn interrupt_wait(&mut self, job: JobId) {
-        let Some(running) = self.by_job.get(&job).and_then(|id| self.tasks.get(id)) else {
-            return;
-        };
-        if self.io.client.is_cluster() {
-            self.cluster_wait.interrupt(&self.wait_client);
-            return;
+        if self.by_job.contains_key(&job) {
+            self.interrupt.fire();
         }
-        let client = self.wait_client.load(Ordering::Acquire);
-        if client <= 0 {
-            // Not connected yet, so not blocking yet.
-            running.abort.abort();
-            return;
-        }
-        let mut conn = self.io.conn.clone();
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let unblocked: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                .arg("UNBLOCK")
-                .arg(client)
-                .query_async(&mut conn)
-                .await;
-            if let Err(error) = unblocked {
-                tracing::debug!(%error, "could not interrupt the idle wait; it ends at its timeout");
-            }
-        }));
     }
 }

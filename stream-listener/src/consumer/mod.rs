@@ -67,6 +67,7 @@ mod order;
 mod retention;
 mod scheduler;
 mod shard_io;
+mod unblock;
 mod wait;
 mod wait_spec;
 

@@ -13,11 +13,10 @@
 //! the group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's
 //! last-delivered id, below which everything was delivered, so no undelivered entry is above-but-missed.
 //!
-//! The wait never blocks past the member's self-fencing deadline. The scheduler interrupts it (`CLIENT
-//! UNBLOCK`) when ownership changes (an assignment, a revocation, a fence, shutdown): aborting the task
-//! would leave the blocked `XREAD` in Redis, holding the wait's connection.
+//! The wait never blocks past the member's self-fencing deadline. The scheduler interrupts it when
+//! ownership changes (an assignment, a revocation, a fence, shutdown) or a shard is parked; the wait then
+//! ends its own `XREAD` with `CLIENT UNBLOCK` (see the `unblock` module).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use super::cluster_wait::ClusterWait;
 use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
+use super::unblock::read_until_interrupted;
 use super::wait_spec::{WaitConnection, WaitSpec};
 
 /// Waits; hands back what it saw and its connection (none after an error: a fresh one is made next time).
@@ -37,10 +37,7 @@ pub(crate) async fn run(
     let cluster = io.client.is_cluster();
     if spec.conn.is_none() && !cluster {
         match io.blocking_connection().await {
-            Ok(conn) => {
-                spec.client.store(conn.1, Ordering::Release);
-                spec.conn = Some(conn);
-            }
+            Ok(conn) => spec.conn = Some(conn),
             Err(error) => {
                 outcome.error = Some(error);
                 return (outcome, None);
@@ -73,7 +70,10 @@ pub(crate) async fn run(
             None,
         );
     }
-    // Read at the last moment: connecting may have taken a while.
+    // Read at the last moment: connecting may have taken a while, and the wait may be over already.
+    if spec.interrupt.is_set() {
+        return (outcome, spec.conn);
+    }
     let Some(left) = spec.deadline.remaining() else {
         outcome.expired = true;
         return (outcome, spec.conn);
@@ -81,7 +81,10 @@ pub(crate) async fn run(
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id) = spec.conn.take().expect("connected above");
     let mut kept = None;
-    match io.wait_for_new(&spec.streams(), &mut conn, block).await {
+    let streams = spec.streams();
+    let read = io.wait_for_new(&streams, &mut conn, block);
+    let mut control = io.conn.clone();
+    match read_until_interrupted(read, &spec.interrupt, &mut control, id).await {
         Ok(keys) => {
             spec.note_new_entries(&keys, &mut outcome);
             kept = Some((conn, id));

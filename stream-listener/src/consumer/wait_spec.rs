@@ -1,7 +1,6 @@
 //! What the idle wait is given: the shards to watch and from where, its connection, the deadline.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
@@ -10,6 +9,7 @@ use crate::member::lifecycle::OwnershipDeadline;
 
 use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
+use super::unblock::Interrupt;
 
 /// The idle wait's blocking connection and its Redis client id.
 pub(crate) type WaitConnection = (MultiplexedConnection, i64);
@@ -21,8 +21,8 @@ pub(crate) struct WaitSpec {
     /// from the group first.
     pub(crate) watch_from: HashMap<u32, String>,
     pub(crate) conn: Option<WaitConnection>,
-    /// Where to publish the connection's client id, so the scheduler can `CLIENT UNBLOCK` it.
-    pub(crate) client: Arc<AtomicI64>,
+    /// The scheduler's request to end the wait early (see the `unblock` module).
+    pub(crate) interrupt: Arc<Interrupt>,
     pub(crate) deadline: Arc<OwnershipDeadline>,
     /// Idle shards' retention runs at the wait's end (see the `retention` module).
     pub(crate) retention: Arc<RetentionJob>,
