@@ -1887,6 +1887,53 @@ async fn an_install_that_reaches_redis_after_a_newer_one_changes_nothing() {
     old.task.abort();
 }
 
+/// Single node only (`INFO commandstats` of one server).
+///
+/// Entries that come one at a time, each to another shard, cost a few commands each whatever the shard
+/// count: a shard whose read came back short is idle and watched by the one wait, not polled. (Before,
+/// every wake-up was followed by a read of every other shard: 16 shards cost 15 to 25 commands per entry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_entries_cost_a_few_commands_each_whatever_the_shard_count() {
+    let mut per_entry = Vec::new();
+    for shards in [4u32, 16] {
+        let prefix = format!("sparse-{shards}");
+        let (redis, mut conn) = redis_with_groups(Target::Single, &prefix, 0..shards).await;
+        let log = Log::default();
+        let mut config = config(&prefix, "m");
+        config.runtime_max_concurrency = 4;
+        let running = Running::start(redis.url(), config, recording_handler(&log)).await;
+        running.assign(0..shards).await;
+        wait_for_blocked_client(&mut conn).await;
+        let counted = |calls: &std::collections::BTreeMap<String, u64>| -> u64 {
+            calls
+                .iter()
+                .filter(|(name, _)| !["xadd", "info", "client|list"].contains(&name.as_str()))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let before = counted(&command_calls(&mut conn).await);
+        const ENTRIES: u64 = 24;
+        for n in 0..ENTRIES {
+            produce(&mut conn, &prefix, (n as u32 * 5) % shards, n, 1).await;
+            wait_until_async("the entry was handled", Duration::from_secs(10), || async {
+                log.count() as u64 == n + 1
+            })
+            .await;
+            // The next entry comes once the member is back in its wait.
+            wait_for_blocked_client(&mut conn).await;
+        }
+        let after = counted(&command_calls(&mut conn).await);
+        per_entry.push((shards, (after - before) as f64 / ENTRIES as f64));
+        running.stop().await;
+    }
+    for (shards, cost) in &per_entry {
+        assert!(
+            *cost <= 6.0,
+            "{cost:.1} commands per entry with {shards} shards: {per_entry:?}"
+        );
+    }
+}
+
 /// Single node only: the fault is injected by a proxy in front of one server.
 ///
 /// The scheduler interrupts the idle wait with `CLIENT UNBLOCK`. One that reaches Redis before the wait's

@@ -210,6 +210,12 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             continue;
         }
 
+        // A `>` read short of a batch left nothing behind it: the shard goes idle, watched by the wait.
+        outcome.drained = read_new
+            && entries.len() < io.config.batch_size
+            && !stopped
+            && defer.is_none()
+            && spec.read_mode == ReadMode::Live;
         let finished = finish(&io, &spec, &acks, &letters).await;
         let last_done = last_done.map(str::to_owned);
         if let Err(error) = finished {

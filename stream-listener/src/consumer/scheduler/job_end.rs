@@ -27,6 +27,9 @@ pub(crate) struct JobReport {
     pub(crate) last_delivered: Option<String>,
     /// The newest entry this job's `XREADGROUP ... >` reads got (where the idle wait watches from next).
     pub(crate) read_up_to: Option<String>,
+    /// Its last `>` read came back short of a batch: the shard had nothing more then, so it need not be
+    /// polled again (the idle wait watches from `read_up_to`).
+    pub(crate) drained: bool,
     pub(crate) last_acked: Option<String>,
     /// Entries left pending on purpose (failure policy, or stopped part-way).
     pub(crate) left_pending: usize,
@@ -76,7 +79,7 @@ pub(crate) enum JobEnd {
     Data,
     /// A claim page was done and more may be pending: claim on next turn.
     Claiming,
-    /// Nothing to read.
+    /// Nothing (more) to read: the read came back empty, or short of a batch.
     Empty,
     /// Entries deferred until `retry_at` (a failed attempt's backoff, a moved key): per-key order.
     Deferred { retry_at: Millis },
@@ -135,6 +138,7 @@ pub(crate) fn end_of(
         match (read_mode, report.fetched) {
             (ReadMode::Claim { .. }, _) => JobEnd::Claiming,
             (ReadMode::Live, 0) => JobEnd::Empty,
+            (ReadMode::Live, _) if report.drained => JobEnd::Empty,
             (ReadMode::Live, _) => JobEnd::Data,
         }
     };
@@ -275,6 +279,15 @@ mod tests {
         assert_eq!(end(5, &claim()), JobEnd::Claiming);
         assert_eq!(end(0, &ReadMode::Live), JobEnd::Empty);
         assert_eq!(end(5, &ReadMode::Live), JobEnd::Data);
+        // A read short of a batch left nothing behind it: nothing more to read.
+        let short = ended(JobReport {
+            fetched: 5,
+            drained: true,
+            ..JobReport::default()
+        });
+        let end = |mode: &ReadMode| end_of(NOW, &short, mode, Duration::ZERO).0;
+        assert_eq!(end(&ReadMode::Live), JobEnd::Empty);
+        assert_eq!(end(&claim()), JobEnd::Claiming);
     }
 
     #[test]

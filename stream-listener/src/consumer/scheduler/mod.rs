@@ -34,10 +34,12 @@
 //!   claim of its own pending entries;
 //! * a shard whose consumer group was found missing starts again only after its backoff and after a
 //!   renewed lease (a heartbeat the coordinator accepted after the loss confirms that it is still ours);
-//! * after a rotation of empty reads, one idle wait covers every idle shard, never the last worker a deferred
-//!   shard needs; an assignment, a revocation, pause, shutdown or a deadline lapse interrupts it. A shard
-//!   whose job comes back empty while the wait runs is parked for the next wait (not polled again by a
-//!   free worker) and the wait is interrupted, once, so that the next one covers it too;
+//! * a shard whose read came back empty or short of a batch is idle: not polled again, one idle wait
+//!   covers every idle shard, never the last worker a deferred shard needs; an assignment, a revocation,
+//!   pause, shutdown or a deadline lapse interrupts it. A shard whose job comes back idle while the wait
+//!   runs is parked for the next wait (not polled again by a free worker) and the wait is interrupted,
+//!   once, so that the next one covers it too. After a wake-up the next wait holds back for the woken
+//!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt;
 //! * hooks see one batch of assigned and of drained shards per [`settle`](ShardScheduler::settle) (the
 //!   driver settles after it took every queued command), drained first;
 //! * [`Command::Stopped`] comes once shutting down, with no job running and no revoked hook unanswered.
@@ -48,7 +50,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::clock::LocalMillis;
@@ -67,6 +69,12 @@ pub(crate) const MAX_TURNS: u32 = 64;
 /// How soon the driver looks at the deadline again while the scheduler waits for a renewed lease (the
 /// heartbeat loop moves the deadline without a word).
 pub(crate) const RENEWAL_POLL: Duration = Duration::from_millis(50);
+
+/// How long idle shards wait at most for the reads still running before the idle wait starts without
+/// them. Holding back lets one wait cover a shard whose read is about to come back short (a wake-up's
+/// read) instead of starting, being interrupted for it, and starting again; the bound keeps a slow
+/// handler from leaving the idle shards unwatched.
+pub(crate) const WAIT_HOLD: Duration = Duration::from_millis(2);
 
 /// A point on the member's monotonic clock, in milliseconds: a [`LocalMillis`] clamped to the machine's
 /// unsigned range (never a store time).
@@ -169,7 +177,11 @@ pub(crate) struct ShardScheduler {
     paused: bool,
     closing: bool,
     stopped: bool,
-    idle_streak: usize,
+    /// Since when idle shards have been queued with no wait running: the wait holds back for the reads
+    /// of the shards the last wait woke (so that it covers them too), for [`WAIT_HOLD`] at most.
+    idle_since: Option<Millis>,
+    /// Shards the last wait saw new entries on, until their read ends.
+    woken: BTreeSet<u32>,
     wait: Option<JobId>,
     /// The running wait was interrupted for a parked shard (once per wait is enough).
     wait_interrupted: bool,
@@ -198,7 +210,8 @@ impl ShardScheduler {
             paused: false,
             closing: false,
             stopped: false,
-            idle_streak: 0,
+            idle_since: None,
+            woken: BTreeSet::new(),
             wait: None,
             wait_interrupted: false,
             hooks: Hooks {
@@ -326,7 +339,8 @@ impl ShardScheduler {
         }
         self.shards.clear();
         self.ready.clear();
-        self.idle_streak = 0;
+        self.idle_since = None;
+        self.woken.clear();
         self.lapsed = true;
         self.deadline = now;
         if !self.jobs.is_empty() {
@@ -522,11 +536,10 @@ impl ShardScheduler {
             .shards
             .get(&shard)
             .is_some_and(|s| s.generation == generation && !s.revoking);
+        self.woken.remove(&shard);
         if current {
-            match end {
-                JobEnd::Data | JobEnd::Claiming => self.idle_streak = 0,
-                JobEnd::Empty => self.idle_streak += 1,
-                _ => {}
+            if let Some(state) = self.shards.get_mut(&shard) {
+                state.idle = end == JobEnd::Empty;
             }
         }
         let unconfirmed = current && matches!(end, JobEnd::MissingGroup { .. });
@@ -540,17 +553,11 @@ impl ShardScheduler {
             unconfirmed,
             out,
         );
-        let owned = self.owned_count();
         let queued = self
             .shards
             .get(&shard)
             .is_some_and(|s| s.phase == Phase::Queued);
-        if current
-            && queued
-            && end == JobEnd::Empty
-            && self.wait.is_some()
-            && self.idle_streak >= owned
-        {
+        if current && queued && end == JobEnd::Empty && self.wait.is_some() {
             self.place(shard, Phase::Parked);
             if !self.wait_interrupted {
                 self.wait_interrupted = true;
@@ -580,8 +587,13 @@ impl ShardScheduler {
             if let Some(error) = &report.error {
                 tracing::warn!(%error, "idle wait failed; polling the shards one by one");
             }
-            if report.failed() || !report.new_entries.is_empty() {
-                self.idle_streak = 0;
+            if report.failed() {
+                // Polled one by one, to find the shard at fault.
+                for &(shard, _) in &ended.shards {
+                    if let Some(state) = self.waited(&ended, shard) {
+                        state.idle = false;
+                    }
+                }
             }
             for (shard, id) in report.watch_from.drain(..) {
                 if let Some(state) = self.waited(&ended, shard) {
@@ -593,7 +605,9 @@ impl ShardScheduler {
                     // Watched from the group's position again unless the next read gets the new entries
                     // (another consumer may have taken them).
                     state.watch_from = None;
+                    state.idle = false;
                     woke.push(shard);
+                    self.woken.insert(shard);
                 }
             }
         }
@@ -712,7 +726,9 @@ impl ShardScheduler {
     pub(crate) fn resume(&mut self, now: Millis) -> Vec<Command> {
         let mut out = Vec::new();
         self.paused = false;
-        self.idle_streak = 0;
+        for state in self.shards.values_mut() {
+            state.idle = false;
+        }
         self.dispatch(now, &mut out);
         self.finish(&mut out);
         out
@@ -761,7 +777,11 @@ impl ShardScheduler {
         let poll = self
             .awaits_renewal()
             .then(|| now.plus_duration(RENEWAL_POLL));
-        [self.next_timer(), poll].into_iter().flatten().min()
+        let hold = self
+            .idle_since
+            .filter(|_| self.holds_wait(now))
+            .map(|since| since.plus_duration(WAIT_HOLD));
+        [self.next_timer(), poll, hold].into_iter().flatten().min()
     }
 
     /// The earliest backoff end or the deadline.
@@ -799,10 +819,6 @@ impl ShardScheduler {
             .filter(|(_, s)| !s.revoking)
             .map(|(i, _)| *i)
             .collect()
-    }
-
-    fn owned_count(&self) -> usize {
-        self.shards.values().filter(|s| !s.revoking).count()
     }
 
     fn busy(&self, shard: u32) -> bool {
@@ -901,6 +917,7 @@ impl ShardScheduler {
         let Some(state) = self.shards.remove(&shard) else {
             return;
         };
+        self.woken.remove(&shard);
         self.ready.retain(|s| *s != shard);
         if state.token.is_some() {
             out.push(Command::Disown { shard });
@@ -965,24 +982,35 @@ impl ShardScheduler {
         if !self.may_start(now) {
             return;
         }
+        self.note_idle(now);
         let mut skipped = 0;
         while self.jobs.len() < self.workers && skipped <= self.ready.len() {
-            self.start_wait(now, out);
+            if !self.holds_wait(now) {
+                self.start_wait(now, out);
+            }
             if self.jobs.len() >= self.workers {
                 return;
             }
             let Some(shard) = self.ready.pop_front() else {
-                return;
+                break;
             };
             let busy = self.busy(shard);
             let reclaim_due = self
                 .shards
                 .get(&shard)
                 .is_some_and(|s| self.reclaim_due(s, now));
+            let held = self.holds_wait(now);
+            let eligible = self.shards.get(&shard).is_some_and(|s| self.waits(s, now));
             let Some(state) = self.shards.get_mut(&shard) else {
                 continue;
             };
             if state.phase != Phase::Queued || state.revoking {
+                continue;
+            }
+            if held && eligible {
+                // Not polled: it waits for the wait, which holds back for the running reads.
+                self.ready.push_back(shard);
+                skipped += 1;
                 continue;
             }
             if busy {
@@ -1029,19 +1057,57 @@ impl ShardScheduler {
             }
             out.push(Command::StartJob(plan));
         }
+        if !self.holds_wait(now) {
+            self.start_wait(now, out);
+        }
     }
 
-    /// After a rotation of empty reads: one wait over every queued shard that only needs new entries,
-    /// unless the shards that need a worker for something else would be left without one.
+    /// Whether `state` is for the idle wait to watch rather than to be polled: its last read found
+    /// nothing new, and it needs nothing else (a retry, a claim, a reclaim).
+    fn waits(&self, state: &Shard, now: Millis) -> bool {
+        state.idle
+            && state.next == Next::Read
+            && !state.claim_owed
+            && now < state.reclaimed_at.plus(self.reclaim_every)
+    }
+
+    /// Starts (or ends) the hold of idle shards for the reads still to come back (see `idle_since`).
+    fn note_idle(&mut self, now: Millis) {
+        let idle = self.wait.is_none()
+            && self
+                .ready
+                .iter()
+                .any(|i| self.shards.get(i).is_some_and(|s| self.waits(s, now)));
+        if !idle {
+            self.idle_since = None;
+        } else if self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+    }
+
+    /// Whether the wait holds back, not polling its idle shards either, for the reads of the shards the
+    /// last wait woke, for [`WAIT_HOLD`] at most (see `idle_since`).
+    fn holds_wait(&self, now: Millis) -> bool {
+        let Some(since) = self.idle_since.filter(|_| self.wait.is_none()) else {
+            return false;
+        };
+        now < since.plus_duration(WAIT_HOLD)
+            && self.woken.iter().any(|shard| {
+                self.shards
+                    .get(shard)
+                    .is_some_and(|s| !s.revoking && s.token.is_some())
+            })
+    }
+
+    /// One wait over every queued idle shard (its last read found nothing new) that only needs new
+    /// entries, once the reads running have ended (or [`WAIT_HOLD`] passed), unless the shards that need
+    /// a worker for something else would be left without one.
     fn start_wait(&mut self, now: Millis, out: &mut Vec<Command>) {
-        let owned = self.owned_count();
-        if self.wait.is_some() || owned == 0 || self.idle_streak < owned {
+        if self.wait.is_some() {
             return;
         }
+        let eligible = |s: &Shard| self.waits(s, now);
         let free = self.workers - self.jobs.len();
-        let eligible = |s: &Shard| {
-            s.next == Next::Read && !s.claim_owed && now < s.reclaimed_at.plus(self.reclaim_every)
-        };
         let others = self
             .ready
             .iter()
@@ -1071,6 +1137,7 @@ impl ShardScheduler {
             }
         }
         self.wait = Some(job);
+        self.idle_since = None;
         out.push(Command::StartWait { job, shards });
     }
 }

@@ -129,6 +129,9 @@ pub(super) struct Shard {
     /// Where the idle wait watches the stream from: the newest entry our `>` reads got; `None` until known,
     /// and after a wake-up (then the group's last-delivered id, see the `wait` module).
     pub(super) watch_from: Option<String>,
+    /// Its last read found nothing new (or came back short), and no wait saw anything since: it is not
+    /// polled, the idle wait watches it.
+    pub(super) idle: bool,
     pub(super) progress: Progress,
 }
 
@@ -149,6 +152,7 @@ impl Shard {
             fence_installed: false,
             recreate_group: false,
             watch_from: None,
+            idle: false,
             progress: Progress {
                 dirty: true,
                 ..Progress::default()

@@ -575,11 +575,33 @@ fn rule_a_rotation_of_empty_reads_starts_one_idle_wait() {
 }
 
 #[test]
-fn rule_the_idle_wait_wakes_shards_with_their_entries_first() {
+fn rule_the_idle_wait_wakes_shards_with_their_entries_and_the_others_stay_idle() {
     let (mut s, wait) = idle(2);
     let out = s.wait_ended(t(5), wait, &[1], false);
-    assert_eq!(start_of(&out, 1).1, JobKind::Retry);
-    assert_eq!(start_of(&out, 0).1, JobKind::Read);
+    let (read, kind) = start_of(&out, 1);
+    assert_eq!(kind, JobKind::Retry);
+    assert_eq!(starts(&out).len(), 1, "shard 0 is not polled: {out:?}");
+    assert_eq!(
+        wait_of(&out),
+        None,
+        "the wait holds back for shard 1's read"
+    );
+    // The woken read comes back short: one wait covers both again.
+    let out = s.job_ended(t(5), read, JobEnd::Empty);
+    assert_eq!(wait_of(&out).map(|w| w.1), Some(vec![0, 1]), "{out:?}");
+}
+
+#[test]
+fn rule_the_idle_wait_holds_back_for_a_running_read_only_so_long() {
+    let (mut s, wait) = idle(2);
+    let out = s.wait_ended(t(5), wait, &[1], false);
+    start_of(&out, 1);
+    let hold_end = t(5).plus_duration(WAIT_HOLD);
+    assert_eq!(s.0.next_wake(t(5)), Some(hold_end));
+    assert_eq!(wait_of(&s.tick(t(6))), None, "still held");
+    // Shard 1's handler is slow: shard 0 is watched without it.
+    let out = s.tick(hold_end);
+    assert_eq!(wait_of(&out).map(|w| w.1), Some(vec![0]), "{out:?}");
 }
 
 #[test]
@@ -739,12 +761,13 @@ fn rule_shards_back_empty_while_the_wait_runs_park_and_interrupt_it_once() {
     let mut wait = None;
     let mut interrupts = 0;
     let mut parked = Vec::new();
-    for _ in 0..40 {
+    for i in 0..40 {
         if parked.len() == 2 {
             break;
         }
         let (job, shard, _) = running.remove(0);
-        let out = s.job_ended(t(1), job, JobEnd::Empty);
+        // Reads come back far apart: the wait does not hold back for the others (`WAIT_HOLD`).
+        let out = s.job_ended(t(1 + 10 * i), job, JobEnd::Empty);
         if wait.is_some() {
             interrupts += out
                 .iter()
