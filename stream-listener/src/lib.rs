@@ -91,8 +91,8 @@ pub mod util;
 
 pub use connection::{Connection, RedisTarget};
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, LifecycleHooks, Message,
-    OnExhausted, RawMessage, Retention,
+    AckPolicy, DeleteRef, ErrorClass, FailurePolicy, FieldError, Fields, HandlerError,
+    LifecycleHooks, Message, OnExhausted, RawMessage, Retention,
 };
 pub use coordinator::metadata::GroupConfig;
 pub use member::lifecycle::FencingToken;

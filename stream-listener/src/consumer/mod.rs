@@ -74,7 +74,8 @@ pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhauste
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
 pub use message::{
-    AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
+    AckError, BatchHandler, BoxFuture, BoxedHandler, ErrorClass, Handler, HandlerError, Message,
+    RawMessage,
 };
 pub use retention::trimmed_unread;
 pub use shard_io::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
