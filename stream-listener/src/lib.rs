@@ -84,6 +84,8 @@ pub mod routing;
 pub mod runtime;
 #[doc(hidden)]
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod topology;
 #[doc(hidden)]

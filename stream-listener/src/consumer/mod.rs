@@ -52,7 +52,7 @@
 //! retries the shard shortly after (see the `order` module). Entries a producer wrote with a stale layout
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
-mod attempt;
+pub(crate) mod attempt;
 mod cluster_wait;
 mod config;
 mod driver;
@@ -62,7 +62,7 @@ mod fields;
 mod hooks;
 mod job;
 mod job_spec;
-mod message;
+pub(crate) mod message;
 mod order;
 mod retention;
 mod scheduler;
