@@ -290,21 +290,11 @@ pub enum Outcome {
 /// );
 /// # });
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HandlerTest {
     failure: FailurePolicy,
     ack: AckPolicy,
     handler_timeout: Option<Duration>,
-}
-
-impl Default for HandlerTest {
-    fn default() -> Self {
-        Self {
-            failure: FailurePolicy::default(),
-            ack: AckPolicy::default(),
-            handler_timeout: None,
-        }
-    }
 }
 
 impl HandlerTest {
