@@ -17,8 +17,9 @@ mod listener;
 /// delete once every group acknowledged; `"ack_delete_keepref"`, `"ack_delete_delref"`: delete at once,
 /// even what other groups have not read; `"manual"`; the old `"ack_delete"` is a deprecated
 /// `"ack_delete_keepref"`), `failure`
-/// (`"retry_then_dead_letter"`, `"leave_pending"`), `max_deliveries`, `dead_letter` (stream key) and
-/// `weight`. The handler takes exactly one `Message<T>` (JSON payload) or `RawMessage` (bytes) and
+/// (`"retry_then_dead_letter"`, `"leave_pending"`), `max_deliveries`, `initial_backoff_ms` and
+/// `max_backoff_ms` (the waits between retries, default 100 and 5000), `jitter` (`true` by default: each
+/// wait a random 50-100 % of the doubled one), `dead_letter` (stream key) and `weight`. The handler takes exactly one `Message<T>` (JSON payload) or `RawMessage` (bytes) and
 /// returns `Result<(), E>` with `E: Display`; its future must be `Send`. The function stays callable as
 /// written.
 #[proc_macro_attribute]

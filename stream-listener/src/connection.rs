@@ -418,6 +418,8 @@ fn command_slot(cmd: &Cmd) -> Option<u16> {
             }
             args.get(3)?
         }
+        // `XINFO GROUPS <key>`, `XINFO STREAM <key>`: the key follows the subcommand.
+        b"XINFO" => args.get(2)?,
         b"XREAD" | b"XREADGROUP" => {
             let at = args
                 .iter()
@@ -595,6 +597,18 @@ mod tests {
             seeds[0].addr()
         );
         assert!(RedisTarget::cluster(Vec::<String>::new()).is_err());
+    }
+
+    #[test]
+    fn xinfo_goes_to_the_slot_of_its_key_not_of_its_subcommand() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("XINFO").arg("GROUPS").arg("orders:0");
+        pipe.cmd("XREVRANGE").arg("orders:0").arg("+").arg("-");
+        pipe.cmd("XINFO").arg("GROUPS").arg("orders:1");
+        let mut positions: Vec<Vec<usize>> =
+            split_by_slot(&pipe).into_iter().map(|(i, _)| i).collect();
+        positions.sort();
+        assert_eq!(positions, [vec![0, 1], vec![2]]);
     }
 
     #[test]

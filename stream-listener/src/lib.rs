@@ -84,6 +84,8 @@ pub mod routing;
 pub mod runtime;
 #[doc(hidden)]
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod topology;
 #[doc(hidden)]
@@ -91,8 +93,8 @@ pub mod util;
 
 pub use connection::{Connection, RedisTarget};
 pub use consumer::{
-    AckPolicy, DeleteRef, FailurePolicy, FieldError, Fields, HandlerError, LifecycleHooks, Message,
-    OnExhausted, RawMessage, Retention,
+    AckPolicy, DeleteRef, ErrorClass, FailurePolicy, FieldError, Fields, HandlerError,
+    LifecycleHooks, Message, OnExhausted, RawMessage, Retention,
 };
 pub use coordinator::metadata::GroupConfig;
 pub use member::lifecycle::FencingToken;

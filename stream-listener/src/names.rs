@@ -176,6 +176,9 @@ pub mod field {
 pub mod dead_letter_field {
     /// The handler's error text (or why the payload could not be decoded).
     pub const ERROR: &str = "dlq_error";
+    /// `true` when it was given up before its deliveries ran out (the handler's error was permanent, or
+    /// the payload does not decode), else `false`.
+    pub const PERMANENT: &str = "dlq_permanent";
     /// Deliveries before the entry was given up.
     pub const DELIVERY_COUNT: &str = "dlq_delivery_count";
     /// The consumer group that gave up.

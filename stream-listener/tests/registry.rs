@@ -39,6 +39,9 @@ async fn on_order(msg: Message<Order>) -> Result<(), BillingError> {
     ack = "ack_delete_delref",
     failure = "leave_pending",
     max_deliveries = 3,
+    initial_backoff_ms = 20,
+    max_backoff_ms = 900,
+    jitter = false,
     weight = 2,
     handler_timeout_ms = 5000,
     start_from = "latest",
@@ -84,6 +87,10 @@ fn json_listener_is_registered_with_its_arguments() {
     assert_eq!(r.ack, None);
     assert_eq!(r.on_exhausted, None);
     assert_eq!(r.max_deliveries, None);
+    assert_eq!(
+        (r.initial_backoff_ms, r.max_backoff_ms, r.jitter),
+        (None, None, None)
+    );
     assert_eq!(r.dead_letter, None);
     assert_eq!(r.weight, None);
     assert_eq!(r.handler_timeout_ms, None);
@@ -116,6 +123,10 @@ fn every_option_is_carried_over() {
     assert_eq!(r.ack, Some(AckPolicy::AckDelete(DeleteRef::DelRef)));
     assert_eq!(r.on_exhausted, Some(OnExhausted::LeavePending));
     assert_eq!(r.max_deliveries, Some(3));
+    assert_eq!(
+        (r.initial_backoff_ms, r.max_backoff_ms, r.jitter),
+        (Some(20), Some(900), Some(false))
+    );
     assert_eq!(r.weight, Some(2));
     assert_eq!(r.handler_timeout_ms, Some(5000));
     assert_eq!(r.start_from, Some(StartFrom::Latest));
@@ -132,6 +143,15 @@ fn every_option_is_carried_over() {
     assert_eq!(config.block_ms, 25);
     assert_eq!(config.ack_policy, AckPolicy::AckDelete(DeleteRef::DelRef));
     assert_eq!(config.failure_policy.max_deliveries, 3);
+    assert_eq!(
+        config.failure_policy,
+        stream_listener::FailurePolicy::default()
+            .max_deliveries(3)
+            .initial_backoff(std::time::Duration::from_millis(20))
+            .max_backoff(std::time::Duration::from_millis(900))
+            .jitter(false)
+            .on_exhausted(OnExhausted::LeavePending)
+    );
     assert_eq!(
         config.failure_policy.on_exhausted,
         OnExhausted::LeavePending

@@ -22,6 +22,9 @@ const KEYS: &[&str] = &[
     "ack",
     "failure",
     "max_deliveries",
+    "initial_backoff_ms",
+    "max_backoff_ms",
+    "jitter",
     "dead_letter",
     "weight",
     "handler_timeout_ms",
@@ -97,6 +100,9 @@ pub(crate) struct Args {
     pub(crate) deprecated_ack: Option<Span>,
     pub(crate) failure: Option<Failure>,
     pub(crate) max_deliveries: Option<u32>,
+    pub(crate) initial_backoff_ms: Option<u64>,
+    pub(crate) max_backoff_ms: Option<u64>,
+    pub(crate) jitter: Option<bool>,
     pub(crate) dead_letter: Option<String>,
     pub(crate) weight: Option<u32>,
     pub(crate) handler_timeout_ms: Option<u64>,
@@ -118,6 +124,9 @@ struct Raw {
     deprecated_ack: Option<Span>,
     failure: Option<(Failure, Span)>,
     max_deliveries: Option<u32>,
+    initial_backoff_ms: Option<(u64, Span)>,
+    max_backoff_ms: Option<u64>,
+    jitter: Option<bool>,
     dead_letter: Option<(String, Span)>,
     weight: Option<u32>,
     handler_timeout_ms: Option<u64>,
@@ -158,6 +167,9 @@ impl Args {
             deprecated_ack: raw.deprecated_ack,
             failure: raw.failure.map(|(f, _)| f),
             max_deliveries: raw.max_deliveries,
+            initial_backoff_ms: raw.initial_backoff_ms.map(|(ms, _)| ms),
+            max_backoff_ms: raw.max_backoff_ms,
+            jitter: raw.jitter,
             dead_letter: raw.dead_letter.map(|(d, _)| d),
             weight: raw.weight,
             handler_timeout_ms: raw.handler_timeout_ms,
@@ -265,6 +277,10 @@ impl Raw {
             "block_ms" => integer(value, &key)
                 .and_then(|lit| lit.base10_parse())
                 .map(|n| self.block_ms = Some(n)),
+            "initial_backoff_ms" => milliseconds(value, &key)
+                .map(|ms| self.initial_backoff_ms = Some((ms, value.span()))),
+            "max_backoff_ms" => milliseconds(value, &key).map(|ms| self.max_backoff_ms = Some(ms)),
+            "jitter" => boolean(value, &key).map(|on| self.jitter = Some(on)),
             "ack" => match value {
                 Expr::Lit(syn::ExprLit {
                     lit: Lit::Str(s), ..
@@ -307,6 +323,19 @@ impl Raw {
                 "`dead_letter` has no effect with `failure = \"leave_pending\"`: nothing is dead-lettered",
             );
             ok = false;
+        }
+        if let (Some((initial, span)), Some(max)) = (&self.initial_backoff_ms, self.max_backoff_ms)
+        {
+            if *initial > max {
+                errors.at(
+                    *span,
+                    format!(
+                        "`initial_backoff_ms` ({initial}) is above `max_backoff_ms` ({max}): every wait would be \
+                         `max_backoff_ms`"
+                    ),
+                );
+                ok = false;
+            }
         }
         ok
     }
@@ -358,6 +387,26 @@ fn integer<'a>(value: &'a Expr, key: &str) -> syn::Result<&'a LitInt> {
         _ => Err(syn::Error::new_spanned(
             value,
             format!("`{key}` expects an integer literal, e.g. `{key} = 4`"),
+        )),
+    }
+}
+
+/// A duration in milliseconds: a non-negative integer literal.
+fn milliseconds(value: &Expr, key: &str) -> syn::Result<u64> {
+    integer(value, key)?.base10_parse().map_err(|_| {
+        syn::Error::new_spanned(
+            value,
+            format!("`{key}` expects a non-negative integer of milliseconds, e.g. `{key} = 250`"),
+        )
+    })
+}
+
+fn boolean(value: &Expr, key: &str) -> syn::Result<bool> {
+    match literal(value) {
+        Some(Lit::Bool(b)) => Ok(b.value),
+        _ => Err(syn::Error::new_spanned(
+            value,
+            format!("`{key}` expects `true` or `false`, e.g. `{key} = false`"),
         )),
     }
 }

@@ -84,6 +84,9 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
     let batch_size = option(args.batch_size.map(|n| quote!(#n)));
     let block_ms = option(args.block_ms.map(|n| quote!(#n)));
     let max_deliveries = option(args.max_deliveries.map(|n| quote!(#n)));
+    let initial_backoff_ms = option(args.initial_backoff_ms.map(|n| quote!(#n)));
+    let max_backoff_ms = option(args.max_backoff_ms.map(|n| quote!(#n)));
+    let jitter = option(args.jitter.map(|on| quote!(#on)));
     let dead_letter = option(args.dead_letter.as_ref().map(|d| quote!(#d)));
     let weight = option(args.weight.map(|n| quote!(#n)));
     let handler_timeout_ms = option(args.handler_timeout_ms.map(|n| quote!(#n)));
@@ -137,6 +140,9 @@ pub(crate) fn registration(function: &syn::ItemFn, args: &Args, handler: &Handle
                     ack: #ack,
                     on_exhausted: #on_exhausted,
                     max_deliveries: #max_deliveries,
+                    initial_backoff_ms: #initial_backoff_ms,
+                    max_backoff_ms: #max_backoff_ms,
+                    jitter: #jitter,
                     dead_letter: #dead_letter,
                     weight: #weight,
                     handler_timeout_ms: #handler_timeout_ms,

@@ -2,7 +2,8 @@
 //! timeout, the metrics, and what the result means for each entry ([`fate`], pure).
 //!
 //! A failure with deliveries left is [`Fate::Retry`]: the job defers the entry for the backoff instead of
-//! sleeping on its worker.
+//! sleeping on its worker. The test kit (`crate::testing`) runs a handler through [`called`], [`run`] and
+//! [`fate`] too, so what it reports is what the consumer does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,17 +14,14 @@ use tracing::Instrument;
 use super::config::{AckPolicy, FailurePolicy, OnExhausted};
 use super::entry::Entry;
 use super::job_spec::JobSpec;
-use super::message::{Acker, BoxFuture, Delivery, HandlerError};
-use super::shard_io::ShardIo;
+use super::message::{Acker, BoxFuture, Delivery, ErrorClass, HandlerError};
+use super::shard_io::{Letter, ShardIo};
 
 /// The fate of one entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Fate {
+pub(crate) enum Fate {
     Ack,
-    DeadLetter {
-        deliveries: u32,
-        error: String,
-    },
+    DeadLetter(Letter),
     LeavePending,
     /// Already acknowledged by the handler (manual policy), or nothing to do.
     Done,
@@ -36,29 +34,76 @@ pub(super) enum Fate {
     },
 }
 
-/// What one attempt's `result` means for its entries, delivered `deliveries` times counting this attempt,
-/// on their `retry`-th local retry: acknowledged on success (unless the handler acknowledges by hand);
-/// on failure, done if the handler acknowledged them anyway, exhausted after `max_deliveries`, left
-/// pending if the job was stopped, else retried after the policy's backoff.
-pub(super) fn fate(
-    result: &Result<(), String>,
-    deliveries: u32,
-    retry: u32,
-    policy: &FailurePolicy,
-    manual: bool,
-    acked: bool,
-    stopped: bool,
-) -> Fate {
-    match result {
-        Ok(()) if manual => Fate::Done,
-        Ok(()) => Fate::Ack,
-        Err(_) if acked => Fate::Done,
-        Err(error) if deliveries >= policy.max_deliveries.max(1) => {
-            exhausted(policy.on_exhausted, deliveries, error.clone())
+/// A failed attempt: why (for the logs and the dead letter), and what the handler asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub(crate) reason: String,
+    pub(crate) class: ErrorClass,
+}
+
+impl Failure {
+    /// A failure of the attempt itself (a panic, a timeout): transient.
+    pub(crate) fn transient(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            class: ErrorClass::Transient,
         }
-        Err(_) if stopped => Fate::Stopped,
-        Err(_) => Fate::Retry {
-            after: policy.backoff(retry),
+    }
+}
+
+impl From<HandlerError> for Failure {
+    fn from(error: HandlerError) -> Self {
+        Self {
+            reason: error.to_string(),
+            class: error.class(),
+        }
+    }
+}
+
+/// What [`fate`] knows about an attempt besides its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Facts {
+    /// Deliveries of the entry, this attempt included.
+    pub(crate) deliveries: u32,
+    /// Its local retry number (0: the first attempt of this owner), which the backoff doubles with.
+    pub(crate) retry: u32,
+    /// The ack policy is [`AckPolicy::Manual`].
+    pub(crate) manual: bool,
+    /// The handler acknowledged the entry by hand (every entry, for a batch).
+    pub(crate) acked: bool,
+    /// The job was told to stop.
+    pub(crate) stopped: bool,
+    /// The random draw of the backoff's jitter.
+    pub(crate) random: u64,
+}
+
+/// What one attempt's `result` means for its entries: acknowledged on success (unless the handler
+/// acknowledges by hand); on failure, done if the handler acknowledged them anyway, exhausted at once if
+/// the error is permanent or after `max_deliveries`, left pending if the job was stopped, else retried
+/// after the wait the handler asked for (at most `max_backoff`) or the policy's backoff.
+pub(crate) fn fate(result: &Result<(), Failure>, facts: Facts, policy: &FailurePolicy) -> Fate {
+    let failure = match result {
+        Ok(()) if facts.manual => return Fate::Done,
+        Ok(()) => return Fate::Ack,
+        Err(_) if facts.acked => return Fate::Done,
+        Err(failure) => failure,
+    };
+    let letter = |permanent| Letter {
+        deliveries: facts.deliveries,
+        reason: failure.reason.clone(),
+        permanent,
+    };
+    match failure.class {
+        ErrorClass::Permanent => exhausted(policy.on_exhausted, letter(true)),
+        _ if facts.deliveries >= policy.max_deliveries.max(1) => {
+            exhausted(policy.on_exhausted, letter(false))
+        }
+        _ if facts.stopped => Fate::Stopped,
+        ErrorClass::RetryAfter(wait) => Fate::Retry {
+            after: wait.min(policy.max_backoff),
+        },
+        ErrorClass::Transient => Fate::Retry {
+            after: policy.backoff(facts.retry, facts.random),
         },
     }
 }
@@ -66,7 +111,7 @@ pub(super) fn fate(
 /// The fate of an entry that never reaches the handler: a dead letter replayed to another group only
 /// (see `crate::replay`) is acknowledged, one delivered more often than `max_deliveries` (earlier attempts
 /// crashed or were abandoned) is exhausted.
-pub(super) fn without_attempt(entry: &Entry, group: &str, policy: &FailurePolicy) -> Option<Fate> {
+pub(crate) fn without_attempt(entry: &Entry, group: &str, policy: &FailurePolicy) -> Option<Fate> {
     let fields = entry
         .fields
         .iter()
@@ -76,59 +121,88 @@ pub(super) fn without_attempt(entry: &Entry, group: &str, policy: &FailurePolicy
     }
     let max = policy.max_deliveries.max(1);
     (entry.delivery_count > max).then(|| {
-        let error = format!(
+        let reason = format!(
             "delivered {} times, more than max_deliveries = {max}: earlier attempts crashed or were abandoned",
             entry.delivery_count
         );
-        exhausted(policy.on_exhausted, entry.delivery_count, error)
+        exhausted(
+            policy.on_exhausted,
+            Letter {
+                deliveries: entry.delivery_count,
+                reason,
+                permanent: false,
+            },
+        )
     })
 }
 
-fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate {
+/// An entry the decoder refused: dead-lettered at once, since retrying cannot fix a payload.
+fn undecodable(deliveries: u32, error: &str) -> Fate {
+    Fate::DeadLetter(Letter {
+        deliveries,
+        reason: format!("undecodable payload: {error}"),
+        permanent: true,
+    })
+}
+
+fn exhausted(on_exhausted: OnExhausted, letter: Letter) -> Fate {
     match on_exhausted {
-        OnExhausted::DeadLetter => Fate::DeadLetter { deliveries, error },
+        OnExhausted::DeadLetter => Fate::DeadLetter(letter),
         OnExhausted::LeavePending => Fate::LeavePending,
     }
 }
 
 /// The handler's call, caught: a panic in the synchronous part of the call is the attempt's error.
-fn called<T>(span: &tracing::Span, call: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn called<T>(span: &tracing::Span, call: impl FnOnce() -> T) -> Result<T, Failure> {
     span.in_scope(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)))
-        .map_err(|panic| format!("handler panicked: {}", crate::panic::panic_message(&*panic)))
+        .map_err(|panic| {
+            Failure::transient(format!(
+                "handler panicked: {}",
+                crate::panic::panic_message(&*panic)
+            ))
+        })
 }
 
-/// Awaits the handler's future in its span, within the timeout, catching a panic; records the attempt
-/// (`entries` handled or failed) in the metrics.
+/// Awaits the handler's future in its span, within `timeout`, catching a panic: the attempt's result
+/// and its outcome for the metrics (`ok`, `error` or `timeout`).
+pub(crate) async fn run(
+    span: tracing::Span,
+    future: BoxFuture<'static, Result<(), HandlerError>>,
+    timeout: Option<Duration>,
+) -> (Result<(), Failure>, &'static str) {
+    let run = crate::panic::catch_panic(future).instrument(span.clone());
+    let caught = match timeout {
+        None => run.await,
+        Some(limit) => match tokio::time::timeout(limit, run).await {
+            Ok(caught) => caught,
+            Err(_) => {
+                span.in_scope(|| {
+                    tracing::warn!(?limit, "handler timed out; the attempt counts as failed")
+                });
+                let reason = format!("handler timed out after {} ms", limit.as_millis());
+                return (Err(Failure::transient(reason)), "timeout");
+            }
+        },
+    };
+    match caught {
+        Ok(Ok(())) => (Ok(()), "ok"),
+        Ok(Err(error)) => (Err(error.into()), "error"),
+        Err(panic) => (
+            Err(Failure::transient(format!("handler panicked: {panic}"))),
+            "error",
+        ),
+    }
+}
+
+/// [`run`], recording the attempt (`entries` handled or failed) in the metrics.
 async fn attempt(
     io: &ShardIo,
     span: tracing::Span,
     future: BoxFuture<'static, Result<(), HandlerError>>,
     entries: u64,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let started = std::time::Instant::now();
-    let run = crate::panic::catch_panic(future).instrument(span.clone());
-    let (result, outcome) = match io.config.handler_timeout {
-        None => (run.await, "ok"),
-        Some(limit) => match tokio::time::timeout(limit, run).await {
-            Ok(result) => (result, "ok"),
-            Err(_) => {
-                span.in_scope(|| {
-                    tracing::warn!(?limit, "handler timed out; the attempt counts as failed")
-                });
-                let error = format!("handler timed out after {} ms", limit.as_millis());
-                (Ok(Err(HandlerError::msg(error))), "timeout")
-            }
-        },
-    };
-    let result = match result {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(panic) => Err(format!("handler panicked: {panic}")),
-    };
-    let outcome = match (&result, outcome) {
-        (Ok(()), _) => "ok",
-        (Err(_), "timeout") => "timeout",
-        (Err(_), _) => "error",
-    };
+    let (result, outcome) = run(span, future, io.config.handler_timeout).await;
     io.metrics.handler_attempt(outcome, started.elapsed());
     let counted = if result.is_ok() { "handled" } else { "failed" };
     io.metrics.messages(counted, entries);
@@ -179,30 +253,25 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
     );
     let result = match called(&span, || spec.handler.call(delivery)) {
         Ok(Ok(future)) => attempt(io, span, future, 1).await,
-        Ok(Err(decode_error)) => {
-            return Fate::DeadLetter {
-                deliveries,
-                error: format!("undecodable payload: {decode_error}"),
-            }
-        }
+        Ok(Err(decode_error)) => return undecodable(deliveries, &decode_error),
         Err(panicked) => {
             io.metrics.handler_attempt("error", Duration::ZERO);
             io.metrics.messages("failed", 1);
             Err(panicked)
         }
     };
-    if let Err(error) = &result {
-        tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, %error, "handler failed");
+    if let Err(failure) = &result {
+        tracing::debug!(shard = spec.shard, id = %entry.id, deliveries, error = %failure.reason, class = ?failure.class, "handler failed");
     }
-    let fate = fate(
-        &result,
+    let facts = Facts {
         deliveries,
         retry,
-        &policy,
-        io.config.ack_policy == AckPolicy::Manual,
-        acked.load(Ordering::Acquire),
-        spec.signals.stop.load(Ordering::Acquire),
-    );
+        manual: io.config.ack_policy == AckPolicy::Manual,
+        acked: acked.load(Ordering::Acquire),
+        stopped: spec.signals.stop.load(Ordering::Acquire),
+        random: crate::util::random_u64(),
+    };
+    let fate = fate(&result, facts, &policy);
     if matches!(fate, Fate::Retry { .. }) {
         io.metrics.messages("retried", 1);
     }
@@ -291,10 +360,7 @@ pub(super) async fn batch(
         Ok((errors, future)) => {
             for (&i, error) in handed.iter().zip(errors) {
                 if let Some(error) = error {
-                    fates[i] = Some(Fate::DeadLetter {
-                        deliveries,
-                        error: format!("undecodable payload: {error}"),
-                    });
+                    fates[i] = Some(undecodable(deliveries, &error));
                 }
             }
             let Some(future) = future else {
@@ -309,20 +375,19 @@ pub(super) async fn batch(
             Err(panicked)
         }
     };
-    if let Err(error) = &result {
-        tracing::debug!(shard = spec.shard, id = %first_id, deliveries, %error, "batch handler failed");
+    if let Err(failure) = &result {
+        tracing::debug!(shard = spec.shard, id = %first_id, deliveries, error = %failure.reason, class = ?failure.class, "batch handler failed");
     }
     let manual = io.config.ack_policy == AckPolicy::Manual;
-    let all_acked = manual && acked.iter().all(|a| a.load(Ordering::Acquire));
-    let fate = fate(
-        &result,
+    let facts = Facts {
         deliveries,
         retry,
-        &policy,
         manual,
-        all_acked,
-        spec.signals.stop.load(Ordering::Acquire),
-    );
+        acked: manual && acked.iter().all(|a| a.load(Ordering::Acquire)),
+        stopped: spec.signals.stop.load(Ordering::Acquire),
+        random: crate::util::random_u64(),
+    };
+    let fate = fate(&result, facts, &policy);
     let handled: Vec<usize> = handed
         .iter()
         .copied()
@@ -342,70 +407,169 @@ mod tests {
     use super::*;
 
     fn policy(max_deliveries: u32, on_exhausted: OnExhausted) -> FailurePolicy {
-        FailurePolicy {
-            max_deliveries,
-            on_exhausted,
-            ..FailurePolicy::default()
+        FailurePolicy::default()
+            .max_deliveries(max_deliveries)
+            .on_exhausted(on_exhausted)
+    }
+
+    /// The first attempt of an automatic-ack listener that was not stopped.
+    fn first(deliveries: u32) -> Facts {
+        Facts {
+            deliveries,
+            retry: deliveries.saturating_sub(1),
+            manual: false,
+            acked: false,
+            stopped: false,
+            random: 7,
         }
     }
 
-    fn failed() -> Result<(), String> {
-        Err("boom".into())
+    fn failed() -> Result<(), Failure> {
+        Err(Failure::transient("boom"))
+    }
+
+    fn failed_as(class: ErrorClass) -> Result<(), Failure> {
+        Err(Failure {
+            reason: "boom".into(),
+            class,
+        })
+    }
+
+    fn letter(deliveries: u32, permanent: bool) -> Fate {
+        Fate::DeadLetter(Letter {
+            deliveries,
+            reason: "boom".into(),
+            permanent,
+        })
     }
 
     #[test]
     fn rule_success_acks_unless_the_handler_acks_by_hand() {
         let p = policy(3, OnExhausted::DeadLetter);
-        assert_eq!(fate(&Ok(()), 1, 0, &p, false, false, false), Fate::Ack);
-        assert_eq!(fate(&Ok(()), 1, 0, &p, true, false, false), Fate::Done);
+        assert_eq!(fate(&Ok(()), first(1), &p), Fate::Ack);
+        let manual = Facts {
+            manual: true,
+            ..first(1)
+        };
+        assert_eq!(fate(&Ok(()), manual, &p), Fate::Done);
     }
 
     #[test]
     fn rule_a_failure_the_handler_acknowledged_anyway_is_done() {
         let p = policy(1, OnExhausted::DeadLetter);
-        assert_eq!(fate(&failed(), 5, 0, &p, true, true, true), Fate::Done);
+        let acked = Facts {
+            manual: true,
+            acked: true,
+            stopped: true,
+            ..first(5)
+        };
+        assert_eq!(fate(&failed(), acked, &p), Fate::Done);
+        assert_eq!(
+            fate(&failed_as(ErrorClass::Permanent), acked, &p),
+            Fate::Done
+        );
     }
 
     #[test]
     fn rule_a_failure_with_deliveries_left_retries_after_the_policys_backoff() {
         let p = policy(3, OnExhausted::DeadLetter);
         for retry in 0..2 {
+            let facts = first(1 + retry);
             assert_eq!(
-                fate(&failed(), 1 + retry, retry, &p, false, false, false),
+                fate(&failed(), facts, &p),
                 Fate::Retry {
-                    after: p.backoff(retry)
+                    after: p.backoff(retry, facts.random)
                 }
             );
         }
     }
 
     #[test]
+    fn rule_the_backoff_is_jittered_by_the_attempts_random_draw() {
+        let ms = Duration::from_millis;
+        let p = policy(9, OnExhausted::DeadLetter)
+            .initial_backoff(ms(100))
+            .max_backoff(ms(10_000));
+        let wait = |random| match fate(&failed(), Facts { random, ..first(3) }, &p) {
+            Fate::Retry { after } => after,
+            other => panic!("{other:?}"),
+        };
+        // Retry 2: 400 ms, jittered into 200..=400 ms.
+        assert_eq!(wait(0), ms(200));
+        assert!((0..100u64).all(|r| (ms(200)..=ms(400)).contains(&wait(r * 7_919_000))));
+        assert_ne!(wait(1_000_000), wait(77_000_000));
+        let exact = p.jitter(false);
+        assert_eq!(
+            fate(&failed(), first(3), &exact),
+            Fate::Retry { after: ms(400) }
+        );
+    }
+
+    #[test]
     fn rule_the_last_delivery_is_exhausted_by_the_policy_even_when_stopped() {
         let dead = policy(3, OnExhausted::DeadLetter);
-        assert_eq!(
-            fate(&failed(), 3, 2, &dead, false, false, true),
-            Fate::DeadLetter {
-                deliveries: 3,
-                error: "boom".into()
-            }
-        );
+        let stopped = Facts {
+            stopped: true,
+            ..first(3)
+        };
+        assert_eq!(fate(&failed(), stopped, &dead), letter(3, false));
         let pending = policy(3, OnExhausted::LeavePending);
-        assert_eq!(
-            fate(&failed(), 4, 0, &pending, false, false, false),
-            Fate::LeavePending
-        );
+        assert_eq!(fate(&failed(), first(4), &pending), Fate::LeavePending);
         // max_deliveries 0 counts as 1.
         let zero = policy(0, OnExhausted::DeadLetter);
-        assert!(matches!(
-            fate(&failed(), 1, 0, &zero, false, false, false),
-            Fate::DeadLetter { .. }
-        ));
+        assert_eq!(fate(&failed(), first(1), &zero), letter(1, false));
     }
 
     #[test]
     fn rule_a_stopped_failure_with_deliveries_left_stays_pending() {
         let p = policy(3, OnExhausted::DeadLetter);
-        assert_eq!(fate(&failed(), 1, 0, &p, false, false, true), Fate::Stopped);
+        let stopped = Facts {
+            stopped: true,
+            ..first(1)
+        };
+        assert_eq!(fate(&failed(), stopped, &p), Fate::Stopped);
+        let later = failed_as(ErrorClass::RetryAfter(Duration::from_millis(5)));
+        assert_eq!(fate(&later, stopped, &p), Fate::Stopped);
+    }
+
+    #[test]
+    fn rule_a_permanent_failure_is_exhausted_on_its_first_delivery() {
+        let permanent = failed_as(ErrorClass::Permanent);
+        let dead = policy(5, OnExhausted::DeadLetter);
+        assert_eq!(fate(&permanent, first(1), &dead), letter(1, true));
+        // Even when stopped: like the last delivery, it is decided.
+        let stopped = Facts {
+            stopped: true,
+            ..first(2)
+        };
+        assert_eq!(fate(&permanent, stopped, &dead), letter(2, true));
+        // `on_exhausted` still decides where it goes.
+        let pending = policy(5, OnExhausted::LeavePending);
+        assert_eq!(fate(&permanent, first(1), &pending), Fate::LeavePending);
+    }
+
+    #[test]
+    fn rule_retry_after_replaces_the_backoff_bounded_by_max_backoff() {
+        let ms = Duration::from_millis;
+        let p = policy(5, OnExhausted::DeadLetter)
+            .initial_backoff(ms(1))
+            .max_backoff(ms(2_000));
+        let asked = |wait| failed_as(ErrorClass::RetryAfter(wait));
+        // Not jittered, not doubled.
+        assert_eq!(
+            fate(&asked(ms(750)), first(1), &p),
+            Fate::Retry { after: ms(750) }
+        );
+        assert_eq!(
+            fate(&asked(ms(750)), first(3), &p),
+            Fate::Retry { after: ms(750) }
+        );
+        assert_eq!(
+            fate(&asked(ms(60_000)), first(1), &p),
+            Fate::Retry { after: ms(2_000) }
+        );
+        // It still spends a delivery: the last one is exhausted.
+        assert_eq!(fate(&asked(ms(750)), first(5), &p), letter(5, false));
     }
 
     fn entry(delivery_count: u32, fields: &[(&str, &str)]) -> Entry {
@@ -427,12 +591,28 @@ mod tests {
         assert_eq!(without_attempt(&entry(3, &[]), "g", &p), None);
         assert!(matches!(
             without_attempt(&entry(4, &[]), "g", &p),
-            Some(Fate::DeadLetter { deliveries: 4, .. })
+            Some(Fate::DeadLetter(Letter {
+                deliveries: 4,
+                permanent: false,
+                ..
+            }))
         ));
         let p = policy(3, OnExhausted::LeavePending);
         assert_eq!(
             without_attempt(&entry(4, &[]), "g", &p),
             Some(Fate::LeavePending)
+        );
+    }
+
+    #[test]
+    fn rule_an_undecodable_entry_is_a_permanent_dead_letter() {
+        assert_eq!(
+            undecodable(2, "expected value"),
+            Fate::DeadLetter(Letter {
+                deliveries: 2,
+                reason: "undecodable payload: expected value".into(),
+                permanent: true,
+            })
         );
     }
 
@@ -443,5 +623,38 @@ mod tests {
         assert_eq!(without_attempt(&replayed, "g", &p), Some(Fate::Ack));
         let ours = entry(1, &[(crate::names::field::ONLY_GROUP, "g")]);
         assert_eq!(without_attempt(&ours, "g", &p), None);
+    }
+
+    #[tokio::test]
+    async fn a_run_keeps_the_handlers_class_and_makes_panics_and_timeouts_transient() {
+        let span = tracing::Span::none;
+        let permanent: BoxFuture<'static, Result<(), HandlerError>> =
+            Box::pin(async { Err(HandlerError::permanent("bad data")) });
+        assert_eq!(
+            run(span(), permanent, None).await,
+            (
+                Err(Failure {
+                    reason: "bad data".into(),
+                    class: ErrorClass::Permanent
+                }),
+                "error"
+            )
+        );
+        let panics: BoxFuture<'static, Result<(), HandlerError>> =
+            Box::pin(async { panic!("boom") });
+        assert_eq!(
+            run(span(), panics, None).await,
+            (Err(Failure::transient("handler panicked: boom")), "error")
+        );
+        let hangs: BoxFuture<'static, Result<(), HandlerError>> = Box::pin(std::future::pending());
+        assert_eq!(
+            run(span(), hangs, Some(Duration::from_millis(5))).await,
+            (
+                Err(Failure::transient("handler timed out after 5 ms")),
+                "timeout"
+            )
+        );
+        let fine: BoxFuture<'static, Result<(), HandlerError>> = Box::pin(async { Ok(()) });
+        assert_eq!(run(span(), fine, None).await, (Ok(()), "ok"));
     }
 }

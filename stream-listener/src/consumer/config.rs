@@ -216,8 +216,28 @@ impl DeleteRef {
 ///
 /// Retries keep per-key order: the failing entry and the later entries of its shard wait out the backoff
 /// (deferred in memory, pending in Redis), while the worker serves the member's other shards. A revoke or
-/// shutdown cuts the retries short and leaves the entry pending for the next owner. `delivery_count` counts Redis deliveries (takeovers included) plus local
-/// retries.
+/// shutdown cuts the retries short and leaves the entry pending for the next owner. `delivery_count`
+/// counts Redis deliveries (takeovers included) plus local retries.
+///
+/// The handler's error says how it failed ([`ErrorClass`](super::ErrorClass)): a transient error is retried
+/// after the backoff, [`HandlerError::permanent`](super::HandlerError::permanent) goes to `on_exhausted`
+/// at once, [`HandlerError::retry_after`](super::HandlerError::retry_after) waits what it asked (at most
+/// `max_backoff`) instead of the backoff.
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_listener::{FailurePolicy, OnExhausted};
+///
+/// let policy = FailurePolicy::default()
+///     .max_deliveries(3)
+///     .initial_backoff(Duration::from_millis(200))
+///     .max_backoff(Duration::from_secs(10))
+///     .jitter(true)
+///     .on_exhausted(OnExhausted::DeadLetter);
+/// // The second retry waits 800 ms, jittered to between 400 and 800 ms.
+/// let wait = policy.backoff(2, 12345);
+/// assert!(wait >= Duration::from_millis(400) && wait <= Duration::from_millis(800));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FailurePolicy {
@@ -225,8 +245,12 @@ pub struct FailurePolicy {
     pub max_deliveries: u32,
     /// Wait before the first retry; doubles per retry.
     pub initial_backoff: Duration,
-    /// Upper bound of the wait between retries.
+    /// Upper bound of the wait between retries, a handler's
+    /// [`retry_after`](super::HandlerError::retry_after) included.
     pub max_backoff: Duration,
+    /// Equal jitter on the backoff (default on): each wait is a random 50-100 % of the doubled wait, so
+    /// members that failed together (a dependency went down) do not retry in lockstep.
+    pub jitter: bool,
     /// What to do with an exhausted entry.
     pub on_exhausted: OnExhausted,
 }
@@ -237,15 +261,53 @@ impl Default for FailurePolicy {
             max_deliveries: 5,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            jitter: true,
             on_exhausted: OnExhausted::DeadLetter,
         }
     }
 }
 
 impl FailurePolicy {
-    /// The wait before local retry number `retry` (0-based).
-    pub fn backoff(&self, retry: u32) -> Duration {
-        crate::util::exponential_backoff(self.initial_backoff, retry, self.max_backoff)
+    /// The wait before local retry number `retry` (0-based): `initial_backoff * 2^retry`, at most
+    /// `max_backoff`; with [`jitter`](Self::jitter), a part of it between half and all chosen by `random`
+    /// (any number: the consumer draws one per retry).
+    pub fn backoff(&self, retry: u32, random: u64) -> Duration {
+        let wait = crate::util::exponential_backoff(self.initial_backoff, retry, self.max_backoff);
+        if self.jitter {
+            crate::util::equal_jitter(wait, random)
+        } else {
+            wait
+        }
+    }
+
+    /// Deliveries before an entry counts as exhausted (at least 1).
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = n;
+        self
+    }
+
+    /// Wait before the first retry.
+    pub fn initial_backoff(mut self, wait: Duration) -> Self {
+        self.initial_backoff = wait;
+        self
+    }
+
+    /// Upper bound of every wait between retries.
+    pub fn max_backoff(mut self, wait: Duration) -> Self {
+        self.max_backoff = wait;
+        self
+    }
+
+    /// Equal jitter on the backoff, or exact doubling.
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
+    /// What to do with an exhausted entry.
+    pub fn on_exhausted(mut self, on_exhausted: OnExhausted) -> Self {
+        self.on_exhausted = on_exhausted;
+        self
     }
 }
 
@@ -272,5 +334,47 @@ mod tests {
         assert!(!AckPolicy::AckDelete(DeleteRef::Acked).deletes_for_other_groups());
         assert!(AckPolicy::AckDelete(DeleteRef::KeepRef).deletes_for_other_groups());
         assert!(AckPolicy::AckDelete(DeleteRef::DelRef).deletes_for_other_groups());
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_bound_exactly_without_jitter() {
+        let ms = Duration::from_millis;
+        let policy = FailurePolicy::default()
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000))
+            .jitter(false);
+        let waits: Vec<Duration> = (0..6).map(|retry| policy.backoff(retry, 99)).collect();
+        assert_eq!(
+            waits,
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
+    }
+
+    #[test]
+    fn jitter_keeps_every_wait_between_half_and_all_of_the_backoff() {
+        let ms = Duration::from_millis;
+        let policy = FailurePolicy::default()
+            .initial_backoff(ms(100))
+            .max_backoff(ms(1000));
+        assert!(policy.jitter, "jitter is on by default");
+        let mut seen = std::collections::BTreeSet::new();
+        for retry in 0..6 {
+            let exact = policy.jitter(false).backoff(retry, 0);
+            for draw in 0..200u64 {
+                let random = draw.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let wait = policy.backoff(retry, random);
+                assert!(
+                    wait >= exact / 2 && wait <= exact,
+                    "retry {retry}: {wait:?} of {exact:?}"
+                );
+                seen.insert(wait);
+            }
+        }
+        assert!(
+            seen.len() > 100,
+            "the draws spread the waits: {} distinct",
+            seen.len()
+        );
+        assert_eq!(policy.backoff(0, 0), ms(50), "the lowest draw waits half");
     }
 }

@@ -12,7 +12,7 @@ use super::entry::Entry;
 use super::fence::{self, is_missing_group};
 use super::job_spec::JobSpec;
 use super::scheduler::{JobReport, ReadMode};
-use super::shard_io::ShardIo;
+use super::shard_io::{Letter, ShardIo};
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
     let (shard, key, ownership) = (spec.shard, spec.key.clone(), spec.ownership.clone());
@@ -132,7 +132,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             .store(entries.len() as u32, Ordering::Release);
 
         let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
-        let mut letters: Vec<(&Entry, u32, String)> = Vec::new();
+        let mut letters: Vec<(&Entry, Letter)> = Vec::new();
         let mut last_done: Option<&str> = None;
         let mut stopped = false;
         let mut defer: Option<(usize, Duration)> = None;
@@ -167,9 +167,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
             match fate {
                 Fate::Ack => acks.push(&entry.id),
-                Fate::DeadLetter { deliveries, error } => {
-                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
-                    letters.push((entry, deliveries, error));
+                Fate::DeadLetter(letter) => {
+                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries = letter.deliveries, error = %letter.reason, permanent = letter.permanent, "dead-lettering entry");
+                    letters.push((entry, letter));
                 }
                 Fate::LeavePending => {
                     io.metrics.messages("left_pending", 1);
@@ -280,13 +280,13 @@ async fn finish(
     io: &ShardIo,
     spec: &JobSpec,
     acks: &[&str],
-    letters: &[(&Entry, u32, String)],
+    letters: &[(&Entry, Letter)],
 ) -> Result<(), RedisError> {
     if acks.is_empty() && letters.is_empty() {
         return Ok(());
     }
     let mut all: Vec<&str> = acks.to_vec();
-    all.extend(letters.iter().map(|(e, _, _)| e.id.as_str()));
+    all.extend(letters.iter().map(|(e, _)| e.id.as_str()));
     let mut attempt = 0u32;
     let mut lettered = false;
     loop {

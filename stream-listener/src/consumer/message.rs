@@ -1,9 +1,11 @@
 //! What a handler sees: [`Message`], [`HandlerError`], the [`Handler`] trait and its type-erased form.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -137,25 +139,93 @@ pub(crate) struct Acker {
     pub(crate) acked: Arc<AtomicBool>,
 }
 
-/// A handler failure: any `Display` error, boxed. The text goes to logs and to the dead-letter entry.
+/// A handler failure: any `Display` error, boxed, and what it asks of the retry policy ([`ErrorClass`]).
+/// The text goes to logs and to the dead-letter entry.
 ///
 /// Deliberately not `std::error::Error` itself, so that `?` converts every `std::error::Error` into it
-/// (the same trick as `anyhow::Error`).
+/// (the same trick as `anyhow::Error`); such an error is [`ErrorClass::Transient`]. Say more with
+/// [`permanent`](Self::permanent) and [`retry_after`](Self::retry_after):
+///
+/// ```
+/// use std::time::Duration;
+/// use stream_listener::{HandlerError, Message};
+///
+/// async fn on_order(msg: Message<String>) -> Result<(), HandlerError> {
+///     // Bad data: retrying cannot fix it, dead-letter it now.
+///     let cents: u64 = msg.payload.parse().map_err(HandlerError::permanent)?;
+///     if cents > 1_000_000 {
+///         // A dependency said "later": wait that long before the next delivery.
+///         return Err(HandlerError::retry_after("rate limited", Duration::from_secs(2)));
+///     }
+///     // Any other std error: retried after the policy's backoff.
+///     std::fs::metadata("/")?;
+///     Ok(())
+/// }
+/// ```
 pub struct HandlerError {
     inner: Box<dyn fmt::Display + Send + 'static>,
+    class: ErrorClass,
+}
+
+/// What a failed attempt asks of the listener's [`FailurePolicy`](super::FailurePolicy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// Retry after the policy's backoff until `max_deliveries`, then `on_exhausted`: every error `?`
+    /// converts, a timeout, a panic.
+    Transient,
+    /// Retrying cannot help (bad data, a 4xx from a dependency): skip the remaining deliveries and go to
+    /// `on_exhausted` now; the dead letter records that it was permanent.
+    Permanent,
+    /// Retry after this wait instead of the backoff (without jitter), at most the policy's
+    /// `max_backoff`; still one delivery of `max_deliveries`.
+    RetryAfter(Duration),
 }
 
 impl HandlerError {
-    /// Wrap any displayable error.
-    pub fn new(error: impl fmt::Display + Send + 'static) -> Self {
+    /// Wrap any displayable error, [`ErrorClass::Transient`]. A `HandlerError` is kept as it is, class
+    /// included (so a handler's `Result<(), HandlerError>` keeps what it asked for).
+    pub fn new<E: fmt::Display + Send + 'static>(error: E) -> Self {
+        let mut slot = Some(error);
+        if let Some(same) = (&mut slot as &mut dyn Any).downcast_mut::<Option<HandlerError>>() {
+            if let Some(same) = same.take() {
+                return same;
+            }
+        }
         Self {
-            inner: Box::new(error),
+            inner: Box::new(slot.expect("taken only if it was a HandlerError")),
+            class: ErrorClass::Transient,
         }
     }
 
-    /// A plain message.
+    /// A plain message, [`ErrorClass::Transient`].
     pub fn msg(message: impl Into<String>) -> Self {
         Self::new(message.into())
+    }
+
+    /// A permanent failure ([`ErrorClass::Permanent`]): dead-lettered (or left pending, per the policy's
+    /// `on_exhausted`) at once, without the remaining deliveries.
+    pub fn permanent<E: fmt::Display + Send + 'static>(error: E) -> Self {
+        Self::new(error).with_class(ErrorClass::Permanent)
+    }
+
+    /// A failure to retry after `wait` ([`ErrorClass::RetryAfter`]) instead of the policy's backoff, at
+    /// most its `max_backoff` (so one handler cannot hold its shard's later entries back longer than the
+    /// listener allows; raise `max_backoff` to honour longer waits). The retry still counts against
+    /// `max_deliveries`.
+    pub fn retry_after<E: fmt::Display + Send + 'static>(error: E, wait: Duration) -> Self {
+        Self::new(error).with_class(ErrorClass::RetryAfter(wait))
+    }
+
+    /// The same error with another class.
+    pub fn with_class(mut self, class: ErrorClass) -> Self {
+        self.class = class;
+        self
+    }
+
+    /// What it asks of the retry policy.
+    pub fn class(&self) -> ErrorClass {
+        self.class
     }
 }
 
@@ -188,7 +258,10 @@ impl fmt::Display for HandlerError {
 
 impl fmt::Debug for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HandlerError({})", self.inner)
+        match self.class {
+            ErrorClass::Transient => write!(f, "HandlerError({})", self.inner),
+            class => write!(f, "HandlerError({class:?}: {})", self.inner),
+        }
     }
 }
 
@@ -520,5 +593,74 @@ mod ownership_tests {
         assert!(!ownership.is_active());
         deadline.set(deadline.local_now().plus_ms(10_000));
         assert!(ownership.is_active());
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    #[test]
+    fn question_mark_converts_std_errors_as_transient_with_their_cause_chain() {
+        fn parse() -> Result<u32, HandlerError> {
+            Ok("x".parse::<u32>()?)
+        }
+        let error = parse().unwrap_err();
+        assert_eq!(error.class(), ErrorClass::Transient);
+        assert_eq!(error.to_string(), "invalid digit found in string");
+    }
+
+    #[test]
+    fn permanent_and_retry_after_carry_their_class() {
+        let permanent = HandlerError::permanent("bad data");
+        assert_eq!(permanent.class(), ErrorClass::Permanent);
+        assert_eq!(permanent.to_string(), "bad data");
+        assert_eq!(
+            format!("{permanent:?}"),
+            "HandlerError(Permanent: bad data)"
+        );
+        let later = HandlerError::retry_after("429", Duration::from_secs(2));
+        assert_eq!(
+            later.class(),
+            ErrorClass::RetryAfter(Duration::from_secs(2))
+        );
+        assert_eq!(format!("{:?}", HandlerError::msg("x")), "HandlerError(x)");
+    }
+
+    #[test]
+    fn wrapping_a_handler_error_keeps_it_and_its_class() {
+        let wrapped = HandlerError::new(HandlerError::permanent("bad data"));
+        assert_eq!(wrapped.class(), ErrorClass::Permanent);
+        assert_eq!(wrapped.to_string(), "bad data");
+        // A `?`-converted error made permanent keeps its text.
+        let error = HandlerError::permanent(HandlerError::from(std::io::Error::other("gone")));
+        assert_eq!(
+            (error.class(), error.to_string()),
+            (ErrorClass::Permanent, "gone".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_handler_returning_a_classified_error_keeps_its_class() {
+        let handler = |_m: Message<()>| async {
+            Err::<(), _>(HandlerError::retry_after("later", Duration::from_millis(7)))
+        };
+        let message = Message {
+            payload: (),
+            id: "1-0".into(),
+            key: "k".into(),
+            shard: 0,
+            delivery_count: 1,
+            token: FencingToken {
+                member_id: "m".into(),
+                member_epoch: 1,
+            },
+            acker: None,
+        };
+        let error = Handler::handle(&handler, message).await.unwrap_err();
+        assert_eq!(
+            error.class(),
+            ErrorClass::RetryAfter(Duration::from_millis(7))
+        );
     }
 }

@@ -52,7 +52,7 @@
 //! retries the shard shortly after (see the `order` module). Entries a producer wrote with a stale layout
 //! after the cut are counted and logged ([`Topology::is_stale_write`](crate::topology::Topology::is_stale_write)).
 
-mod attempt;
+pub(crate) mod attempt;
 mod cluster_wait;
 mod config;
 mod driver;
@@ -62,7 +62,7 @@ mod fields;
 mod hooks;
 mod job;
 mod job_spec;
-mod message;
+pub(crate) mod message;
 mod order;
 mod retention;
 mod scheduler;
@@ -75,7 +75,8 @@ pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhauste
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
 pub use message::{
-    AckError, BatchHandler, BoxFuture, BoxedHandler, Handler, HandlerError, Message, RawMessage,
+    AckError, BatchHandler, BoxFuture, BoxedHandler, ErrorClass, Handler, HandlerError, Message,
+    RawMessage,
 };
 pub use retention::trimmed_unread;
 pub use shard_io::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};

@@ -534,21 +534,23 @@ impl ShardIo {
         &self,
         key: &str,
         shard: u32,
-        letters: &[(&Entry, u32, String)],
+        letters: &[(&Entry, Letter)],
     ) -> RedisResult<()> {
         if letters.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
-        for (entry, deliveries, error) in letters {
+        for (entry, letter) in letters {
             let cmd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
             for (name, value) in &entry.fields {
                 cmd.arg(name).arg(value);
             }
             cmd.arg(dead_letter_fields::ERROR)
-                .arg(error)
+                .arg(&letter.reason)
+                .arg(dead_letter_fields::PERMANENT)
+                .arg(if letter.permanent { "true" } else { "false" })
                 .arg(dead_letter_fields::DELIVERY_COUNT)
-                .arg(deliveries)
+                .arg(letter.deliveries)
                 .arg(dead_letter_fields::GROUP)
                 .arg(&self.config.group)
                 .arg(dead_letter_fields::SHARD)
@@ -563,6 +565,18 @@ impl ShardIo {
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await
     }
+}
+
+/// Why an entry is dead-lettered: what its dead letter records besides the entry and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Letter {
+    /// Deliveries before it was given up.
+    pub(crate) deliveries: u32,
+    /// The handler's error, or why the entry never reached it.
+    pub(crate) reason: String,
+    /// Given up before its deliveries ran out: the handler said retrying cannot help, or the payload
+    /// does not decode.
+    pub(crate) permanent: bool,
 }
 
 /// Entries as the consumer keeps them, from a reply's rows: delivered once until `XPENDING` says more.

@@ -234,6 +234,12 @@ impl ConsumerBuilder {
         self
     }
 
+    /// The listener it describes so far (the test kit reads its policies).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn spec(&self) -> &ListenerSpec {
+        &self.spec
+    }
+
     /// The spec of the `index`-th builder of a runtime (from 1).
     pub(crate) fn into_spec(mut self, index: usize) -> ListenerSpec {
         if let Origin::Builder { index: i, .. } = &mut self.spec.origin {

@@ -25,6 +25,7 @@ mod spec;
 mod startup;
 mod state;
 mod supervise;
+mod wait;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub use running::RunningRuntime;
 pub use spec::{InvalidListener, ListenerSpec, Origin};
 pub use startup::Unreachable;
 pub use state::{MissingState, State, States};
+pub use wait::WaitError;
 
 use member::{RunningMember, Shared};
 
@@ -287,6 +289,7 @@ impl Runtime {
             _wakeups: wakeups.into_values().collect(),
             timeout: self.shutdown_timeout,
             exits: exits_rx,
+            client,
         })
     }
 

@@ -58,6 +58,12 @@ pub struct ListenerRegistration {
     pub on_exhausted: Option<OnExhausted>,
     /// Deliveries before an entry counts as exhausted.
     pub max_deliveries: Option<u32>,
+    /// Wait before the first retry, in milliseconds.
+    pub initial_backoff_ms: Option<u64>,
+    /// Upper bound of the wait between retries, in milliseconds.
+    pub max_backoff_ms: Option<u64>,
+    /// Equal jitter on the backoff.
+    pub jitter: Option<bool>,
     /// Dead-letter stream key.
     pub dead_letter: Option<&'static str>,
     /// Static balancing weight of each member.

@@ -28,6 +28,8 @@ pub struct RunningRuntime {
     pub(super) timeout: Duration,
     /// Member and follower tasks that ended while running (see `supervise.rs`).
     pub(super) exits: mpsc::UnboundedReceiver<TaskExit>,
+    /// Where its Redis is, for the waits (`wait.rs`).
+    pub(super) client: crate::connection::RedisTarget,
 }
 
 impl RunningRuntime {
@@ -295,6 +297,7 @@ mod tests {
             _wakeups: Vec::new(),
             timeout: Duration::from_millis(200),
             exits: exits_rx,
+            client: crate::connection::RedisTarget::open("redis://127.0.0.1:1/").unwrap(),
         }
     }
 

@@ -172,6 +172,15 @@ impl ListenerSpec {
         if let Some(on_exhausted) = reg.on_exhausted {
             spec.failure.on_exhausted = on_exhausted;
         }
+        if let Some(ms) = reg.initial_backoff_ms {
+            spec.failure.initial_backoff = Duration::from_millis(ms);
+        }
+        if let Some(ms) = reg.max_backoff_ms {
+            spec.failure.max_backoff = Duration::from_millis(ms);
+        }
+        if let Some(on) = reg.jitter {
+            spec.failure.jitter = on;
+        }
         spec.dead_letter = reg.dead_letter.map(str::to_owned);
         spec.handler_timeout = reg.handler_timeout_ms.map(Duration::from_millis);
         spec.start_from = reg.start_from.unwrap_or_default();
@@ -327,6 +336,13 @@ impl ListenerSpec {
             if value == 0 {
                 return fail(format!("{what} must be at least 1"));
             }
+        }
+        if self.failure.initial_backoff > self.failure.max_backoff {
+            return fail(format!(
+                "initial_backoff ({} ms) is above max_backoff ({} ms): every wait would be max_backoff",
+                self.failure.initial_backoff.as_millis(),
+                self.failure.max_backoff.as_millis()
+            ));
         }
         if self.handler_timeout == Some(Duration::ZERO) {
             return fail("handler_timeout must be more than zero".into());
@@ -516,6 +532,13 @@ mod tests {
                 s.failure.on_exhausted = OnExhausted::LeavePending;
             },
             "no effect",
+        );
+        check(
+            |s| {
+                s.failure.initial_backoff = Duration::from_secs(10);
+                s.failure.max_backoff = Duration::from_secs(5);
+            },
+            "initial_backoff (10000 ms) is above max_backoff (5000 ms)",
         );
         check(|s| s.handler = None, "no handler");
     }

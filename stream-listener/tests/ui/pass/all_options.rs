@@ -11,6 +11,9 @@ use stream_listener::stream_listener;
     ack = "ack_delete_acked",
     failure = "retry_then_dead_letter",
     max_deliveries = 7,
+    initial_backoff_ms = 0,
+    max_backoff_ms = 60000,
+    jitter = true,
     dead_letter = "{orders}:audit-dlq",
     weight = 3, // a trailing comma is accepted
 )]
