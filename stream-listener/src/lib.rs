@@ -84,6 +84,7 @@ pub mod routing;
 pub mod runtime;
 #[doc(hidden)]
 pub mod store;
+mod throttle;
 pub mod tls;
 pub mod topology;
 #[doc(hidden)]
