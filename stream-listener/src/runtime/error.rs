@@ -39,6 +39,17 @@ pub enum RuntimeError {
         /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
         stuck: Vec<String>,
     },
+    /// A second stop signal came during the graceful shutdown ([`RunningRuntime::run_until_signal`](super::RunningRuntime::run_until_signal)):
+    /// what was still running was aborted at once (entries in flight stay pending for the next owner).
+    #[error(
+        "shutdown forced by a second signal; aborted: {}",
+        if .stuck.is_empty() { "nothing".to_owned() } else { .stuck.join("; ") }
+    )]
+    ShutdownForced {
+        /// One line per member that had not stopped: its id, the shards it still owned, its running
+        /// handlers.
+        stuck: Vec<String>,
+    },
     /// [`RunningRuntime::pause`](super::RunningRuntime::pause) or [`RunningRuntime::resume`](super::RunningRuntime::resume) got an id no listener of this runtime has.
     #[error("no listener with id `{id}` in this runtime (listeners: {})", .known.join(", "))]
     UnknownListener {
