@@ -59,6 +59,9 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+// The `ReportDebug` expansion names `::stream_listener`, here too.
+extern crate self as stream_listener;
+
 #[doc(hidden)]
 pub mod clock;
 pub mod connection;
@@ -78,6 +81,7 @@ pub mod producer;
 #[doc(hidden)]
 pub mod redact;
 pub mod replay;
+mod report;
 #[doc(hidden)]
 pub mod reply;
 pub mod routing;
@@ -114,6 +118,7 @@ pub mod __private {
     };
     pub use crate::runtime::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
+    pub use crate::report::report;
     pub use crate::topology::StartFrom;
     pub use core::result::Result;
     pub use inventory;

@@ -64,7 +64,7 @@ pub const PAYLOAD_FIELD: &str = crate::names::field::PAYLOAD;
 pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 
 /// Errors from publishing.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum ProducerError {
     /// The stream's topology is missing, corrupt, or could not be read.

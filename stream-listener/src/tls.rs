@@ -31,7 +31,7 @@ pub struct TlsFiles {
 }
 
 /// Why the TLS files cannot be used. Names the file, never its contents.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.

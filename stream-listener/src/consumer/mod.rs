@@ -88,7 +88,7 @@ use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 use shard_io::ShardIo;
 
 /// Why a consumer could not start.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum ConsumerError {
     /// Connecting to Redis or reading its version failed.

@@ -1,5 +1,7 @@
 //! [`RuntimeError`]: why the runtime could not start, or stopped.
 
+use stream_listener_macros::ReportDebug;
+
 use crate::consumer::ConsumerError;
 use crate::store::StoreError;
 use crate::topology::TopologyError;
@@ -9,7 +11,7 @@ use super::startup::Unreachable;
 use super::state::MissingState;
 
 /// Why the runtime could not start, or stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, ReportDebug)]
 #[non_exhaustive]
 pub enum RuntimeError {
     /// Redis is unreachable or failed.

@@ -104,8 +104,26 @@ pub struct ListenerSpec {
     pub(crate) hooks: crate::consumer::LifecycleHooks,
 }
 
+/// The `<SETTING>`s of `STREAM_LISTENER_<NAME>_<SETTING>` that [`ListenerSpec::apply_env`] reads: every
+/// other name with a listener's prefix is refused at start ([`RuntimeError::UnknownEnvironment`](super::RuntimeError::UnknownEnvironment)).
+pub(crate) const ENV_SETTINGS: &[&str] = &[
+    "STREAM",
+    "GROUP",
+    "CONCURRENCY",
+    "MEMBER_ID",
+    "RUNTIME_MAX_CONCURRENCY",
+    "WEIGHT",
+    "BATCH_SIZE",
+    "BLOCK_MS",
+    "HANDLER_TIMEOUT_MS",
+    "MAX_DELIVERIES",
+    "DEAD_LETTER",
+    "START_FROM",
+    "SHARD_COUNT",
+];
+
 /// A listener that cannot start, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error("listener {listener}: {reason}")]
 pub struct InvalidListener {
     /// The listener ([`Origin`]).

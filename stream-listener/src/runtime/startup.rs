@@ -29,7 +29,7 @@ pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
 }
 
 /// Redis did not answer within the startup limit.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error("Redis at {url} unreachable for {waited_ms} ms ({attempts} attempts): {last_error}")]
 pub struct Unreachable {
     /// The URL, credentials redacted.
