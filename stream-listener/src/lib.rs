@@ -77,13 +77,14 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod names;
 mod panic;
+pub mod preflight;
 pub mod producer;
 #[doc(hidden)]
 pub mod redact;
 pub mod replay;
-mod report;
 #[doc(hidden)]
 pub mod reply;
+mod report;
 pub mod routing;
 pub mod runtime;
 #[doc(hidden)]
@@ -116,9 +117,9 @@ pub mod __private {
     pub use crate::consumer::{
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
+    pub use crate::report::report;
     pub use crate::runtime::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
-    pub use crate::report::report;
     pub use crate::topology::StartFrom;
     pub use core::result::Result;
     pub use inventory;

@@ -432,6 +432,25 @@ mod tests {
     }
 
     #[test]
+    fn the_settings_the_environment_may_name_are_those_apply_env_reads() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        spec()
+            .apply_env(|name: &str| {
+                asked.borrow_mut().push(name.to_owned());
+                None
+            })
+            .unwrap();
+        let expected: Vec<String> = ENV_SETTINGS
+            .iter()
+            .map(|s| format!("STREAM_LISTENER_ORDERS_BILLING_{s}"))
+            .collect();
+        let (mut asked, mut expected) = (asked.into_inner(), expected);
+        asked.sort();
+        expected.sort();
+        assert_eq!(asked, expected);
+    }
+
+    #[test]
     fn the_environment_overrides_every_setting() {
         let mut spec = spec();
         assert_eq!(spec.env_prefix(), "STREAM_LISTENER_ORDERS_BILLING_");
