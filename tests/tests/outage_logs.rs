@@ -52,8 +52,17 @@ async fn a_redis_outage_logs_each_cause_once_in_a_while_not_every_attempt() {
     }
     let runtime = runtime.start().await.unwrap();
     let start = Instant::now();
-    while runtime.statuses().iter().map(|(_, s)| s.owned.len()).sum::<usize>() < 8 {
-        assert!(start.elapsed() < Duration::from_secs(30), "never owned the shards");
+    while runtime
+        .statuses()
+        .iter()
+        .map(|(_, s)| s.owned.len())
+        .sum::<usize>()
+        < 8
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never owned the shards"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let before = events().len();
@@ -65,8 +74,14 @@ async fn a_redis_outage_logs_each_cause_once_in_a_while_not_every_attempt() {
     let total: usize = counts.values().sum();
     eprintln!("WARN lines in a 5 s outage of 4 members: {total}: {counts:#?}");
     let _ = runtime.stop().await;
-    assert!(total >= 4, "each member's outage is worth a WARN: {counts:#?}");
+    assert!(
+        total >= 4,
+        "each member's outage is worth a WARN: {counts:#?}"
+    );
     for ((whose, message), n) in &counts {
-        assert!(*n <= 1, "{whose}: `{message}` logged {n} times in 5 s: {counts:#?}");
+        assert!(
+            *n <= 1,
+            "{whose}: `{message}` logged {n} times in 5 s: {counts:#?}"
+        );
     }
 }

@@ -211,9 +211,7 @@ impl RunningRuntime {
                 member.heartbeat_task.abort();
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
-            let consumer_late = !force
-                .finished_by(&mut member.consumer_task, deadline)
-                .await;
+            let consumer_late = !force.finished_by(&mut member.consumer_task, deadline).await;
             if heartbeat_late || consumer_late {
                 let mut handlers = member.probe.take_aborted();
                 handlers.extend(member.probe.in_flight());
@@ -260,7 +258,11 @@ impl<F: std::future::Future<Output = ()>> Forced<F> {
     }
 
     /// Waits for `task` until `deadline` or until the shutdown is forced; whether it finished.
-    async fn finished_by(&mut self, task: &mut JoinHandle<()>, deadline: tokio::time::Instant) -> bool {
+    async fn finished_by(
+        &mut self,
+        task: &mut JoinHandle<()>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
         if self.forced {
             return task.is_finished();
         }
@@ -451,7 +453,9 @@ mod tests {
         );
         let text = result.unwrap_err().to_string();
         assert!(
-            text.starts_with("shutdown forced by a second signal; aborted: member pod-1-m0 (leave not completed"),
+            text.starts_with(
+                "shutdown forced by a second signal; aborted: member pod-1-m0 (leave not completed"
+            ),
             "{text}"
         );
     }

@@ -52,9 +52,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::clock::LocalMillis;
-use crate::throttle::Throttle;
 use crate::consumer::hooks::HookCall;
 use crate::member::lifecycle::FencingToken;
+use crate::throttle::Throttle;
 
 pub(crate) use command::{Command, JobPlan, ProbeEvent, Report};
 pub(crate) use job_end::{end_of, JobEnd, JobReport, WaitReport};
