@@ -32,8 +32,8 @@ pub fn stream_listener(
 
 /// `Debug` for the runtime crate's public error types: `{:?}` is the error's report (its `Display` text
 /// and the causes that text does not already say, the form `main` prints when it returns the error),
-/// `{:#?}` the structure a derived `Debug` would print. Not public API: the expansion names the runtime
-/// crate's hidden `__private` module.
+/// `{:#?}` the structure a derived `Debug` would print. Not public API: for the runtime crate's own
+/// error types, the expansion names its private `crate::report`.
 #[doc(hidden)]
 #[proc_macro_derive(ReportDebug)]
 pub fn report_debug(item: proc_macro::TokenStream) -> proc_macro::TokenStream {

@@ -1,5 +1,6 @@
 //! `#[derive(ReportDebug)]`: an error's `Debug` that prints its report (`{:?}`, what `fn main() ->
-//! Result<(), E>` shows) or its structure (`{:#?}`, the fields, as `#[derive(Debug)]` would).
+//! Result<(), E>` shows) or its structure (`{:#?}`, the fields, as `#[derive(Debug)]` would). For the
+//! runtime crate's own error types only: the expansion names its `crate::report`.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
@@ -27,7 +28,7 @@ pub(crate) fn expand(input: DeriveInput) -> TokenStream {
         impl #impl_generics ::core::fmt::Debug for #name #type_generics #where_clause {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
                 if !f.alternate() {
-                    return ::stream_listener::__private::report(self, f);
+                    return crate::report::report(self, f);
                 }
                 match self {
                     #(#arms)*

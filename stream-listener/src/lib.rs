@@ -59,9 +59,6 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
-// The `ReportDebug` expansion names `::stream_listener`, here too.
-extern crate self as stream_listener;
-
 #[doc(hidden)]
 pub mod clock;
 pub mod connection;
@@ -117,7 +114,6 @@ pub mod __private {
     pub use crate::consumer::{
         AckPolicy, BoxedHandler, DeleteRef, Message, OnExhausted, RawMessage,
     };
-    pub use crate::report::report;
     pub use crate::runtime::registry::{registrations, ListenerRegistration, PayloadKind};
     pub use crate::runtime::{MissingState, State, States};
     pub use crate::topology::StartFrom;

@@ -35,9 +35,9 @@ pub(crate) fn causes(error: &(dyn Error + 'static)) -> Vec<String> {
     causes
 }
 
-/// Writes `error`'s report: its text, then `Caused by:` and the [`causes`] that add something, one a
-/// line (numbered when more than one).
-pub fn report(error: &(dyn Error + 'static), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// Writes `error`'s report: its text, then `Caused by:` and the causes that add something ([`causes`]),
+/// one a line (numbered when more than one).
+pub(crate) fn report(error: &(dyn Error + 'static), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     write!(f, "{error}")?;
     let causes = causes(error);
     if causes.is_empty() {

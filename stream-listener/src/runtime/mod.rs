@@ -177,7 +177,9 @@ impl Runtime {
     /// How long [`start`](Self::start) keeps trying to reach Redis before it gives up with
     /// [`RuntimeError::Unreachable`]. Default: no limit (it keeps trying, with exponential backoff from
     /// 100 ms to 5 s plus jitter, and logs each failed attempt), so a pod started before its Redis does not
-    /// crash-loop.
+    /// crash-loop. Only failures that may pass are retried: a wrong password, an ACL user without a
+    /// command, a database index out of range, a refused certificate or a server older than Redis 6.2
+    /// fail the start at once ([`RuntimeError::Refused`], see [`crate::preflight`]).
     pub fn startup_timeout(mut self, limit: Duration) -> Self {
         self.startup_timeout = Some(limit);
         self
