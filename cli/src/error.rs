@@ -16,6 +16,13 @@ pub enum CliError {
         /// Why.
         source: redis::RedisError,
     },
+    /// The Redis URL does not parse; names it (redacted) and where it came from.
+    #[error(transparent)]
+    InvalidUrl(#[from] stream_listener::connection::InvalidUrl),
+    /// Redis refused for a reason retrying would not change (a wrong password, an ACL user without a
+    /// command, a database index out of range, a refused certificate, a server too old).
+    #[error(transparent)]
+    RedisRefused(#[from] stream_listener::preflight::Refused),
     /// TLS files could not be read or hold no certificate or key; names the file.
     #[error("TLS: {0}")]
     Tls(#[from] stream_listener::tls::TlsError),

@@ -281,7 +281,18 @@ impl DeadLetterSelection {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // Named when the URL does not parse.
+    let url_origin = match matches.value_source("redis_url") {
+        Some(clap::parser::ValueSource::CommandLine) => "--redis-url",
+        Some(clap::parser::ValueSource::EnvVariable) => "the environment variable REDIS_URL",
+        _ => "the default of --redis-url",
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -292,7 +303,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, url_origin)) {
         Ok(output) => {
             print!("{output}");
             ExitCode::SUCCESS
@@ -305,14 +316,14 @@ fn main() -> ExitCode {
 }
 
 /// Runs one command; returns what to print.
-async fn run(cli: Cli) -> Result<String, CliError> {
+async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
     use commands::dead_letters;
     let tls = stream_listener::TlsFiles {
         ca_cert: cli.tls.tls_ca_cert,
         cert: cli.tls.tls_cert,
         key: cli.tls.tls_key,
     };
-    let mut ctx = Ctx::connect(&cli.redis_url, &tls).await?;
+    let mut ctx = Ctx::connect(&cli.redis_url, url_origin, &tls).await?;
     match cli.command {
         Command::Groups { scan_limit, output } => {
             commands::groups::run(&mut ctx, scan_limit, output.json).await

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use redis::Value;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
-use stream_listener::redact::redact_url;
+use stream_listener::preflight;
+use stream_listener::redact::{redact_url, RedisUrl};
 use stream_listener::reply::{xinfo_groups, GroupInfo};
 use stream_listener::store::{GroupKeys, GroupStore};
 use stream_listener::tls::TlsFiles;
@@ -29,16 +30,28 @@ impl Ctx {
     /// Connects, failing fast when Redis is unreachable. A `rediss://` URL uses TLS, trusting `tls.ca_cert`
     /// (else the system's roots) and presenting `tls.cert`/`tls.key` when given (the library's
     /// [`TlsFiles`], so the files are checked as the runtime checks them). A `redis+cluster://h:p,h:p`
-    /// URL connects to a Redis Cluster, `rediss+cluster://` over TLS, with the same files.
-    pub async fn connect(url: &str, tls: &TlsFiles) -> Result<Self, CliError> {
+    /// URL connects to a Redis Cluster, `rediss+cluster://` over TLS, with the same files. Checked first
+    /// as the runtime checks Redis at start ([`preflight::check`]): a wrong password, an ACL user without
+    /// a command, a database index out of range, a refused certificate or a server too old is named as
+    /// such. A URL that does not parse is named with `origin` (`--redis-url`, `REDIS_URL`).
+    pub async fn connect(
+        url: &str,
+        origin: &'static str,
+        tls: &TlsFiles,
+    ) -> Result<Self, CliError> {
         // The URL may carry a password: only its redacted form goes into the error.
         let connect_error = |source| CliError::Connect {
             url: redact_url(url),
             source,
         };
-        let mut target = RedisTarget::open(url).map_err(connect_error)?;
+        let mut target = RedisTarget::open_from(url, origin)?;
         if !tls.is_empty() {
             target = target.with_tls(tls.load()?).map_err(connect_error)?;
+        }
+        match preflight::check(&target, &RedisUrl::new(url)).await {
+            Ok(_) => {}
+            Err(preflight::Failure::Permanent(refused)) => return Err(refused.into()),
+            Err(preflight::Failure::Transient(error)) => return Err(connect_error(error)),
         }
         let options = ConnectOptions {
             connection_timeout: Some(Duration::from_secs(3)),

@@ -760,6 +760,30 @@ async fn unknown_group_corrupt_metadata_and_unreachable_redis_fail_clearly() {
 
     cli(&url, &["status", "--stream", "a{b", "--group", GROUP]).fails(1, "invalid name");
 
+    // A URL that does not parse names the flag it came from; one from the environment says so.
+    cli("127.0.0.1:6379", &["groups"]).fails(
+        1,
+        "error: Redis URL `127.0.0.1:6379` (from --redis-url) has no scheme",
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_stream-listener"))
+        .arg("groups")
+        .env("REDIS_URL", "http://127.0.0.1:6379")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: Redis URL `http://127.0.0.1:6379` (from the environment variable REDIS_URL) has \
+             the unknown scheme `http`"
+        ),
+        "{stderr}"
+    );
+
+    // A database the server does not have: refused at once, named.
+    let mut db = url.trim_end_matches('/').to_owned();
+    db.push_str("/99");
+    cli(&db, &["groups"]).fails(1, "the database index in the URL (`/<db>`) is out of range");
+
     // Nothing listens on port 1.
     cli(
         "redis://127.0.0.1:1/",
@@ -1528,7 +1552,7 @@ async fn credentials_never_appear_in_any_output() {
     }
     let stderr = cli(&wrong, &["status", "--stream", STREAM, "--group", GROUP]).fails(
         1,
-        &format!("cannot connect to Redis at redis://alice:***@127.0.0.1:{port}/"),
+        &format!("error: Redis at redis://alice:***@127.0.0.1:{port}/: authentication failed"),
     );
     assert!(!stderr.contains("not-topsecret"), "{stderr}");
     cli(&unreachable, &["groups"]).fails(1, "redis://alice:***@127.0.0.1:1/");

@@ -4,6 +4,7 @@
 //! hidden `__private` module, so this crate is not meant to be depended on directly.
 
 mod listener;
+mod report_debug;
 
 /// Registers an `async fn` as a consumer-group listener of a sharded stream.
 ///
@@ -28,4 +29,14 @@ pub fn stream_listener(
     item: proc_macro::TokenStream,
 ) -> proc_macro::TokenStream {
     listener::expand(args.into(), item.into()).into()
+}
+
+/// `Debug` for the runtime crate's public error types: `{:?}` is the error's report (its `Display` text
+/// and the causes that text does not already say, the form `main` prints when it returns the error),
+/// `{:#?}` the structure a derived `Debug` would print. Not public API: for the runtime crate's own
+/// error types, the expansion names its private `crate::report`.
+#[doc(hidden)]
+#[proc_macro_derive(ReportDebug)]
+pub fn report_debug(item: proc_macro::TokenStream) -> proc_macro::TokenStream {
+    report_debug::expand(syn::parse_macro_input!(item as syn::DeriveInput)).into()
 }

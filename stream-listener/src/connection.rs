@@ -87,6 +87,17 @@ impl RedisTarget {
         Ok(Self::Single(redis::Client::open(url)?))
     }
 
+    /// [`open`](Self::open), naming the URL (redacted) and where it came from (`origin`: `REDIS_URL`,
+    /// `Runtime::new`, a command-line flag) when it does not parse.
+    pub fn open_from(url: &str, origin: &'static str) -> Result<Self, InvalidUrl> {
+        Self::open(url).map_err(|error| InvalidUrl {
+            url: crate::redact::redact_url(url),
+            origin,
+            reason: url_problem(url),
+            error,
+        })
+    }
+
     /// A cluster reached through these seed nodes (`redis://` or `rediss://` URLs, or anything redis-rs
     /// turns into a connection info).
     pub fn cluster<T: IntoConnectionInfo>(seeds: impl IntoIterator<Item = T>) -> RedisResult<Self> {
@@ -242,16 +253,21 @@ impl RedisTarget {
         }
     }
 
-    /// `PING` through a fresh connection (the cluster: through its discovery), for startup checks.
-    pub(crate) async fn ping(&self) -> RedisResult<()> {
+    /// `INFO server` through a fresh connection (the cluster: through its discovery, of one node), for
+    /// the start's checks ([`crate::preflight`]): it connects, authenticates, selects the database and
+    /// reads the version in one round trip more.
+    pub(crate) async fn server_info(&self) -> RedisResult<String> {
         match self {
             Self::Single(client) => {
                 let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("PING").query_async::<()>(&mut conn).await
+                redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn)
+                    .await
             }
             Self::Cluster { .. } => {
                 let mut conn = self.connect(ConnectOptions::default()).await?;
-                redis::cmd("PING").query_async::<()>(&mut conn).await
+                conn.server_info().await
             }
         }
     }
@@ -280,6 +296,52 @@ fn cluster_seed_urls(scheme: &str, rest: &str) -> RedisResult<Vec<String>> {
         return Err(invalid("the cluster URL names no seed node"));
     }
     Ok(seeds)
+}
+
+/// The URL schemes [`RedisTarget::open`] reads.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "valkey",
+    "valkeys",
+    CLUSTER_SCHEME,
+    CLUSTER_TLS_SCHEME,
+];
+
+/// A Redis URL that does not parse: its text redacted, where it came from, and what is wrong with it.
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
+#[error(
+    "Redis URL `{url}` (from {origin}) {reason}: expected redis://[user:password@]host[:port][/db], \
+     rediss:// for TLS, redis+unix:///path, or redis+cluster://host:port,host:port"
+)]
+#[non_exhaustive]
+pub struct InvalidUrl {
+    /// The URL, credentials redacted.
+    pub url: String,
+    /// Where it came from: `the environment variable REDIS_URL`, `Runtime::new`, ...
+    pub origin: &'static str,
+    /// What is wrong with it, as far as can be told (`has no scheme`, `has the unknown scheme ...`).
+    pub reason: String,
+    /// redis-rs's error.
+    #[source]
+    pub error: redis::RedisError,
+}
+
+/// What is wrong with a URL that did not parse, for [`InvalidUrl`]: its scheme, or else its shape (a
+/// port that is not a number, no host, ...). Never quotes more of it than its scheme.
+fn url_problem(url: &str) -> String {
+    match url.split_once("://") {
+        None => "has no scheme".into(),
+        Some((scheme, _)) if !SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) => {
+            format!(
+                "has the unknown scheme `{}`",
+                crate::redact::redact_url(scheme)
+            )
+        }
+        Some(_) => "does not parse".into(),
+    }
 }
 
 fn invalid(detail: &'static str) -> redis::RedisError {
@@ -571,6 +633,28 @@ mod tests {
         );
         assert!(cluster_seed_urls("redis", "").is_err());
         assert!(cluster_seed_urls("redis", "pw@").is_err());
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_is_named_redacted_with_its_origin() {
+        let error =
+            RedisTarget::open_from("redis://:topsecret@host:port/", "Runtime::new").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Redis URL `redis://:***@host:port/` (from Runtime::new) does not parse: expected \
+             redis://[user:password@]host[:port][/db], rediss:// for TLS, redis+unix:///path, or \
+             redis+cluster://host:port,host:port"
+        );
+        assert!(!format!("{error:?}").contains("topsecret"));
+        assert!(!format!("{error:#?}").contains("topsecret"));
+        let error = RedisTarget::open_from("127.0.0.1:6379", "REDIS_URL").unwrap_err();
+        assert_eq!(error.reason, "has no scheme");
+        let error = RedisTarget::open_from("http://u:topsecret@h/", "REDIS_URL").unwrap_err();
+        assert_eq!(error.reason, "has the unknown scheme `http`");
+        assert_eq!(error.origin, "REDIS_URL");
+        let error = RedisTarget::open_from("redis+cluster://", "REDIS_URL").unwrap_err();
+        assert_eq!(error.reason, "does not parse");
+        assert!(RedisTarget::open_from("redis://127.0.0.1:6379/0", "REDIS_URL").is_ok());
     }
 
     #[test]

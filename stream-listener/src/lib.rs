@@ -74,18 +74,21 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod names;
 mod panic;
+pub mod preflight;
 pub mod producer;
 #[doc(hidden)]
 pub mod redact;
 pub mod replay;
 #[doc(hidden)]
 pub mod reply;
+mod report;
 pub mod routing;
 pub mod runtime;
 #[doc(hidden)]
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod throttle;
 pub mod tls;
 pub mod topology;
 #[doc(hidden)]

@@ -64,7 +64,7 @@ pub const PAYLOAD_FIELD: &str = crate::names::field::PAYLOAD;
 pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 
 /// Errors from publishing.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum ProducerError {
     /// The stream's topology is missing, corrupt, or could not be read.
@@ -92,6 +92,13 @@ pub enum ProducerError {
     /// The TLS files of [`Producer::connect_with_tls`] cannot be used; names the file.
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    /// The URL given to [`Producer::connect`] (or its variants) does not parse; names it, redacted.
+    #[error(transparent)]
+    InvalidUrl(#[from] crate::connection::InvalidUrl),
+    /// Redis refused the connection for a reason retrying would not change (a wrong password, an ACL
+    /// user without a command, a database index out of range, a refused certificate, a server too old).
+    #[error(transparent)]
+    Refused(#[from] crate::preflight::Refused),
     /// [`Producer::send_fields`] was given a field the library writes itself (`k` or `v`).
     #[error("field `{0}` is reserved (the partition key `k` and the topology version `v`)")]
     ReservedField(String),
@@ -260,7 +267,16 @@ async fn connect_url(
     url: &str,
     tls: &TlsFiles,
 ) -> Result<crate::connection::Connection, ProducerError> {
-    let target = crate::tls::open_target::<ProducerError>(url, tls)?;
+    let target =
+        crate::tls::open_target::<ProducerError>(url, "the url of Producer::connect", tls)?;
+    // What will never pass fails at once, as the runtime's start does; anything else is left to the
+    // connection's own retries.
+    let url = crate::redact::RedisUrl::new(url);
+    if let Err(crate::preflight::Failure::Permanent(refused)) =
+        crate::preflight::check(&target, &url).await
+    {
+        return Err(refused.into());
+    }
     Ok(target
         .connect(crate::connection::ConnectOptions::default())
         .await?)

@@ -85,7 +85,7 @@ pub fn shard_stream_key(prefix: &str, index: u32) -> String {
 }
 
 /// Why a stream prefix was rejected by [`validate_prefix`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum PrefixError {
     /// The prefix is empty.

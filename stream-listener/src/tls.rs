@@ -31,7 +31,7 @@ pub struct TlsFiles {
 }
 
 /// Why the TLS files cannot be used. Names the file, never its contents.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
@@ -168,13 +168,17 @@ fn invalid(path: &Path, what: &'static str, reason: &'static str) -> TlsError {
     }
 }
 
-/// `url` as a [`RedisTarget`](crate::connection::RedisTarget), with `tls`'s certificates when any file is named:
-/// what the runtime and the producer connect to.
-pub(crate) fn open_target<E>(url: &str, tls: &TlsFiles) -> Result<crate::connection::RedisTarget, E>
+/// `url` (from `origin`, named if it does not parse) as a [`RedisTarget`](crate::connection::RedisTarget),
+/// with `tls`'s certificates when any file is named: what the runtime and the producer connect to.
+pub(crate) fn open_target<E>(
+    url: &str,
+    origin: &'static str,
+    tls: &TlsFiles,
+) -> Result<crate::connection::RedisTarget, E>
 where
-    E: From<redis::RedisError> + From<TlsError>,
+    E: From<redis::RedisError> + From<TlsError> + From<crate::connection::InvalidUrl>,
 {
-    let target = crate::connection::RedisTarget::open(url)?;
+    let target = crate::connection::RedisTarget::open_from(url, origin)?;
     if tls.is_empty() {
         return Ok(target);
     }

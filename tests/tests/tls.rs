@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use stream_listener::preflight::Refusal;
 use stream_listener::store::GroupKeys;
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, RuntimeError, TlsFiles};
 use stream_listener_test_support::tls::{ClientCerts, TlsRedisServer};
@@ -115,18 +116,21 @@ async fn without_the_client_certificate_or_the_authority_the_connection_is_refus
         ca_cert: Some(redis.file("ca.pem")),
         ..TlsFiles::default()
     };
+    // A certificate problem is a start error at once, not retried.
     let error = start_error(&url, ca_only.clone()).await;
     let text = error.to_string();
     assert!(
-        matches!(error, RuntimeError::Unreachable { .. }),
+        matches!(&error, RuntimeError::Refused(refused) if refused.refusal == Refusal::Certificate),
         "{error:?}"
     );
     assert!(
-        text.starts_with(&format!("Redis at {url} unreachable")),
+        text.starts_with(&format!(
+            "Redis at {url}: the TLS handshake failed on a certificate"
+        )),
         "{text}"
     );
     // The server's alert, as rustls reports it.
-    assert!(text.ends_with("CertificateRequired"), "{text}");
+    assert!(text.ends_with("CertificateRequired)"), "{text}");
     let error = Producer::connect_with_tls(&url, "refused", &ca_only)
         .await
         .expect_err("the producer must not connect without its certificate");
@@ -140,7 +144,9 @@ async fn without_the_client_certificate_or_the_authority_the_connection_is_refus
     };
     let text = start_error(&url, no_ca).await.to_string();
     assert!(
-        text.starts_with(&format!("Redis at {url} unreachable")),
+        text.starts_with(&format!(
+            "Redis at {url}: the TLS handshake failed on a certificate"
+        )),
         "{text}"
     );
     assert!(text.contains("UnknownIssuer"), "{text}");
@@ -252,7 +258,7 @@ async fn a_cluster_requiring_client_certificates_serves_a_runtime_and_a_producer
     };
     let error = start_error(&url, ca_only).await;
     assert!(
-        matches!(error, RuntimeError::Unreachable { .. }),
+        matches!(&error, RuntimeError::Refused(refused) if refused.refusal == Refusal::Certificate),
         "{error:?}"
     );
     assert!(error.to_string().contains("CertificateRequired"), "{error}");

@@ -71,6 +71,7 @@ mod unblock;
 mod wait;
 mod wait_spec;
 
+pub use crate::preflight::ServerVersion;
 pub use config::{AckPolicy, ConsumerConfig, DeleteRef, FailurePolicy, OnExhausted, Retention};
 pub use fields::{FieldError, Fields};
 pub use hooks::LifecycleHooks;
@@ -79,7 +80,7 @@ pub use message::{
     RawMessage,
 };
 pub use retention::trimmed_unread;
-pub use shard_io::{dead_letter_fields, other_groups, ServerVersion, KEY_FIELD, PAYLOAD_FIELD};
+pub use shard_io::{dead_letter_fields, other_groups, KEY_FIELD, PAYLOAD_FIELD};
 
 use std::sync::Arc;
 
@@ -90,7 +91,7 @@ use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 use shard_io::ShardIo;
 
 /// Why a consumer could not start.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum ConsumerError {
     /// Connecting to Redis or reading its version failed.
@@ -167,7 +168,7 @@ impl std::fmt::Debug for Consumer {
 
 impl Consumer {
     /// Open the shared connection, detect the server version (to pick `XACKDEL` or the script) and check
-    /// the configuration and the server (Redis >= 6.2, for `XAUTOCLAIM`; a `maxmemory-policy` that does
+    /// the configuration and the server (Redis >= 6.2, [`crate::preflight::MINIMUM_VERSION`]; a `maxmemory-policy` that does
     /// not evict any key: [`ConsumerError::EvictionPolicy`] for `allkeys-*`, a WARN for `volatile-*`). No shard is read until the
     /// first [`ShardCommand::Assign`].
     pub async fn connect(
@@ -201,12 +202,8 @@ impl Consumer {
         }
         let io = ShardIo::connect(client, config).await?;
         retention::check_eviction_policy(&mut io.conn.clone()).await?;
-        let version = io.version;
-        if version.major != 0 && !version.valkey && (version.major, version.minor) < (6, 2) {
-            return Err(ConsumerError::Config(format!(
-                "Redis {}.{}.{} is too old: taking over shards needs XAUTOCLAIM (Redis >= 6.2)",
-                version.major, version.minor, version.patch
-            )));
+        if let Some(refusal) = crate::preflight::version_refusal(io.version) {
+            return Err(ConsumerError::Config(refusal.to_string()));
         }
         Ok(Self {
             io: Arc::new(io),

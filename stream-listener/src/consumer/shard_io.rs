@@ -8,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Script, Value};
 
 use crate::connection::{ConnectOptions, Connection, RedisTarget};
+use crate::preflight::ServerVersion;
 use crate::reply;
 
 use super::config::{AckPolicy, ConsumerConfig};
@@ -19,49 +20,6 @@ pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
 /// Field names the consumer adds to a dead-letter entry ([`crate::names::dead_letter_field`]).
 pub use crate::names::dead_letter_field as dead_letter_fields;
-
-/// A Redis server version, read from `INFO server` to choose between `XACKDEL` and the script.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServerVersion {
-    /// Major version.
-    pub major: u32,
-    /// Minor version.
-    pub minor: u32,
-    /// Patch version.
-    pub patch: u32,
-    /// Whether the server is Valkey (it reports a `redis_version` of 7.2 for compatibility).
-    pub valkey: bool,
-}
-
-impl ServerVersion {
-    /// Parse the text of `INFO server`; Valkey's own `valkey_version` wins over its `redis_version`.
-    pub fn from_info(info: &str) -> Option<Self> {
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':').map(str::trim))
-        };
-        let (text, valkey) = match field("valkey_version") {
-            Some(v) => (v, true),
-            None => (field("redis_version")?, false),
-        };
-        let mut parts = text.split('.').map(|p| p.parse::<u32>().ok());
-        let major = parts.next()??;
-        let minor = parts.next().flatten().unwrap_or(0);
-        let patch = parts.next().flatten().unwrap_or(0);
-        Some(Self {
-            major,
-            minor,
-            patch,
-            valkey,
-        })
-    }
-
-    /// Whether the server has `XACKDEL` (Redis 8.2, Valkey 9.2).
-    pub fn has_xackdel(self) -> bool {
-        let since = if self.valkey { (9, 2) } else { (8, 2) };
-        (self.major, self.minor) >= since
-    }
-}
 
 /// Acknowledge the ids, then delete them per `ARGV[2]` (KEEPREF, DELREF, ACKED): `XACKDEL` for servers
 /// older than 8.2. Atomic because it is one script.
@@ -601,23 +559,6 @@ impl Acknowledge for ShardIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_versions() {
-        let v =
-            ServerVersion::from_info("# Server\r\nredis_version:7.0.15\r\nfoo:bar\r\n").unwrap();
-        assert_eq!((v.major, v.minor, v.patch, v.valkey), (7, 0, 15, false));
-        assert!(!v.has_xackdel());
-        assert!(ServerVersion::from_info("redis_version:8.2.1\r\n")
-            .unwrap()
-            .has_xackdel());
-        assert!(!ServerVersion::from_info("redis_version:8.0.0\r\n")
-            .unwrap()
-            .has_xackdel());
-        let valkey =
-            ServerVersion::from_info("redis_version:7.2.4\r\nvalkey_version:9.2.0\r\n").unwrap();
-        assert!(valkey.valkey && valkey.has_xackdel());
-    }
 
     #[test]
     fn parses_read_reply() {

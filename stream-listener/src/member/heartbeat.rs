@@ -154,6 +154,8 @@ impl MemberLoop {
         let local = move || deadline.local_now();
         let mut next_heartbeat = Instant::now();
         let mut failures = 0u32;
+        // The WARNs of failed heartbeats: an outage fails every one until Redis is back.
+        let mut warnings = crate::throttle::Throttle::default();
         let mut counts = Counts::default();
         let mut leave_deadline: Option<Instant> = None;
         let mut reports_open = true;
@@ -233,6 +235,7 @@ impl MemberLoop {
                     if failures > 0 {
                         tracing::info!(member = %self.session.member_id(), failures, "heartbeat recovered");
                     }
+                    warnings.clear();
                     failures = 0;
                     *counts
                         .heartbeats
@@ -276,13 +279,17 @@ impl MemberLoop {
                 Ok(Err(error)) => {
                     failures += 1;
                     *counts.heartbeats.entry("error").or_insert(0) += 1;
-                    tracing::warn!(member = %self.session.member_id(), %error, failures, "heartbeat failed");
+                    if let Some(not_logged) = warnings.admit(local()) {
+                        tracing::warn!(member = %self.session.member_id(), %error, failures, not_logged, "heartbeat failed");
+                    }
                     next_heartbeat = Instant::now() + backoff(failures, interval);
                 }
                 Err(_) => {
                     failures += 1;
                     *counts.heartbeats.entry("timeout").or_insert(0) += 1;
-                    tracing::warn!(member = %self.session.member_id(), failures, "heartbeat timed out");
+                    if let Some(not_logged) = warnings.admit(local()) {
+                        tracing::warn!(member = %self.session.member_id(), failures, not_logged, "heartbeat timed out");
+                    }
                     next_heartbeat = Instant::now() + backoff(failures, interval);
                 }
             }

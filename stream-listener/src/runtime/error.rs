@@ -1,5 +1,7 @@
 //! [`RuntimeError`]: why the runtime could not start, or stopped.
 
+use stream_listener_macros::ReportDebug;
+
 use crate::consumer::ConsumerError;
 use crate::store::StoreError;
 use crate::topology::TopologyError;
@@ -9,7 +11,7 @@ use super::startup::Unreachable;
 use super::state::MissingState;
 
 /// Why the runtime could not start, or stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, ReportDebug)]
 #[non_exhaustive]
 pub enum RuntimeError {
     /// Redis is unreachable or failed.
@@ -27,6 +29,14 @@ pub enum RuntimeError {
     /// A consumer could not start.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
+    /// The Redis URL does not parse; names it (redacted) and where it came from (`REDIS_URL`,
+    /// `Runtime::new`).
+    #[error(transparent)]
+    InvalidUrl(#[from] crate::connection::InvalidUrl),
+    /// Redis answered, and will refuse every attempt the same way (a wrong password, an ACL user without a
+    /// command, a database index out of range, a refused certificate, a server too old): not retried.
+    #[error(transparent)]
+    Refused(#[from] crate::preflight::Refused),
     /// Redis did not answer within the startup limit ([`Runtime::startup_timeout`](super::Runtime::startup_timeout)).
     #[error(transparent)]
     Unreachable(#[from] Unreachable),
@@ -37,6 +47,17 @@ pub enum RuntimeError {
         /// The shutdown timeout.
         timeout_ms: u64,
         /// One line per member that did not stop: its id, the shards it still owned, its running handlers.
+        stuck: Vec<String>,
+    },
+    /// A second stop signal came during the graceful shutdown ([`RunningRuntime::run_until_signal`](super::RunningRuntime::run_until_signal)):
+    /// what was still running was aborted at once (entries in flight stay pending for the next owner).
+    #[error(
+        "shutdown forced by a second signal; aborted: {}",
+        if .stuck.is_empty() { "nothing".to_owned() } else { .stuck.join("; ") }
+    )]
+    ShutdownForced {
+        /// One line per member that had not stopped: its id, the shards it still owned, its running
+        /// handlers.
         stuck: Vec<String>,
     },
     /// [`RunningRuntime::pause`](super::RunningRuntime::pause) or [`RunningRuntime::resume`](super::RunningRuntime::resume) got an id no listener of this runtime has.
@@ -75,6 +96,23 @@ pub enum RuntimeError {
     /// A runtime setting from the environment ([`Runtime::from_env`](super::Runtime::from_env)) does not parse.
     #[error("invalid environment: {0}")]
     InvalidEnvironment(String),
+    /// [`Runtime::from_env`](super::Runtime::from_env) found `STREAM_LISTENER_*` variables that neither
+    /// the runtime nor any of its listeners reads (a typo), each named with the nearest valid name.
+    #[error(
+        "unknown environment variable{} {}: stream-listener reads STREAM_LISTENER_<SETTING> (MEMBER_ID, \
+         HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS, REBALANCE_TIMEOUT_MS, DEFAULT_SHARD_COUNT) and \
+         STREAM_LISTENER_<LISTENER>_<SETTING> for its listeners ({}); fix or remove {}",
+        if .variables.len() == 1 { "" } else { "s" },
+        .variables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        .listeners.join(", "),
+        if .variables.len() == 1 { "it" } else { "them" }
+    )]
+    UnknownEnvironment {
+        /// Each unknown variable, with the valid name nearest to it.
+        variables: Vec<super::UnknownVariable>,
+        /// The names of the runtime's listeners (`<LISTENER>` is one, upper-cased).
+        listeners: Vec<String>,
+    },
     /// A handler takes a [`State<T>`](super::State) whose type nobody registered.
     #[error("listener {listener}: {missing}")]
     MissingState {

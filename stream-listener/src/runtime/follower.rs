@@ -28,6 +28,10 @@ pub(super) async fn follow_topology(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut warned_missing = false;
+    // The WARNs of reads that fail: a Redis outage fails every tick until it is over.
+    let mut warnings = crate::throttle::Throttle::default();
+    let started = tokio::time::Instant::now();
+    let now = || crate::clock::LocalMillis(started.elapsed().as_millis() as i64);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -59,10 +63,13 @@ pub(super) async fn follow_topology(
                 continue;
             }
             Err(error) => {
-                tracing::warn!(%stream, %error, "cannot read the stream's topology");
+                if let Some(not_logged) = warnings.admit(now()) {
+                    tracing::warn!(%stream, %error, not_logged, "cannot read the stream's topology");
+                }
                 continue;
             }
         };
+        warnings.clear();
         warned_missing = false;
         if !topology.draining_shards().is_empty() {
             match Topology::retire_drained(&mut conn, &stream).await {
@@ -84,7 +91,9 @@ pub(super) async fn follow_topology(
             // Its members have not committed it yet (or lost it): they create it with the right count.
             Err(StoreError::Missing { .. }) => continue,
             Err(error) => {
-                tracing::warn!(%stream, %group, %error, "cannot read the group's metadata");
+                if let Some(not_logged) = warnings.admit(now()) {
+                    tracing::warn!(%stream, %group, %error, not_logged, "cannot read the group's metadata");
+                }
                 continue;
             }
         };

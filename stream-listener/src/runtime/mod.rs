@@ -40,6 +40,7 @@ use crate::store::{GroupKeys, GroupStore};
 use crate::tls::TlsFiles;
 
 pub use builder::ConsumerBuilder;
+pub use env::UnknownVariable;
 pub use error::RuntimeError;
 pub use running::RunningRuntime;
 pub use spec::{InvalidListener, ListenerSpec, Origin};
@@ -57,6 +58,8 @@ pub const DEFAULT_SHARD_COUNT: u32 = 16;
 pub struct Runtime {
     /// Redacted in `Debug`: the URL may carry a password.
     redis_url: crate::redact::RedisUrl,
+    /// Where the URL came from, named when it does not parse.
+    url_origin: &'static str,
     /// Certificates for `rediss://` beyond the system's roots (paths only: read at start).
     tls: TlsFiles,
     base_member_id: Option<String>,
@@ -72,6 +75,9 @@ pub struct Runtime {
     env_overrides: bool,
     /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
     env_errors: Vec<String>,
+    /// The `STREAM_LISTENER_*` variables set when [`from_env`](Runtime::from_env) ran (`None`: not
+    /// from the environment); `start` refuses those no listener or setting reads.
+    env_names: Option<Vec<String>>,
 }
 
 impl Runtime {
@@ -79,6 +85,7 @@ impl Runtime {
     pub fn new(redis_url: impl Into<String>) -> Self {
         Self {
             redis_url: crate::redact::RedisUrl::new(redis_url),
+            url_origin: "Runtime::new",
             tls: TlsFiles::default(),
             base_member_id: None,
             group_config: GroupConfig::default(),
@@ -91,6 +98,7 @@ impl Runtime {
             hooks: Vec::new(),
             env_overrides: true,
             env_errors: Vec::new(),
+            env_names: None,
         }
     }
 
@@ -101,8 +109,21 @@ impl Runtime {
     /// streams it creates from `STREAM_LISTENER_DEFAULT_SHARD_COUNT` (a value that does not parse makes
     /// [`start`](Self::start) fail with [`RuntimeError::InvalidEnvironment`]). Listener settings have their
     /// own overrides ([`ListenerSpec::apply_env`]).
+    ///
+    /// Every other variable that starts with `STREAM_LISTENER_` (and is not empty) makes `start` fail
+    /// with [`RuntimeError::UnknownEnvironment`], naming the valid name nearest to it: a typo would
+    /// otherwise start the members with their defaults, silently.
     pub fn from_env() -> Self {
-        Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+        let lookup = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let names = std::env::vars_os()
+            .filter_map(|(name, value)| {
+                let set = !value.to_string_lossy().trim().is_empty();
+                name.into_string()
+                    .ok()
+                    .filter(|n| set && n.starts_with("STREAM_LISTENER_"))
+            })
+            .collect();
+        Self::from_variables(lookup, names)
     }
 
     /// The TLS files of a `rediss://` or `rediss+cluster://` URL: a certificate authority to trust
@@ -158,7 +179,9 @@ impl Runtime {
     /// How long [`start`](Self::start) keeps trying to reach Redis before it gives up with
     /// [`RuntimeError::Unreachable`]. Default: no limit (it keeps trying, with exponential backoff from
     /// 100 ms to 5 s plus jitter, and logs each failed attempt), so a pod started before its Redis does not
-    /// crash-loop.
+    /// crash-loop. Only failures that may pass are retried: a wrong password, an ACL user without a
+    /// command, a database index out of range, a refused certificate or a server older than Redis 6.2
+    /// fail the start at once ([`RuntimeError::Refused`], see [`crate::preflight`]).
     pub fn startup_timeout(mut self, limit: Duration) -> Self {
         self.startup_timeout = Some(limit);
         self
@@ -226,8 +249,14 @@ impl Runtime {
         if !self.env_errors.is_empty() {
             return Err(RuntimeError::InvalidEnvironment(self.env_errors.join("; ")));
         }
-        let plans = plan::plans(&self, self.specs(), |name| std::env::var(name).ok())?;
-        let client = crate::tls::open_target::<RuntimeError>(self.redis_url.expose(), &self.tls)?;
+        let specs = self.specs();
+        self.check_env_names(&specs)?;
+        let plans = plan::plans(&self, specs, |name| std::env::var(name).ok())?;
+        let client = crate::tls::open_target::<RuntimeError>(
+            self.redis_url.expose(),
+            self.url_origin,
+            &self.tls,
+        )?;
         startup::wait_for_redis(&client, &self.redis_url, self.startup_timeout).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (exits, exits_rx) = mpsc::unbounded_channel();

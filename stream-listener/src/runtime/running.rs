@@ -44,8 +44,17 @@ impl RunningRuntime {
     /// running.run_until_signal().await
     /// # }
     /// ```
+    ///
+    /// A second signal during the graceful stop (the operator's second ctrl-c) aborts what is still
+    /// running at once: the result is then [`RuntimeError::ShutdownForced`], naming it.
     pub async fn run_until_signal(self) -> Result<(), RuntimeError> {
-        self.run_until(super::signal::wait_for_signal()).await
+        // The second listener is made only when polled, after the first signal: one signal never
+        // completes both.
+        self.run_until_forced(
+            super::signal::wait_for_signal(),
+            super::signal::wait_for_signal(),
+        )
+        .await
     }
 
     /// Runs until `stop` completes (a signal of the application's own, a channel), then
@@ -53,19 +62,29 @@ impl RunningRuntime {
     /// supervised task that stops first is logged at ERROR, the rest is shut down, and the result is
     /// [`RuntimeError::TaskStopped`] naming it.
     pub async fn run_until(
+        self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        self.run_until_forced(stop, std::future::pending()).await
+    }
+
+    /// [`run_until`](Self::run_until), where `force` completing during the graceful stop aborts what is
+    /// still running ([`RuntimeError::ShutdownForced`]).
+    async fn run_until_forced(
         mut self,
         stop: impl std::future::Future<Output = ()>,
+        force: impl std::future::Future<Output = ()>,
     ) -> Result<(), RuntimeError> {
         let exit = tokio::select! {
             () = stop => None,
             Some(exit) = self.exits.recv() => Some(exit),
         };
         let Some(exit) = exit else {
-            tracing::info!("shutting down");
-            return self.stop().await;
+            tracing::info!("shutting down (a second signal aborts what is still running)");
+            return self.stop_or_force(force).await;
         };
         tracing::error!(owner = %exit.owner, task = exit.task, reason = %exit.reason, "a task of the runtime stopped while running; shutting the runtime down");
-        if let Err(error) = self.stop().await {
+        if let Err(error) = self.stop_or_force(force).await {
             tracing::error!(%error, "shutdown incomplete");
         }
         Err(RuntimeError::TaskStopped {
@@ -161,6 +180,15 @@ impl RunningRuntime {
     /// [`RuntimeError::ShutdownTimedOut`] naming every member that did not stop in time (its shards and
     /// running handlers). Those are aborted: their entries stay pending and the next owner claims them.
     pub async fn stop(self) -> Result<(), RuntimeError> {
+        self.stop_or_force(std::future::pending()).await
+    }
+
+    /// [`stop`](Self::stop), unless `force` completes first: then every member not stopped yet is aborted
+    /// at once and reported ([`RuntimeError::ShutdownForced`]).
+    async fn stop_or_force(
+        self,
+        force: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
         for member in &self.members {
             member.probe.take_aborted();
         }
@@ -170,25 +198,22 @@ impl RunningRuntime {
             follower.abort();
         }
         let deadline = begun + self.timeout + Duration::from_secs(1);
+        let mut force = Forced::new(force);
         let mut stuck = Vec::new();
-        for member in self.members {
-            let heartbeat = member.heartbeat_task.abort_handle();
+        for mut member in self.members {
             // The heartbeat loop gives up the leave at the shutdown timeout (and fences the consumer).
-            let heartbeat_late = tokio::time::timeout_at(deadline, member.heartbeat_task)
+            let heartbeat_late = !force
+                .finished_by(&mut member.heartbeat_task, deadline)
                 .await
-                .is_err()
                 || begun.elapsed() >= self.timeout;
             if heartbeat_late {
                 member.span.in_scope(|| {
                     tracing::warn!("the leave did not complete within the shutdown timeout")
                 });
-                heartbeat.abort();
+                member.heartbeat_task.abort();
             }
             // The heartbeat loop is gone, so the command channel is closed and the consumer winds down.
-            let consumer = member.consumer_task.abort_handle();
-            let consumer_late = tokio::time::timeout_at(deadline, member.consumer_task)
-                .await
-                .is_err();
+            let consumer_late = !force.finished_by(&mut member.consumer_task, deadline).await;
             if heartbeat_late || consumer_late {
                 let mut handlers = member.probe.take_aborted();
                 handlers.extend(member.probe.in_flight());
@@ -203,17 +228,55 @@ impl RunningRuntime {
                 member
                     .span
                     .in_scope(|| tracing::warn!(stuck = %what, "did not stop in time; aborting"));
-                consumer.abort();
+                member.consumer_task.abort();
                 stuck.push(what);
             }
         }
-        if stuck.is_empty() {
+        if force.forced {
+            Err(RuntimeError::ShutdownForced { stuck })
+        } else if stuck.is_empty() {
             Ok(())
         } else {
             Err(RuntimeError::ShutdownTimedOut {
                 timeout_ms: self.timeout.as_millis() as u64,
                 stuck,
             })
+        }
+    }
+}
+
+/// The future that forces a shutdown (a second signal), which stays forced once it has completed.
+struct Forced<F> {
+    force: std::pin::Pin<Box<F>>,
+    forced: bool,
+}
+
+impl<F: std::future::Future<Output = ()>> Forced<F> {
+    fn new(force: F) -> Self {
+        Self {
+            force: Box::pin(force),
+            forced: false,
+        }
+    }
+
+    /// Waits for `task` until `deadline` or until the shutdown is forced; whether it finished.
+    async fn finished_by(
+        &mut self,
+        task: &mut JoinHandle<()>,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        if self.forced {
+            return task.is_finished();
+        }
+        tokio::select! {
+            biased;
+            _ = task => true,
+            () = tokio::time::sleep_until(deadline) => false,
+            () = self.force.as_mut() => {
+                tracing::warn!("a second stop signal: aborting what is still running");
+                self.forced = true;
+                false
+            }
         }
     }
 }
@@ -369,6 +432,34 @@ mod tests {
         assert!(
             !matches!(done, Err(RuntimeError::TaskStopped { .. })),
             "{done:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_signal_aborts_a_stuck_stop_at_once_naming_what_was_stuck() {
+        let mut running = one_member(std::future::pending());
+        // Without the second signal this stop would wait out a shutdown timeout of ten minutes.
+        running.timeout = Duration::from_secs(600);
+        let result = tokio::time::timeout(
+            Duration::from_secs(10),
+            running.run_until_forced(async {}, async {}),
+        )
+        .await
+        .expect("the second signal ended the stop at once");
+        let Err(RuntimeError::ShutdownForced { stuck }) = &result else {
+            panic!("{result:?}");
+        };
+        assert_eq!(stuck.len(), 1, "{stuck:?}");
+        assert!(
+            stuck[0].starts_with("member pod-1-m0 (leave not completed"),
+            "{stuck:?}"
+        );
+        let text = result.unwrap_err().to_string();
+        assert!(
+            text.starts_with(
+                "shutdown forced by a second signal; aborted: member pod-1-m0 (leave not completed"
+            ),
+            "{text}"
         );
     }
 

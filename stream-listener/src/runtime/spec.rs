@@ -104,8 +104,26 @@ pub struct ListenerSpec {
     pub(crate) hooks: crate::consumer::LifecycleHooks,
 }
 
+/// The `<SETTING>`s of `STREAM_LISTENER_<NAME>_<SETTING>` that [`ListenerSpec::apply_env`] reads: every
+/// other name with a listener's prefix is refused at start ([`RuntimeError::UnknownEnvironment`](super::RuntimeError::UnknownEnvironment)).
+pub(crate) const ENV_SETTINGS: &[&str] = &[
+    "STREAM",
+    "GROUP",
+    "CONCURRENCY",
+    "MEMBER_ID",
+    "RUNTIME_MAX_CONCURRENCY",
+    "WEIGHT",
+    "BATCH_SIZE",
+    "BLOCK_MS",
+    "HANDLER_TIMEOUT_MS",
+    "MAX_DELIVERIES",
+    "DEAD_LETTER",
+    "START_FROM",
+    "SHARD_COUNT",
+];
+
 /// A listener that cannot start, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error("listener {listener}: {reason}")]
 pub struct InvalidListener {
     /// The listener ([`Origin`]).
@@ -427,6 +445,25 @@ mod tests {
         expected.runtime_max_concurrency = 1;
         assert_eq!(spec.consumer_config("m"), expected);
         assert_eq!(spec.start_from, StartFrom::Earliest);
+    }
+
+    #[test]
+    fn the_settings_the_environment_may_name_are_those_apply_env_reads() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        spec()
+            .apply_env(|name: &str| {
+                asked.borrow_mut().push(name.to_owned());
+                None
+            })
+            .unwrap();
+        let expected: Vec<String> = ENV_SETTINGS
+            .iter()
+            .map(|s| format!("STREAM_LISTENER_ORDERS_BILLING_{s}"))
+            .collect();
+        let (mut asked, mut expected) = (asked.into_inner(), expected);
+        asked.sort();
+        expected.sort();
+        assert_eq!(asked, expected);
     }
 
     #[test]

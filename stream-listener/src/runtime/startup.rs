@@ -1,12 +1,17 @@
 //! Waiting for Redis at startup: a pod often starts before its Redis answers (a rollout, a node restart).
 //! Failing at once turns that into a crash loop, so the runtime retries with bounded exponential backoff
-//! and jitter, logging every failed attempt, until Redis answers or the configured limit passes.
+//! and jitter, logging every failed attempt, until Redis answers or the configured limit passes. What
+//! will never pass (a wrong password, an ACL user without a command, a database index out of range, a
+//! refused certificate, a server too old: [`crate::preflight`]) is a start error at once.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::preflight::Failure;
 use crate::redact::RedisUrl;
+
+use super::RuntimeError;
 
 /// The target these lines had before this file moved into `runtime/`, kept for log filters that name it.
 const LOG_TARGET: &str = "stream_listener::startup";
@@ -15,8 +20,6 @@ const LOG_TARGET: &str = "stream_listener::startup";
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between attempts.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Bound of one attempt (connect plus `PING`).
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The wait before attempt `attempt + 1` (0-based): `100 ms * 2^attempt`, at most 5 s, then a random
 /// 50 % to 100 % of it, so a fleet restarted at once does not reconnect in lockstep.
@@ -29,7 +32,7 @@ pub(crate) fn backoff(attempt: u32, random: u64) -> Duration {
 }
 
 /// Redis did not answer within the startup limit.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error("Redis at {url} unreachable for {waited_ms} ms ({attempts} attempts): {last_error}")]
 pub struct Unreachable {
     /// The URL, credentials redacted.
@@ -42,29 +45,28 @@ pub struct Unreachable {
     pub last_error: redis::RedisError,
 }
 
-/// Connects and `PING`s until Redis answers, or `limit` (if any) has passed.
+/// Checks Redis ([`crate::preflight::check`]) until it answers, a permanent failure
+/// ([`RuntimeError::Refused`]), or `limit` (if any) has passed ([`RuntimeError::Unreachable`]).
 pub(crate) async fn wait_for_redis(
     client: &crate::connection::RedisTarget,
     url: &RedisUrl,
     limit: Option<Duration>,
-) -> Result<(), Unreachable> {
+) -> Result<(), RuntimeError> {
     let start = Instant::now();
     let mut attempt = 0u32;
     loop {
-        let result = tokio::time::timeout(ATTEMPT_TIMEOUT, client.ping()).await;
-        let error = match result {
-            Ok(Ok(())) => {
+        let error = match crate::preflight::check(client, url).await {
+            Ok(_) => {
                 if attempt > 0 {
                     tracing::info!(target: LOG_TARGET, %url, attempts = attempt + 1, "Redis reachable");
                 }
                 return Ok(());
             }
-            Ok(Err(error)) => error,
-            Err(_) => redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "connect and PING timed out",
-                format!("no answer within {ATTEMPT_TIMEOUT:?}"),
-            )),
+            Err(Failure::Permanent(refused)) => {
+                tracing::error!(target: LOG_TARGET, error = %refused, "Redis refused the start; not retrying");
+                return Err(refused.into());
+            }
+            Err(Failure::Transient(error)) => error,
         };
         attempt += 1;
         let wait = backoff(attempt - 1, crate::util::random_u64());
@@ -77,7 +79,8 @@ pub(crate) async fn wait_for_redis(
                     attempts: attempt,
                     waited_ms: waited.as_millis() as u64,
                     last_error: error,
-                });
+                }
+                .into());
             }
         }
         tracing::warn!(target: LOG_TARGET, %url, attempt, %error, retry_in = ?wait, "Redis unreachable at startup; retrying");

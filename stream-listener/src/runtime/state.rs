@@ -40,7 +40,7 @@ impl std::fmt::Debug for States {
 }
 
 /// A handler asks for a state of a type nobody registered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error("the handler takes `State<{type_name}>` but no value of that type was registered: call `Runtime::state(..)` or `ConsumerBuilder::state(..)` with one")]
 pub struct MissingState {
     /// The state type the handler asks for.

@@ -6,7 +6,7 @@ use crate::coordinator::metadata::MetadataError;
 use super::MAX_ATTEMPTS;
 
 /// Why the store could not apply an input.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Redis failed or is unreachable.

@@ -94,7 +94,7 @@ pub const VERSION_ENTRY_FIELD: &str = crate::names::field::VERSION;
 pub const DEFAULT_RESIZE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Errors reading or changing a stream's topology.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[non_exhaustive]
 pub enum TopologyError {
     /// The stream prefix cannot name a sharded stream.

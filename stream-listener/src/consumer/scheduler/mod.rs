@@ -56,6 +56,7 @@ use std::time::Duration;
 use crate::clock::LocalMillis;
 use crate::consumer::hooks::HookCall;
 use crate::member::lifecycle::FencingToken;
+use crate::throttle::Throttle;
 
 pub(crate) use command::{Command, JobPlan, ProbeEvent, Report};
 pub(crate) use job_end::{end_of, JobEnd, JobReport, WaitReport};
@@ -88,6 +89,12 @@ impl From<LocalMillis> for Millis {
         } else {
             Millis(u64::try_from(local.0).unwrap_or(0))
         }
+    }
+}
+
+impl From<Millis> for LocalMillis {
+    fn from(millis: Millis) -> Self {
+        LocalMillis(i64::try_from(millis.0).unwrap_or(i64::MAX))
     }
 }
 
@@ -186,6 +193,9 @@ pub(crate) struct ShardScheduler {
     /// The running wait was interrupted for a parked shard (once per wait is enough).
     wait_interrupted: bool,
     hooks: Hooks,
+    /// The WARNs of failed shard reads and idle waits: a Redis outage fails every one of them.
+    read_warnings: Throttle,
+    wait_warnings: Throttle,
 }
 
 impl ShardScheduler {
@@ -218,6 +228,8 @@ impl ShardScheduler {
                 set: hooks,
                 ..Hooks::default()
             },
+            read_warnings: Throttle::default(),
+            wait_warnings: Throttle::default(),
         }
     }
 
@@ -499,7 +511,9 @@ impl ShardScheduler {
         let (end, backoff) = end_of(now, &report, &state.read_mode, state.error_backoff);
         state.error_backoff = backoff;
         if let Some(error) = &report.error {
-            tracing::warn!(shard, %error, ?backoff, "shard read failed; backing off");
+            if let Some(not_logged) = self.read_warnings.admit(now.into()) {
+                tracing::warn!(shard, %error, ?backoff, not_logged, "shard read failed; backing off");
+            }
         }
         if matches!(end, JobEnd::MissingGroup { .. }) {
             state.recreate_group = true;
@@ -585,7 +599,9 @@ impl ShardScheduler {
         let mut woke = Vec::new();
         if let Some(mut report) = report {
             if let Some(error) = &report.error {
-                tracing::warn!(%error, "idle wait failed; polling the shards one by one");
+                if let Some(not_logged) = self.wait_warnings.admit(now.into()) {
+                    tracing::warn!(%error, not_logged, "idle wait failed; polling the shards one by one");
+                }
             }
             if report.failed() {
                 // Polled one by one, to find the shard at fault.
