@@ -93,8 +93,15 @@ fn exhausted(on_exhausted: OnExhausted, deliveries: u32, error: String) -> Fate 
 
 /// The handler's call, caught: a panic in the synchronous part of the call is the attempt's error.
 fn called<T>(span: &tracing::Span, call: impl FnOnce() -> T) -> Result<T, String> {
-    span.in_scope(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)))
-        .map_err(|panic| format!("handler panicked: {}", crate::panic::panic_message(&*panic)))
+    span.in_scope(|| crate::panic::catch(call))
+        .map_err(|panic| panicked(span, &panic))
+}
+
+/// A handler attempt that panicked: said once, at WARN, in the message's span (the panic hook stays
+/// quiet, see `crate::panic`); the attempt's error.
+fn panicked(span: &tracing::Span, panic: &str) -> String {
+    span.in_scope(|| tracing::warn!(panic, "handler panicked; the attempt counts as failed"));
+    format!("handler panicked: {panic}")
 }
 
 /// Awaits the handler's future in its span, within the timeout, catching a panic; records the attempt
@@ -122,7 +129,7 @@ async fn attempt(
     };
     let result = match result {
         Ok(result) => result.map_err(|e| e.to_string()),
-        Err(panic) => Err(format!("handler panicked: {panic}")),
+        Err(panic) => Err(panicked(&span, &panic)),
     };
     let outcome = match (&result, outcome) {
         (Ok(()), _) => "ok",
