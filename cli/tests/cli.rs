@@ -1421,6 +1421,7 @@ async fn a_replay_reaches_only_the_group_that_failed() {
         })
     };
     let running = Runtime::new(url.clone())
+        .without_default_logging()
         .without_annotated_listeners()
         .group_config(GroupConfig {
             heartbeat_interval_ms: 200,

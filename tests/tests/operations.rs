@@ -213,6 +213,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // The annotated listener runs `dup-m0`; a builder asks for the same member of the same group.
     let error = Runtime::new(url)
+        .without_default_logging()
         .consumer(
             ConsumerBuilder::new("dup", "g")
                 .member_id("dup-m0")
@@ -234,6 +235,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // Two builders of one group get the same default id (`{base}-{group}`).
     let error = Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .base_member_id("host")
         .consumer(ConsumerBuilder::new("orders", "billing").handler(handler))
@@ -253,6 +255,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // The same id in two different groups is fine (and fails later, on the unreachable server).
     let result = Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .base_member_id("host")
         .startup_timeout(Duration::from_millis(300))
@@ -311,6 +314,7 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     logs::capture();
     // Port 1 on loopback: nothing listens there.
     let error = Runtime::new("redis://alice:secret@127.0.0.1:1/")
+        .without_default_logging()
         .without_annotated_listeners()
         .startup_timeout(Duration::from_millis(500))
         .consumer(
