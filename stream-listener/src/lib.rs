@@ -126,8 +126,3 @@ pub mod __private {
         pub const ACK_DELETE: () = ();
     }
 }
-
-/// The README's examples, compiled as doctests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;

@@ -168,7 +168,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             match fate {
                 Fate::Ack => acks.push(&entry.id),
                 Fate::DeadLetter { deliveries, error } => {
-                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries, %error, "dead-lettering entry");
+                    tracing::warn!(shard = spec.shard, id = %entry.id, key = entry.key(), deliveries, %error, dead_letter = %io.config.dead_letter_key(), "dead-lettering entry");
                     letters.push((entry, deliveries, error));
                 }
                 Fate::LeavePending => {
