@@ -632,3 +632,60 @@ async fn health_is_not_ready_while_a_shards_reads_keep_failing_and_ready_again_o
     .await;
     let _ = runtime.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_written_to_the_logical_name_are_warned_about_when_they_appear_and_grow() {
+    logs::capture();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "strayname";
+    let _producer = producer(&url, stream, 2).await;
+    let runtime = start_one(
+        &url,
+        ConsumerBuilder::new(stream, "g").handler(|msg: Message<Order>| async move {
+            drop(msg);
+            Ok::<(), String>(())
+        }),
+    )
+    .await;
+    let warnings = || -> Vec<String> {
+        logs::events()
+            .into_iter()
+            .filter(|e| e.level == tracing::Level::WARN)
+            .filter(|e| e.fields.0.get("stream").is_some_and(|s| s == stream))
+            .filter_map(|e| e.fields.0.get("message").cloned())
+            .filter(|m| m.contains("the logical stream's own name"))
+            .collect()
+    };
+    let mut conn = connect(&url).await;
+    xadd_to_the_logical_name(&mut conn, stream).await;
+    wait_until("a warning about the stray entry", Duration::from_secs(20), || {
+        !warnings().is_empty()
+    })
+    .await;
+    let first = warnings();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].contains("holds 1 entries that no group reads"), "{first:?}");
+    assert!(first[0].contains("`strayname:0`..`strayname:1`"), "{first:?}");
+    xadd_to_the_logical_name(&mut conn, stream).await;
+    wait_until("a warning about the second one", Duration::from_secs(20), || {
+        warnings().len() == 2
+    })
+    .await;
+    assert!(warnings()[1].contains("holds 2 entries"), "{:?}", warnings());
+    let _ = runtime.stop().await;
+}
+
+/// `XADD <stream> * k a p {}`: the logical name, not a shard.
+async fn xadd_to_the_logical_name(conn: &mut redis::aio::ConnectionManager, stream: &str) {
+    let _: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("k")
+        .arg("a")
+        .arg("p")
+        .arg("{}")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
