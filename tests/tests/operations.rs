@@ -689,3 +689,52 @@ async fn xadd_to_the_logical_name(conn: &mut redis::aio::ConnectionManager, stre
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_one_warn_per_attempt_with_its_message_and_location() {
+    logs::capture();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "poison";
+    let producer = producer(&url, stream, 2).await;
+    let runtime = start_one(
+        &url,
+        ConsumerBuilder::new(stream, "g")
+            .failure(failing_policy(3, Duration::from_millis(10)))
+            .handler(|msg: Message<Order>| async move {
+                if msg.payload.seq == 7 {
+                    panic!("poison order {}", msg.payload.key);
+                }
+                Ok::<(), String>(())
+            }),
+    )
+    .await;
+    send(&producer, "bad", 7).await;
+    wait_until("the poison dead-lettered", Duration::from_secs(20), || {
+        logs::events().iter().any(|e| {
+            e.scope.get("stream").is_some_and(|s| s == stream)
+                && e.fields.0.get("message").is_some_and(|m| m == "dead-lettering entry")
+        })
+    })
+    .await;
+    let panics: Vec<String> = logs::events()
+        .into_iter()
+        .filter(|e| e.scope.get("stream").is_some_and(|s| s == stream))
+        .filter(|e| e.level == tracing::Level::WARN)
+        .filter(|e| {
+            e.fields.0.get("message").map(String::as_str)
+                == Some("handler panicked; the attempt counts as failed")
+        })
+        .map(|e| e.fields.0["panic"].clone())
+        .collect();
+    assert_eq!(panics.len(), 3, "one per attempt: {panics:?}");
+    for panic in &panics {
+        assert!(
+            panic.starts_with("poison order bad (at tests/tests/operations.rs:"),
+            "{panic}"
+        );
+    }
+    let letters = dead_letters(&url, stream).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let _ = runtime.stop().await;
+}
