@@ -1807,13 +1807,22 @@ async fn route_prints_each_keys_shard_as_the_spec_routes_it() {
     // The spec's test vectors (`shared/spec/routing.md`): order-123 is shard 13 of 16, 1 of 10.
     Topology::ensure(&mut conn, "sixteen", 16).await.unwrap();
     Topology::ensure(&mut conn, "ten", 10).await.unwrap();
-    let out = cli(&url, &["route", "--stream", "sixteen", "order-123", "user-42"]).ok();
+    let out = cli(
+        &url,
+        &["route", "--stream", "sixteen", "order-123", "user-42"],
+    )
+    .ok();
     let user = stream_listener::routing::shard_for_key(b"user-42", 16);
     assert_eq!(
         rows(&out),
         [
             ["order-123", "13", "sixteen:13"].map(String::from).to_vec(),
-            ["user-42".into(), user.to_string(), format!("sixteen:{user}")].to_vec(),
+            [
+                "user-42".into(),
+                user.to_string(),
+                format!("sixteen:{user}")
+            ]
+            .to_vec(),
         ]
     );
     assert!(
@@ -1840,7 +1849,11 @@ async fn status_warns_about_entries_written_to_the_logical_name() {
     let out = cli(&url, &["status", "--stream", STREAM, "--group", GROUP]).ok();
     assert!(!out.contains("warning"), "{out}");
     let json: serde_json::Value = serde_json::from_str(
-        &cli(&url, &["status", "--stream", STREAM, "--group", GROUP, "--json"]).ok(),
+        &cli(
+            &url,
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
     )
     .unwrap();
     assert!(json["strayEntries"].is_null(), "{json}");
@@ -1864,12 +1877,17 @@ async fn status_warns_about_entries_written_to_the_logical_name() {
         .find(|l| l.starts_with("warning "))
         .unwrap_or_else(|| panic!("no warning line: {out}"));
     assert!(
-        warning.contains("`orders` (the logical stream's own name) holds 2 entries that no group reads")
-            && warning.contains("`orders:0`..`orders:3`"),
+        warning.contains(
+            "`orders` (the logical stream's own name) holds 2 entries that no group reads"
+        ) && warning.contains("`orders:0`..`orders:3`"),
         "{warning}"
     );
     let json: serde_json::Value = serde_json::from_str(
-        &cli(&url, &["status", "--stream", STREAM, "--group", GROUP, "--json"]).ok(),
+        &cli(
+            &url,
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
     )
     .unwrap();
     assert_eq!(json["strayEntries"], 2, "{json}");

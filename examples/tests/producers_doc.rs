@@ -61,7 +61,11 @@ fn the_python_recipe_routes_every_key_as_the_library_does() {
             .iter()
             .map(|k| shard_for_key(k.as_bytes(), n).to_string())
             .collect();
-        assert_eq!(line.split(' ').collect::<Vec<_>>(), expected, "shard count {n}");
+        assert_eq!(
+            line.split(' ').collect::<Vec<_>>(),
+            expected,
+            "shard count {n}"
+        );
     }
     // The spec's vectors, which the doc quotes.
     assert_eq!(shard_for_key(b"order-123", 16), 13);

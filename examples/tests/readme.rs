@@ -23,7 +23,10 @@ const BLOCKS: &[(&str, &str)] = &[
         "readme_producer",
         include_str!("../src/bin/readme_producer.rs"),
     ),
-    ("readme_builder", include_str!("../src/bin/readme_builder.rs")),
+    (
+        "readme_builder",
+        include_str!("../src/bin/readme_builder.rs"),
+    ),
 ];
 
 /// The one `Order` of the README and of every example.
@@ -50,9 +53,16 @@ fn rust_blocks(markdown: &str) -> Vec<(&str, &str)> {
 fn every_readme_rust_block_is_a_binary_of_this_crate() {
     let blocks = rust_blocks(README);
     let names: Vec<&str> = BLOCKS.iter().map(|(name, _)| *name).collect();
-    assert_eq!(blocks.len(), BLOCKS.len(), "README rust blocks vs {names:?}");
+    assert_eq!(
+        blocks.len(),
+        BLOCKS.len(),
+        "README rust blocks vs {names:?}"
+    );
     for ((info, body), (name, file)) in blocks.iter().zip(BLOCKS) {
-        assert_eq!(*info, "rust", "{name}: a plain ```rust block (no no_run, no hidden lines)");
+        assert_eq!(
+            *info, "rust",
+            "{name}: a plain ```rust block (no no_run, no hidden lines)"
+        );
         assert!(
             body == file,
             "the README's block differs from examples/src/bin/{name}.rs: copy one to the other"
@@ -67,12 +77,16 @@ fn every_readme_rust_block_is_a_binary_of_this_crate() {
     readme_bins.sort();
     let mut expected: Vec<String> = names.iter().map(|n| format!("{n}.rs")).collect();
     expected.sort();
-    assert_eq!(readme_bins, expected, "a readme binary the README does not show");
+    assert_eq!(
+        readme_bins, expected,
+        "a readme binary the README does not show"
+    );
 }
 
 #[test]
 fn the_block_extractor_finds_blocks_and_their_info_strings() {
-    let markdown = "x\n```sh\nls\n```\n\n```rust,no_run\nfn a() {}\n```\ntext\n```rust\nfn b() {}\n```\n";
+    let markdown =
+        "x\n```sh\nls\n```\n\n```rust,no_run\nfn a() {}\n```\ntext\n```rust\nfn b() {}\n```\n";
     assert_eq!(
         rust_blocks(markdown),
         [("rust,no_run", "fn a() {}\n"), ("rust", "fn b() {}\n")]
@@ -222,7 +236,10 @@ fn the_readme_consumer_logs_by_default_and_handles_what_the_readme_producer_send
     consumer.wait_for("start, join and assignment logs", |lines| {
         stderr_has(lines, &["INFO", "member=readme-m0", "member starting"])
             && stderr_has(lines, &["INFO", "readme-m0", "joined the group", "epoch="])
-            && stderr_has(lines, &["INFO", "readme-m0", "assignment changed", "assigned=["])
+            && stderr_has(
+                lines,
+                &["INFO", "readme-m0", "assignment changed", "assigned=["],
+            )
     });
     produce(&redis);
     consumer.wait_for("every order handled", |lines| {
@@ -234,7 +251,9 @@ fn the_readme_consumer_logs_by_default_and_handles_what_the_readme_producer_send
     let url = redis.url();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let producer = stream_listener::Producer::connect(&url, "orders").await.unwrap();
+        let producer = stream_listener::Producer::connect(&url, "orders")
+            .await
+            .unwrap();
         producer
             .send("customer-1", &serde_json::json!({ "id": "one" }))
             .await
@@ -243,7 +262,12 @@ fn the_readme_consumer_logs_by_default_and_handles_what_the_readme_producer_send
     consumer.wait_for("a dead letter's WARN", |lines| {
         stderr_has(
             lines,
-            &["WARN", "dead-lettering entry", "undecodable payload", "orders:dlq"],
+            &[
+                "WARN",
+                "dead-lettering entry",
+                "undecodable payload",
+                "orders:dlq",
+            ],
         )
     });
 

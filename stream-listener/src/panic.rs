@@ -119,7 +119,10 @@ mod tests {
             return;
         }
         let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "panic::tests::caught_panics_leave_the_hook_quiet_and_others_do_not"])
+            .args([
+                "--exact",
+                "panic::tests::caught_panics_leave_the_hook_quiet_and_others_do_not",
+            ])
             .args(["--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
             .env("RUST_BACKTRACE", "1")

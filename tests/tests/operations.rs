@@ -659,20 +659,34 @@ async fn entries_written_to_the_logical_name_are_warned_about_when_they_appear_a
     };
     let mut conn = connect(&url).await;
     xadd_to_the_logical_name(&mut conn, stream).await;
-    wait_until("a warning about the stray entry", Duration::from_secs(20), || {
-        !warnings().is_empty()
-    })
+    wait_until(
+        "a warning about the stray entry",
+        Duration::from_secs(20),
+        || !warnings().is_empty(),
+    )
     .await;
     let first = warnings();
     assert_eq!(first.len(), 1, "{first:?}");
-    assert!(first[0].contains("holds 1 entries that no group reads"), "{first:?}");
-    assert!(first[0].contains("`strayname:0`..`strayname:1`"), "{first:?}");
+    assert!(
+        first[0].contains("holds 1 entries that no group reads"),
+        "{first:?}"
+    );
+    assert!(
+        first[0].contains("`strayname:0`..`strayname:1`"),
+        "{first:?}"
+    );
     xadd_to_the_logical_name(&mut conn, stream).await;
-    wait_until("a warning about the second one", Duration::from_secs(20), || {
-        warnings().len() == 2
-    })
+    wait_until(
+        "a warning about the second one",
+        Duration::from_secs(20),
+        || warnings().len() == 2,
+    )
     .await;
-    assert!(warnings()[1].contains("holds 2 entries"), "{:?}", warnings());
+    assert!(
+        warnings()[1].contains("holds 2 entries"),
+        "{:?}",
+        warnings()
+    );
     let _ = runtime.stop().await;
 }
 
@@ -713,7 +727,10 @@ async fn a_panicking_handler_is_one_warn_per_attempt_with_its_message_and_locati
     wait_until("the poison dead-lettered", Duration::from_secs(20), || {
         logs::events().iter().any(|e| {
             e.scope.get("stream").is_some_and(|s| s == stream)
-                && e.fields.0.get("message").is_some_and(|m| m == "dead-lettering entry")
+                && e.fields
+                    .0
+                    .get("message")
+                    .is_some_and(|m| m == "dead-lettering entry")
         })
     })
     .await;

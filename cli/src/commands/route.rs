@@ -8,7 +8,12 @@ use crate::redis_ctx::Ctx;
 use crate::table::{json_text, Table};
 
 /// Routes each of `keys` (their UTF-8 bytes) with the stream's shard count from its topology record.
-pub async fn run(ctx: &mut Ctx, stream: &str, keys: &[String], json: bool) -> Result<String, CliError> {
+pub async fn run(
+    ctx: &mut Ctx,
+    stream: &str,
+    keys: &[String],
+    json: bool,
+) -> Result<String, CliError> {
     let topology = Topology::load(&mut ctx.conn, stream).await?;
     let routes: Vec<(&str, u32, String)> = keys
         .iter()

@@ -79,7 +79,9 @@ pub(super) async fn follow_topology(
                 }
                 stray = now;
             }
-            Err(error) => tracing::debug!(%stream, %error, "cannot look for entries at the logical name"),
+            Err(error) => {
+                tracing::debug!(%stream, %error, "cannot look for entries at the logical name")
+            }
         }
         if !topology.draining_shards().is_empty() {
             match Topology::retire_drained(&mut conn, &stream).await {

@@ -44,8 +44,14 @@ mod tests {
     fn installs_only_when_asked_and_nobody_else_did() {
         assert!(wanted(true, false, false));
         assert!(!wanted(false, false, false), "opted out");
-        assert!(!wanted(true, true, false), "the application's global subscriber");
-        assert!(!wanted(true, false, true), "a subscriber in scope on this thread");
+        assert!(
+            !wanted(true, true, false),
+            "the application's global subscriber"
+        );
+        assert!(
+            !wanted(true, false, true),
+            "a subscriber in scope on this thread"
+        );
     }
 
     #[test]

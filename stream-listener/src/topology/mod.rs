@@ -70,8 +70,8 @@ pub use consumed::{consumed_before, ConsumedBefore};
 pub use drain::DrainState;
 pub(crate) use stale::count_stale_write_seen;
 pub use stale::stale_writes_seen;
-pub(crate) use stray::worth_warning;
 pub use stray::stray_warning;
+pub(crate) use stray::worth_warning;
 
 /// Field of the topology hash holding the shard count.
 pub const SHARD_COUNT_FIELD: &str = "shardCount";

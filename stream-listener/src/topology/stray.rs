@@ -19,7 +19,9 @@ impl Topology {
         if kind != "stream" {
             return Ok(None);
         }
-        Ok(Some(redis::cmd("XLEN").arg(prefix).query_async(conn).await?))
+        Ok(Some(
+            redis::cmd("XLEN").arg(prefix).query_async(conn).await?,
+        ))
     }
 }
 
