@@ -177,6 +177,17 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// The shard and shard stream each key routes to under the stream's current shard count.
+    Route {
+        /// Logical stream.
+        #[arg(long)]
+        stream: String,
+        /// Partition keys (their UTF-8 bytes are hashed).
+        #[arg(required = true)]
+        keys: Vec<String>,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Roll a stream back to its shard count before the last resize; every group follows.
     Rollback {
         /// Logical stream.
@@ -383,6 +394,11 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
             grace_ms,
             output,
         } => commands::reshard::run(&mut ctx, &stream, shards, grace_ms, output.json).await,
+        Command::Route {
+            stream,
+            keys,
+            output,
+        } => commands::route::run(&mut ctx, &stream, &keys, output.json).await,
         Command::Rollback {
             stream,
             grace_ms,

@@ -1445,6 +1445,7 @@ async fn a_replay_reaches_only_the_group_that_failed() {
         })
     };
     let running = Runtime::new(url.clone())
+        .without_default_logging()
         .without_annotated_listeners()
         .group_config(GroupConfig {
             heartbeat_interval_ms: 200,
@@ -1820,4 +1821,98 @@ async fn json_on_reshard_rollback_replay_purge_and_watch() {
         assert_eq!(frame["group"], GROUP);
         assert!(frame["shards"].is_array(), "{frame}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_prints_each_keys_shard_as_the_spec_routes_it() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut conn = connect(&url).await;
+    // The spec's test vectors (`shared/spec/routing.md`): order-123 is shard 13 of 16, 1 of 10.
+    Topology::ensure(&mut conn, "sixteen", 16).await.unwrap();
+    Topology::ensure(&mut conn, "ten", 10).await.unwrap();
+    let out = cli(
+        &url,
+        &["route", "--stream", "sixteen", "order-123", "user-42"],
+    )
+    .ok();
+    let user = stream_listener::routing::shard_for_key(b"user-42", 16);
+    assert_eq!(
+        rows(&out),
+        [
+            ["order-123", "13", "sixteen:13"].map(String::from).to_vec(),
+            [
+                "user-42".into(),
+                user.to_string(),
+                format!("sixteen:{user}")
+            ]
+            .to_vec(),
+        ]
+    );
+    assert!(
+        out.ends_with("stream `sixteen`: 16 shards (topology version 1)\n"),
+        "{out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["route", "--stream", "ten", "order-123", "--json"]).ok())
+            .unwrap();
+    assert_eq!(json["shardCount"], 10, "{json}");
+    assert_eq!(json["routes"][0]["shard"], 1, "{json}");
+    assert_eq!(json["routes"][0]["streamKey"], "ten:1", "{json}");
+
+    // No topology: the library's error, which says how to create one.
+    cli(&url, &["route", "--stream", "nowhere", "k"]).fails(1, "has no topology");
+    // At least one key.
+    cli(&url, &["route", "--stream", "sixteen"]).fails(2, "KEYS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_warns_about_entries_written_to_the_logical_name() {
+    let mut f = Fixture::start().await;
+    let url = f.redis.url();
+    let out = cli(&url, &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    assert!(!out.contains("warning"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert!(json["strayEntries"].is_null(), "{json}");
+
+    // `XADD orders ...`: the logical name, not a shard.
+    for _ in 0..2 {
+        let _: String = redis::cmd("XADD")
+            .arg(STREAM)
+            .arg("*")
+            .arg("k")
+            .arg("customer-1")
+            .arg("p")
+            .arg("{}")
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+    }
+    let out = cli(&url, &["status", "--stream", STREAM, "--group", GROUP]).ok();
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning "))
+        .unwrap_or_else(|| panic!("no warning line: {out}"));
+    assert!(
+        warning.contains(
+            "`orders` (the logical stream's own name) holds 2 entries that no group reads"
+        ) && warning.contains("`orders:0`..`orders:3`"),
+        "{warning}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(json["strayEntries"], 2, "{json}");
 }

@@ -229,6 +229,7 @@ fn library_over_tls(server: &TlsRedis) {
         let handled = Arc::new(AtomicUsize::new(0));
         let counter = handled.clone();
         let running = Runtime::new(url.clone())
+            .without_default_logging()
             .without_annotated_listeners()
             .group_config(GroupConfig {
                 heartbeat_interval_ms: 200,

@@ -99,6 +99,7 @@ fn main() {
             .unwrap();
         let latencies: Latencies = Arc::default();
         let mut rt = Runtime::new(url.clone())
+            .without_default_logging()
             .without_annotated_listeners()
             .group_config(GroupConfig::default())
             .shutdown_timeout(Duration::from_secs(5));

@@ -196,6 +196,7 @@ pub async fn stream_with_group(
 /// consumers and settings, then start it.
 pub fn test_runtime(url: &str) -> Runtime {
     Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .group_config(TIMING)
 }

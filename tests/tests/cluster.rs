@@ -60,6 +60,7 @@ fn start(
             }
         });
     let runtime = Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .group_config(TIMING)
         .consumer(builder);

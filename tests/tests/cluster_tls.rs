@@ -33,6 +33,7 @@ async fn a_runtime_and_a_producer_work_on_a_cluster_over_tls() {
             }
         });
     let runtime = Runtime::new(url.clone())
+        .without_default_logging()
         .without_annotated_listeners()
         .group_config(GroupConfig {
             heartbeat_interval_ms: 100,

@@ -654,7 +654,7 @@ async fn manual_ack_acks_only_what_the_handler_acked(target: Target) {
     let handler = BoxedHandler::json(move |msg: Message<Order>| {
         let counter = counter.clone();
         async move {
-            if msg.payload.n % 2 == 0 {
+            if msg.payload.n.is_multiple_of(2) {
                 msg.ack().await?;
                 msg.ack().await?; // twice is harmless
             }

@@ -404,6 +404,7 @@ async fn an_annotated_listener_gets_its_hooks_from_the_runtime_by_name() {
     };
     // The only runtime of this binary with its annotated listener (the others run builders only).
     let running = stream_listener::Runtime::new(&url)
+        .without_default_logging()
         .group_config(TIMING)
         .hooks(
             "on_hooked",

@@ -213,6 +213,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // The annotated listener runs `dup-m0`; a builder asks for the same member of the same group.
     let error = Runtime::new(url)
+        .without_default_logging()
         .consumer(
             ConsumerBuilder::new("dup", "g")
                 .member_id("dup-m0")
@@ -234,6 +235,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // Two builders of one group get the same default id (`{base}-{group}`).
     let error = Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .base_member_id("host")
         .consumer(ConsumerBuilder::new("orders", "billing").handler(handler))
@@ -253,6 +255,7 @@ async fn two_listeners_with_one_member_id_are_refused_at_start_naming_both() {
 
     // The same id in two different groups is fine (and fails later, on the unreachable server).
     let result = Runtime::new(url)
+        .without_default_logging()
         .without_annotated_listeners()
         .base_member_id("host")
         .startup_timeout(Duration::from_millis(300))
@@ -311,6 +314,7 @@ async fn the_startup_limit_gives_up_with_an_error_naming_the_redacted_url() {
     logs::capture();
     // Port 1 on loopback: nothing listens there.
     let error = Runtime::new("redis://alice:secret@127.0.0.1:1/")
+        .without_default_logging()
         .without_annotated_listeners()
         .startup_timeout(Duration::from_millis(500))
         .consumer(
@@ -626,5 +630,128 @@ async fn health_is_not_ready_while_a_shards_reads_keep_failing_and_ready_again_o
         || HANDLED.load(Ordering::SeqCst) == 1,
     )
     .await;
+    let _ = runtime.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_written_to_the_logical_name_are_warned_about_when_they_appear_and_grow() {
+    logs::capture();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "strayname";
+    let _producer = producer(&url, stream, 2).await;
+    let runtime = start_one(
+        &url,
+        ConsumerBuilder::new(stream, "g").handler(|msg: Message<Order>| async move {
+            drop(msg);
+            Ok::<(), String>(())
+        }),
+    )
+    .await;
+    let warnings = || -> Vec<String> {
+        logs::events()
+            .into_iter()
+            .filter(|e| e.level == tracing::Level::WARN)
+            .filter(|e| e.fields.0.get("stream").is_some_and(|s| s == stream))
+            .filter_map(|e| e.fields.0.get("message").cloned())
+            .filter(|m| m.contains("the logical stream's own name"))
+            .collect()
+    };
+    let mut conn = connect(&url).await;
+    xadd_to_the_logical_name(&mut conn, stream).await;
+    wait_until(
+        "a warning about the stray entry",
+        Duration::from_secs(20),
+        || !warnings().is_empty(),
+    )
+    .await;
+    let first = warnings();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(
+        first[0].contains("holds 1 entries that no group reads"),
+        "{first:?}"
+    );
+    assert!(
+        first[0].contains("`strayname:0`..`strayname:1`"),
+        "{first:?}"
+    );
+    xadd_to_the_logical_name(&mut conn, stream).await;
+    wait_until(
+        "a warning about the second one",
+        Duration::from_secs(20),
+        || warnings().len() == 2,
+    )
+    .await;
+    assert!(
+        warnings()[1].contains("holds 2 entries"),
+        "{:?}",
+        warnings()
+    );
+    let _ = runtime.stop().await;
+}
+
+/// `XADD <stream> * k a p {}`: the logical name, not a shard.
+async fn xadd_to_the_logical_name(conn: &mut redis::aio::ConnectionManager, stream: &str) {
+    let _: String = redis::cmd("XADD")
+        .arg(stream)
+        .arg("*")
+        .arg("k")
+        .arg("a")
+        .arg("p")
+        .arg("{}")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_one_warn_per_attempt_with_its_message_and_location() {
+    logs::capture();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "poison";
+    let producer = producer(&url, stream, 2).await;
+    let runtime = start_one(
+        &url,
+        ConsumerBuilder::new(stream, "g")
+            .failure(failing_policy(3, Duration::from_millis(10)))
+            .handler(|msg: Message<Order>| async move {
+                if msg.payload.seq == 7 {
+                    panic!("poison order {}", msg.payload.key);
+                }
+                Ok::<(), String>(())
+            }),
+    )
+    .await;
+    send(&producer, "bad", 7).await;
+    wait_until("the poison dead-lettered", Duration::from_secs(20), || {
+        logs::events().iter().any(|e| {
+            e.scope.get("stream").is_some_and(|s| s == stream)
+                && e.fields
+                    .0
+                    .get("message")
+                    .is_some_and(|m| m == "dead-lettering entry")
+        })
+    })
+    .await;
+    let panics: Vec<String> = logs::events()
+        .into_iter()
+        .filter(|e| e.scope.get("stream").is_some_and(|s| s == stream))
+        .filter(|e| e.level == tracing::Level::WARN)
+        .filter(|e| {
+            e.fields.0.get("message").map(String::as_str)
+                == Some("handler panicked; the attempt counts as failed")
+        })
+        .map(|e| e.fields.0["panic"].clone())
+        .collect();
+    assert_eq!(panics.len(), 3, "one per attempt: {panics:?}");
+    for panic in &panics {
+        assert!(
+            panic.starts_with("poison order bad (at tests/tests/operations.rs:"),
+            "{panic}"
+        );
+    }
+    let letters = dead_letters(&url, stream).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
     let _ = runtime.stop().await;
 }

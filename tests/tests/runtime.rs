@@ -91,6 +91,7 @@ async fn annotated_listeners_run_four_members_side_by_side_with_a_second_listene
     produce(&url, "annotated", 8, 20, 10).await;
     produce(&url, "second", 2, 5, 10).await;
     let runtime = Runtime::new(&url)
+        .without_default_logging()
         .base_member_id("host-a")
         .group_config(TIMING)
         .start()

@@ -125,6 +125,7 @@ async fn entries_written_by_other_clients_are_handled_as_field_maps() {
         Err(stream_listener::ProducerError::ReservedField(name)) if name == "k"
     ));
     let runtime = Runtime::new(&url)
+        .without_default_logging()
         .without_annotated_listeners()
         .base_member_id("surface-host")
         .group_config(TIMING)
@@ -226,6 +227,7 @@ async fn state_reaches_annotated_and_builder_handlers_and_the_environment_rename
     let tally = Tally::default();
     let builder_calls = Arc::new(AtomicUsize::new(0));
     let runtime = Runtime::new(&url)
+        .without_default_logging()
         .group_config(TIMING)
         .state(tally.clone())
         .state(Arc::new(AtomicUsize::new(0)))
@@ -281,6 +283,7 @@ async fn state_reaches_annotated_and_builder_handlers_and_the_environment_rename
 async fn a_handler_whose_state_nobody_registered_is_a_start_error_naming_it() {
     // No Redis needed: the specs are checked before connecting.
     let error = Runtime::new("redis://127.0.0.1:1")
+        .without_default_logging()
         .start()
         .await
         .unwrap_err();
@@ -297,6 +300,7 @@ async fn a_handler_whose_state_nobody_registered_is_a_start_error_naming_it() {
 #[tokio::test]
 async fn invalid_builder_settings_are_a_start_error_naming_the_builder() {
     let error = Runtime::new("redis://127.0.0.1:1")
+        .without_default_logging()
         .without_annotated_listeners()
         .consumer(
             ConsumerBuilder::new("s", "g")
@@ -315,6 +319,7 @@ async fn invalid_builder_settings_are_a_start_error_naming_the_builder() {
         "listener ConsumerBuilder::new(\"s\", \"h\") (consumer #2 of the Runtime): batch_size must be at least 1"
     );
     let error = Runtime::new("redis://127.0.0.1:1")
+        .without_default_logging()
         .without_annotated_listeners()
         .consumer(ConsumerBuilder::new("s", "g"))
         .start()
@@ -327,6 +332,7 @@ async fn invalid_builder_settings_are_a_start_error_naming_the_builder() {
 async fn a_bad_environment_override_is_a_start_error_naming_the_variable() {
     std::env::set_var("STREAM_LISTENER_ENVBAD_CONCURRENCY", "lots");
     let error = Runtime::new("redis://127.0.0.1:1")
+        .without_default_logging()
         .without_annotated_listeners()
         .consumer(
             ConsumerBuilder::new("s", "g")
@@ -344,6 +350,7 @@ async fn a_bad_environment_override_is_a_start_error_naming_the_variable() {
     );
     // Ignored on request.
     let error = Runtime::new("redis://127.0.0.1:1")
+        .without_default_logging()
         .without_annotated_listeners()
         .without_env_overrides()
         .startup_timeout(Duration::from_millis(1))

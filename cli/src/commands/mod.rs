@@ -5,6 +5,7 @@ pub mod audit;
 pub mod dead_letters;
 pub mod groups;
 pub mod reshard;
+pub mod route;
 pub mod seek;
 pub mod shards;
 pub mod status;

@@ -4,14 +4,15 @@ use std::fmt::Write as _;
 
 use stream_listener::coordinator::metadata::Resharding;
 use stream_listener::coordinator::projection::{GroupProjection, MemberView};
+use stream_listener::topology::{stray_warning, Topology};
 
 use crate::error::CliError;
 use crate::redis_ctx::Ctx;
 use crate::snapshot::{is_tombstone, visible_members, GroupSnapshot};
 use crate::table::{json_text, label, seconds, shard_list, utc, Table};
 
-/// Prints the group's state, epochs, resharding, backlog, entries it lost to trimming (if any), members and
-/// invariant violations (or `--json`:
+/// Prints the group's state, epochs, resharding, backlog, entries it lost to trimming (if any), entries
+/// written to the logical name that nobody reads (if any), members and invariant violations (or `--json`:
 /// the monitoring projection, each shard with its lag, pending count and last delivered id).
 ///
 /// The view is computed from the freshly loaded snapshot and leases at the current Redis time, so lease
@@ -25,8 +26,13 @@ pub async fn run(
     all: bool,
 ) -> Result<String, CliError> {
     let snapshot = GroupSnapshot::read(ctx, stream, group).await?;
+    let stray = Topology::stray_entries(&mut ctx.conn, stream).await?;
     if json {
-        return Ok(to_json(&snapshot, all));
+        let mut value = json_value(&snapshot, all);
+        if let Some(object) = value.as_object_mut() {
+            object.insert("strayEntries".into(), stray.into());
+        }
+        return Ok(json_text(&value));
     }
     let GroupSnapshot {
         revision,
@@ -71,6 +77,14 @@ pub async fn run(
     if let Some(line) = super::reshard::status_line(ctx, stream, group).await? {
         let _ = writeln!(out, "stream topology   {line}");
     }
+    if let Some(entries) = stray {
+        let count = snapshot.topology_count.unwrap_or(view.shard_count);
+        let _ = writeln!(
+            out,
+            "warning           {}",
+            stray_warning(stream, count, entries)
+        );
+    }
     if let Some(at) = snapshot.committed_at_ms {
         let _ = writeln!(
             out,
@@ -94,14 +108,10 @@ pub async fn run(
     Ok(out)
 }
 
-/// The monitoring projection as JSON (camelCase), plus `stream`, `storeRevision`,
-/// `totalLag`, `totalPending`, `hiddenTombstones`, and per shard `streamKey`, `length`, `lag`, `pending`,
-/// `lastDeliveredId`, `entriesRead`.
-fn to_json(snapshot: &GroupSnapshot, all: bool) -> String {
-    json_text(&json_value(snapshot, all))
-}
-
-/// `status --json`'s value (also one line of `watch --json`).
+/// `status --json`'s value (also one line of `watch --json`): the monitoring projection as JSON
+/// (camelCase), plus `stream`, `storeRevision`, `totalLag`, `totalPending`, `hiddenTombstones`, and per
+/// shard `streamKey`, `length`, `lag`, `pending`, `lastDeliveredId`, `entriesRead`. `status` adds
+/// `strayEntries`: entries in a Redis stream at the logical name itself, that nobody reads (or null).
 pub(crate) fn json_value(snapshot: &GroupSnapshot, all: bool) -> serde_json::Value {
     let mut view = snapshot.view.clone();
     let before = view.members.len();

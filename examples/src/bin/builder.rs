@@ -3,23 +3,20 @@
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p stream-listener-examples --bin builder
 //! ```
+//!
+//! Logs go to stderr at INFO (the runtime's default subscriber; `RUST_LOG` changes the filter).
 
 use serde::Deserialize;
 use stream_listener::{ConsumerBuilder, Message, Runtime};
 
 #[derive(Debug, Deserialize)]
 struct Order {
-    key: String,
-    seq: u64,
+    id: u64,
+    amount_cents: u64,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), stream_listener::RuntimeError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
 
     // One member of group `billing`, with four local workers: it handles up to four shards at a time,
@@ -28,8 +25,8 @@ async fn main() -> Result<(), stream_listener::RuntimeError> {
         .runtime_max_concurrency(4)
         .handler(|msg: Message<Order>| async move {
             println!(
-                "shard {:>2} key {} seq {}",
-                msg.shard, msg.payload.key, msg.payload.seq
+                "shard {:>2} key {} order {} ({} cents)",
+                msg.shard, msg.key, msg.payload.id, msg.payload.amount_cents
             );
             Ok::<(), std::convert::Infallible>(())
         });

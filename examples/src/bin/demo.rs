@@ -42,10 +42,12 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(45);
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// The examples' one `Order`; the demo numbers each key's orders 0, 1, 2, ... in `id` (its per-key
+/// sequence) and takes the key from the message.
 #[derive(Debug, Serialize, Deserialize)]
 struct Order {
-    key: String,
-    seq: u64,
+    id: u64,
+    amount_cents: u64,
 }
 
 #[tokio::main]
@@ -101,7 +103,7 @@ return n
 #[stream_listener(stream = "orders", group = "demo", concurrency = 4)]
 async fn handle_order(msg: Message<Order>) -> Result<(), redis::RedisError> {
     let mut conn = WORKER_REDIS.get().expect("worker connection").clone();
-    let Order { key, seq } = msg.payload;
+    let (key, seq) = (msg.key, msg.payload.id);
     RECORD
         .key(format!("demo:handles:{key}"))
         .key(format!("demo:seen:{key}"))
@@ -251,8 +253,11 @@ async fn produce(producer: Producer, produced: Arc<AtomicU64>) -> Res<()> {
     for seq in 0..SEQS {
         let batch: Vec<(String, Order)> = (0..KEYS)
             .map(|k| {
-                let key = format!("key-{k:03}");
-                (key.clone(), Order { key, seq })
+                let order = Order {
+                    id: seq,
+                    amount_cents: 100,
+                };
+                (format!("key-{k:03}"), order)
             })
             .collect();
         producer.send_batch(&batch).await?;

@@ -10,16 +10,12 @@ use stream_listener::{ConsumerBuilder, Message, Runtime};
 
 #[derive(Debug, Deserialize)]
 struct Order {
-    key: String,
+    id: u64,
+    amount_cents: u64,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let addr = std::env::var("METRICS_ADDR").unwrap_or_else(|_| "127.0.0.1:9464".into());
     stream_listener::metrics::install_prometheus(addr.parse()?)?;
     println!("metrics at http://{addr}/metrics");
@@ -28,7 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .runtime_max_concurrency(4)
         .handler_timeout(std::time::Duration::from_secs(5))
         .handler(|msg: Message<Order>| async move {
-            drop(msg.payload.key);
+            let _ = (msg.payload.id, msg.payload.amount_cents);
             Ok::<(), std::convert::Infallible>(())
         });
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());

@@ -9,8 +9,8 @@ use stream_listener::Producer;
 
 #[derive(Debug, Serialize)]
 struct Order {
-    key: String,
-    seq: u64,
+    id: u64,
+    amount_cents: u64,
 }
 
 #[tokio::main]
@@ -19,20 +19,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Creates the topology record and the 16 shard streams once; later calls find it unchanged.
     let producer = Producer::connect_creating(&url, "orders", 16).await?;
 
-    for seq in 0..10 {
-        for customer in 0..5 {
-            let key = format!("customer-{customer}");
-            let receipt = producer
-                .send(
-                    &key,
-                    &Order {
-                        key: key.clone(),
-                        seq,
-                    },
-                )
-                .await?;
-            println!("{key} seq {seq} -> {} {}", receipt.stream, receipt.id);
-        }
+    for id in 1..=50 {
+        let key = format!("customer-{}", id % 5);
+        let order = Order {
+            id,
+            amount_cents: 100 * id,
+        };
+        let receipt = producer.send(&key, &order).await?;
+        println!("{key} order {id} -> {} {}", receipt.stream, receipt.id);
     }
     Ok(())
 }

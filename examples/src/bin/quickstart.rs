@@ -1,4 +1,5 @@
-//! Quickstart: one annotated listener, run until SIGTERM or ctrl-c.
+//! Quickstart: one annotated listener, run until SIGTERM or ctrl-c. Logs go to stderr at INFO (the
+//! runtime installs a subscriber when the application has none; `RUST_LOG` changes the filter).
 //!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p stream-listener-examples --bin quickstart
@@ -10,8 +11,8 @@ use stream_listener::{stream_listener, Message};
 /// The payload, decoded from the JSON the producer wrote.
 #[derive(Debug, Deserialize)]
 struct Order {
-    key: String,
-    seq: u64,
+    id: u64,
+    amount_cents: u64,
 }
 
 /// `concurrency = 2` starts two logical members of group `billing` in this process (`{base}-m0`,
@@ -26,8 +27,8 @@ struct Order {
 )]
 async fn on_order(msg: Message<Order>) -> Result<(), std::convert::Infallible> {
     println!(
-        "shard {:>2} entry {} key {} seq {} (delivery {})",
-        msg.shard, msg.id, msg.payload.key, msg.payload.seq, msg.delivery_count
+        "shard {:>2} entry {} key {} order {} ({} cents, delivery {})",
+        msg.shard, msg.id, msg.key, msg.payload.id, msg.payload.amount_cents, msg.delivery_count
     );
     // Returning Ok acknowledges the entry; an Err is retried and finally dead-lettered.
     Ok(())
@@ -35,11 +36,6 @@ async fn on_order(msg: Message<Order>) -> Result<(), std::convert::Infallible> {
 
 #[tokio::main]
 async fn main() -> Result<(), stream_listener::RuntimeError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     // Every #[stream_listener] of this binary; Redis from REDIS_URL; member id from STREAM_LISTENER_MEMBER_ID.
     stream_listener::Runtime::from_env().run().await
 }

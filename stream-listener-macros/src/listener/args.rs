@@ -448,3 +448,30 @@ fn choice<T: Copy>(value: &Expr, key: &str, options: &[(&str, T)]) -> syn::Resul
             )
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attribute's docs (`src/lib.rs`) have a table row for every argument it accepts, and name
+    /// every value of the arguments that take one of a list.
+    #[test]
+    fn every_argument_and_value_is_documented() {
+        let docs = include_str!("../lib.rs");
+        for key in KEYS {
+            assert!(
+                docs.contains(&format!("/// | `{key} = ")),
+                "no row for `{key}` in the attribute's docs"
+            );
+        }
+        let values = START_VALUES.iter().map(|(v, _)| *v);
+        let values = values.chain(ACK_VALUES.iter().map(|(v, _)| *v));
+        let values = values.chain(FAILURE_VALUES.iter().map(|(v, _)| *v));
+        for value in values.chain([DEPRECATED_ACK_DELETE]) {
+            assert!(
+                docs.contains(&format!("`\"{value}\"`")),
+                "value \"{value}\" not in the attribute's docs"
+            );
+        }
+    }
+}

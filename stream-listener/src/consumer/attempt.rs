@@ -154,13 +154,15 @@ fn exhausted(on_exhausted: OnExhausted, letter: Letter) -> Fate {
 
 /// The handler's call, caught: a panic in the synchronous part of the call is the attempt's error.
 pub(crate) fn called<T>(span: &tracing::Span, call: impl FnOnce() -> T) -> Result<T, Failure> {
-    span.in_scope(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)))
-        .map_err(|panic| {
-            Failure::transient(format!(
-                "handler panicked: {}",
-                crate::panic::panic_message(&*panic)
-            ))
-        })
+    span.in_scope(|| crate::panic::catch(call))
+        .map_err(|panic| Failure::transient(panicked(span, &panic)))
+}
+
+/// A handler attempt that panicked: said once, at WARN, in the message's span (the panic hook stays
+/// quiet, see `crate::panic`); the attempt's error.
+fn panicked(span: &tracing::Span, panic: &str) -> String {
+    span.in_scope(|| tracing::warn!(panic, "handler panicked; the attempt counts as failed"));
+    format!("handler panicked: {panic}")
 }
 
 /// Awaits the handler's future in its span, within `timeout`, catching a panic: the attempt's result
@@ -187,10 +189,7 @@ pub(crate) async fn run(
     match caught {
         Ok(Ok(())) => (Ok(()), "ok"),
         Ok(Err(error)) => (Err(error.into()), "error"),
-        Err(panic) => (
-            Err(Failure::transient(format!("handler panicked: {panic}"))),
-            "error",
-        ),
+        Err(panic) => (Err(Failure::transient(panicked(&span, &panic))), "error"),
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::panic::{catch_panic, panic_message};
+use crate::panic::{catch, catch_panic};
 use crate::util::BoxFuture;
 
 type ShardsHook = Arc<dyn Fn(Vec<u32>) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -133,10 +133,9 @@ async fn call_hook(name: &str, hook: &Option<ShardsHook>, shards: Vec<u32>) {
     let Some(hook) = hook else {
         return;
     };
-    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(shards)));
-    let panicked = match call {
+    let panicked = match catch(|| hook(shards)) {
         Ok(future) => catch_panic(future).await.err(),
-        Err(panic) => Some(panic_message(&*panic)),
+        Err(message) => Some(message),
     };
     if let Some(message) = panicked {
         tracing::error!(hook = name, panic = %message, "lifecycle hook panicked; the member goes on");

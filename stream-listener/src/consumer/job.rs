@@ -168,7 +168,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             match fate {
                 Fate::Ack => acks.push(&entry.id),
                 Fate::DeadLetter(letter) => {
-                    tracing::warn!(shard = spec.shard, id = %entry.id, deliveries = letter.deliveries, error = %letter.reason, permanent = letter.permanent, "dead-lettering entry");
+                    tracing::warn!(shard = spec.shard, id = %entry.id, key = entry.key(), deliveries = letter.deliveries, error = %letter.reason, permanent = letter.permanent, dead_letter = %io.config.dead_letter_key(), "dead-lettering entry");
                     letters.push((entry, letter));
                 }
                 Fate::LeavePending => {

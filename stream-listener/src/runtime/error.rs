@@ -76,7 +76,7 @@ pub enum RuntimeError {
         owner: String,
         /// `heartbeat loop`, `consumer` or `topology follower`.
         task: &'static str,
-        /// `ended`, or `panicked: <message>`.
+        /// `ended`, or `panicked: <message> (at <file:line:column>)`.
         reason: String,
     },
     /// Nothing to run.

@@ -7,7 +7,9 @@ use tokio::sync::watch;
 
 use crate::coordinator::AdminCommand;
 use crate::store::{GroupStore, StoreError};
-use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
+use crate::topology::{
+    stray_warning, worth_warning, DrainState, StartFrom, Topology, TopologyError,
+};
 
 /// Keeps a group's shard count equal to the number of shards its stream's groups read: the shard count
 /// belongs to the stream (its topology record), so when the stream is resized every group reading it must
@@ -19,6 +21,9 @@ use crate::topology::{DrainState, StartFrom, Topology, TopologyError};
 /// Each tick also moves the drain on ([`Topology::retire_drained`]: freeze the removed shards once the cut
 /// has passed, delete them once every group consumed them to the end, then drop them from the record);
 /// only then does the group follow to the smaller count.
+///
+/// Each tick also looks for entries written to the logical name itself ([`Topology::stray_entries`]) and
+/// warns when they appear or grow: nobody reads them.
 pub(super) async fn follow_topology(
     mut conn: Connection,
     mut store: GroupStore,
@@ -32,6 +37,7 @@ pub(super) async fn follow_topology(
     let mut warnings = crate::throttle::Throttle::default();
     let started = tokio::time::Instant::now();
     let now = || crate::clock::LocalMillis(started.elapsed().as_millis() as i64);
+    let mut stray: Option<u64> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -71,6 +77,19 @@ pub(super) async fn follow_topology(
         };
         warnings.clear();
         warned_missing = false;
+        match Topology::stray_entries(&mut conn, &stream).await {
+            Ok(now) => {
+                if worth_warning(stray, now) {
+                    let entries = now.unwrap_or(0);
+                    let text = stray_warning(&stream, topology.shard_count(), entries);
+                    tracing::warn!(%stream, entries, "{text}");
+                }
+                stray = now;
+            }
+            Err(error) => {
+                tracing::debug!(%stream, %error, "cannot look for entries at the logical name")
+            }
+        }
         if !topology.draining_shards().is_empty() {
             match Topology::retire_drained(&mut conn, &stream).await {
                 Ok((retired, DrainState::Retired)) => {

@@ -16,6 +16,7 @@ mod builder;
 mod env;
 mod error;
 mod follower;
+mod logging;
 mod member;
 mod plan;
 pub(crate) mod registry;
@@ -73,6 +74,8 @@ pub struct Runtime {
     /// Lifecycle hooks by listener name ([`Runtime::hooks`]).
     hooks: Vec<(String, LifecycleHooks)>,
     env_overrides: bool,
+    /// Install a log subscriber at start when the application has none ([`Runtime::without_default_logging`]).
+    default_logging: bool,
     /// Environment values [`from_env`](Runtime::from_env) could not parse; `start` refuses them.
     env_errors: Vec<String>,
     /// The `STREAM_LISTENER_*` variables set when [`from_env`](Runtime::from_env) ran (`None`: not
@@ -97,6 +100,7 @@ impl Runtime {
             states: States::default(),
             hooks: Vec::new(),
             env_overrides: true,
+            default_logging: true,
             env_errors: Vec::new(),
             env_names: None,
         }
@@ -228,6 +232,16 @@ impl Runtime {
         self
     }
 
+    /// Leaves logging to the application. By default [`start`](Self::start) installs a `tracing`
+    /// subscriber that prints INFO and above on stderr (`RUST_LOG` overrides the filter, e.g.
+    /// `RUST_LOG=stream_listener=debug`) when the application installed none, so starts, joins,
+    /// assignments, dead letters, handler timeouts and self-fences are seen. An application that sets
+    /// its own global subscriber before `start` needs no opt-out: it is kept.
+    pub fn without_default_logging(mut self) -> Self {
+        self.default_logging = false;
+        self
+    }
+
     /// Adds one explicitly registered member.
     pub fn consumer(mut self, builder: ConsumerBuilder) -> Self {
         self.builders.push(builder);
@@ -246,6 +260,7 @@ impl Runtime {
 
     /// Starts everything and returns a handle (for embedding and tests).
     pub async fn start(self) -> Result<RunningRuntime, RuntimeError> {
+        logging::install_default(self.default_logging);
         if !self.env_errors.is_empty() {
             return Err(RuntimeError::InvalidEnvironment(self.env_errors.join("; ")));
         }

@@ -408,7 +408,8 @@ mod tests {
         let error = result.expect_err("a dead member fails run");
         assert!(
             matches!(&error, RuntimeError::TaskStopped { owner, task: "heartbeat loop", reason }
-                if owner == "member pod-1-m0" && reason == "panicked: boom"),
+                if owner == "member pod-1-m0"
+                    && reason.starts_with("panicked: boom (at stream-listener/src/runtime/running.rs:")),
             "{error:?}"
         );
         assert!(error.to_string().contains("member pod-1-m0"), "{error}");

@@ -19,7 +19,7 @@ pub(crate) struct TaskExit {
     pub(crate) owner: String,
     /// Which task: `heartbeat loop`, `consumer`, `topology follower`.
     pub(crate) task: &'static str,
-    /// `ended`, or `panicked: <message>`.
+    /// `ended`, or `panicked: <message> (at <file:line:column>)`.
     pub(crate) reason: String,
 }
 

@@ -18,7 +18,7 @@
 //! count and [`Topology::rollback`] changes it back. The pure model is this module; the Redis side is one
 //! file per concept: the record (`record.rs`), resizes (`resize.rs`), the consumed-before check
 //! (`consumed.rs`), draining and retiring (`drain.rs`), the resize audit (`audit.rs`) and stale-layout
-//! writes (`stale.rs`), each with its scripts.
+//! writes (`stale.rs`), each with its scripts; `stray.rs` finds entries written to the logical name itself.
 //!
 //! # Migrations (per-key order across a resize)
 //!
@@ -63,12 +63,15 @@ mod drain;
 mod record;
 mod resize;
 mod stale;
+mod stray;
 
 pub use audit::ResizeEvent;
 pub use consumed::{consumed_before, ConsumedBefore};
 pub use drain::DrainState;
 pub(crate) use stale::count_stale_write_seen;
 pub use stale::stale_writes_seen;
+pub use stray::stray_warning;
+pub(crate) use stray::worth_warning;
 
 /// Field of the topology hash holding the shard count.
 pub const SHARD_COUNT_FIELD: &str = "shardCount";

@@ -1006,7 +1006,7 @@ proptest! {
                     m.running.remove(&job);
                     let stale = m.stale.remove(&job);
                     if wait {
-                        let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32) % 2 == 0).collect();
+                        let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32).is_multiple_of(2)).collect();
                         s.wait_ended(t(m.now), job, &woke, kind == 6)
                     } else {
                         // Every kind of end, as a job reports it (`end_of` says what it means).

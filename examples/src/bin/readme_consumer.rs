@@ -1,10 +1,7 @@
-//! The README's complete example, verbatim: `examples/tests/readme.rs` checks that it still is, then runs
-//! it against a redis-server of its own and produces to it as the README shows.
-
 use serde::Deserialize;
 use stream_listener::{stream_listener, Message};
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 struct Order {
     id: u64,
     amount_cents: u64,
@@ -29,6 +26,7 @@ async fn on_order(msg: Message<Order>) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> Result<(), stream_listener::RuntimeError> {
-    // Every #[stream_listener] of the binary; REDIS_URL; returns after SIGTERM/ctrl-c and a graceful leave.
+    // Every #[stream_listener] of the binary; REDIS_URL (default redis://127.0.0.1:6379); until
+    // SIGTERM/ctrl-c, then a graceful leave. Logs go to stderr at INFO (RUST_LOG=debug for more).
     stream_listener::Runtime::from_env().run().await
 }
