@@ -48,6 +48,8 @@ fn failing_policy(max_deliveries: u32, initial_backoff: Duration) -> FailurePoli
     policy.max_deliveries = max_deliveries;
     policy.initial_backoff = initial_backoff;
     policy.max_backoff = initial_backoff * 4;
+    // These tests hold a shard for exactly the backoff.
+    policy.jitter = false;
     policy
 }
 
