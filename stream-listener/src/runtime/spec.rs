@@ -117,6 +117,9 @@ pub(crate) const ENV_SETTINGS: &[&str] = &[
     "BLOCK_MS",
     "HANDLER_TIMEOUT_MS",
     "MAX_DELIVERIES",
+    "INITIAL_BACKOFF_MS",
+    "MAX_BACKOFF_MS",
+    "JITTER",
     "DEAD_LETTER",
     "START_FROM",
     "SHARD_COUNT",
@@ -302,6 +305,19 @@ impl ListenerSpec {
         if let Some(n) = number("MAX_DELIVERIES")? {
             self.failure.max_deliveries = n.min(u32::MAX as u64) as u32;
         }
+        if let Some(n) = number("INITIAL_BACKOFF_MS")? {
+            self.failure.initial_backoff = Duration::from_millis(n);
+        }
+        if let Some(n) = number("MAX_BACKOFF_MS")? {
+            self.failure.max_backoff = Duration::from_millis(n);
+        }
+        if let Some((var, v)) = get("JITTER") {
+            self.failure.jitter = match v.to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                _ => return Err(bad(&var, &v, "`true` or `false`")),
+            };
+        }
         if let Some(n) = number("SHARD_COUNT")? {
             self.shard_count = Some(n.min(u32::MAX as u64) as u32);
         }
@@ -484,6 +500,9 @@ mod tests {
             ("STREAM_LISTENER_ORDERS_BILLING_BLOCK_MS", "20"),
             ("STREAM_LISTENER_ORDERS_BILLING_HANDLER_TIMEOUT_MS", "1500"),
             ("STREAM_LISTENER_ORDERS_BILLING_MAX_DELIVERIES", "9"),
+            ("STREAM_LISTENER_ORDERS_BILLING_INITIAL_BACKOFF_MS", "20"),
+            ("STREAM_LISTENER_ORDERS_BILLING_MAX_BACKOFF_MS", "900"),
+            ("STREAM_LISTENER_ORDERS_BILLING_JITTER", "False"),
             ("STREAM_LISTENER_ORDERS_BILLING_DEAD_LETTER", "dead"),
             ("STREAM_LISTENER_ORDERS_BILLING_START_FROM", "Latest"),
             ("STREAM_LISTENER_ORDERS_BILLING_SHARD_COUNT", "12"),
@@ -502,6 +521,9 @@ mod tests {
         assert_eq!(spec.block_ms, 20);
         assert_eq!(spec.handler_timeout, Some(Duration::from_millis(1500)));
         assert_eq!(spec.failure.max_deliveries, 9);
+        assert_eq!(spec.failure.initial_backoff, Duration::from_millis(20));
+        assert_eq!(spec.failure.max_backoff, Duration::from_millis(900));
+        assert!(!spec.failure.jitter);
         assert_eq!(spec.dead_letter.as_deref(), Some("dead"));
         assert_eq!(spec.start_from, StartFrom::Latest);
         assert_eq!(spec.shard_count, Some(12));
