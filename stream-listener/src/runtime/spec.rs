@@ -238,7 +238,9 @@ impl ListenerSpec {
     /// `STREAM_LISTENER_<NAME>_<SETTING>` with `<SETTING>` one of `STREAM`, `GROUP`, `CONCURRENCY`,
     /// `MEMBER_ID`, `RUNTIME_MAX_CONCURRENCY`, `WEIGHT`, `BATCH_SIZE`, `BLOCK_MS`, `HANDLER_TIMEOUT_MS`,
     /// `MAX_DELIVERIES`, `DEAD_LETTER`, `START_FROM` (`earliest` / `latest`), `SHARD_COUNT`. A value that
-    /// does not parse is an error naming the variable; an empty value counts as unset.
+    /// does not parse is an error naming the variable; an empty value counts as unset. A runtime built
+    /// with [`Runtime::from_env`](super::Runtime::from_env) refuses any other `STREAM_LISTENER_*` name
+    /// (a typo would leave the setting at its default), naming the nearest valid one.
     pub fn apply_env(
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
