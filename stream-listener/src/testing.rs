@@ -560,13 +560,18 @@ mod tests {
     #[tokio::test]
     async fn panics_and_timeouts_fail_the_attempt() {
         let test = HandlerTest::new().failure(exact(1)).handler_timeout(ms(10));
-        assert_eq!(
-            test.run(&panics, TestMessage::new(1).build()).await,
+        // The reason names the panic's location: `panics` above.
+        match test.run(&panics, TestMessage::new(1).build()).await {
             Outcome::DeadLettered {
-                reason: "handler panicked: boom".into(),
-                permanent: false
-            }
-        );
+                reason,
+                permanent: false,
+            } => assert!(
+                reason.starts_with("handler panicked: boom (at ")
+                    && reason.contains(&format!("{}:", file!())),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
         let hangs = |_: Message<u64>| std::future::pending::<Result<(), String>>();
         assert_eq!(
             test.run(&hangs, TestMessage::new(1).build()).await,

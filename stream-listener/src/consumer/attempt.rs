@@ -641,9 +641,16 @@ mod tests {
         );
         let panics: BoxFuture<'static, Result<(), HandlerError>> =
             Box::pin(async { panic!("boom") });
+        let at = line!() - 1;
         assert_eq!(
             run(span(), panics, None).await,
-            (Err(Failure::transient("handler panicked: boom")), "error")
+            (
+                Err(Failure::transient(format!(
+                    "handler panicked: boom (at {}:{at}:30)",
+                    file!()
+                ))),
+                "error"
+            )
         );
         let hangs: BoxFuture<'static, Result<(), HandlerError>> = Box::pin(std::future::pending());
         assert_eq!(
