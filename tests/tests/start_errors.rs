@@ -149,12 +149,26 @@ impl Run {
     }
 }
 
-/// Runs `mode` to its end: its stderr, checked to be a failed `main`'s `Error: ...`.
+/// Runs `mode` to its end: what a failed `main` printed (`Error: ...`, to the end of stderr), after
+/// the default logger's lines (the runtime logs by default: every line before it must be one).
 fn stderr_of(mode: &str, env: &[(&str, &str)]) -> (String, Duration) {
     let (status, ran, stderr) = Run::start(mode, env).finish();
     assert!(!status.success(), "{mode} succeeded: {stderr}");
-    assert!(stderr.starts_with("Error: "), "{mode}: {stderr}");
-    (stderr, ran)
+    let at = if stderr.starts_with("Error: ") {
+        0
+    } else {
+        stderr
+            .find("\nError: ")
+            .map(|at| at + 1)
+            .unwrap_or_else(|| panic!("{mode}: no `Error: ` line: {stderr}"))
+    };
+    for line in stderr[..at].lines() {
+        assert!(
+            line.starts_with("20") && line.contains(" stream_listener"),
+            "{mode}: a line before the error is not a log line: {line:?}\n{stderr}"
+        );
+    }
+    (stderr[at..].to_string(), ran)
 }
 
 #[test]
