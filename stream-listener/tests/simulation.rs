@@ -137,6 +137,10 @@ struct World {
     last_epochs: (i64, i64, i64),
     tokens: BTreeMap<u32, i64>,
     issued: BTreeMap<String, i64>,
+    /// Member ids whose last leave announced a restart.
+    announced: BTreeSet<String>,
+    /// Rejoins after an announced restart that took the member's shards back without a fence.
+    restarts_taken_back: u64,
 }
 
 impl World {
@@ -160,6 +164,8 @@ impl World {
             last_epochs: (0, 0, 0),
             tokens: BTreeMap::new(),
             issued: BTreeMap::new(),
+            announced: BTreeSet::new(),
+            restarts_taken_back: 0,
         }
     }
 
@@ -190,6 +196,12 @@ impl World {
                 let p = self.processes.get_mut(&id).expect("picked");
                 if !p.leaving {
                     p.leaving = true;
+                    // Half of the leaves announce a restart (static membership): the group keeps the
+                    // member's target for it, and the id may come back from the pool as a new process.
+                    if r.chance(500) {
+                        p.session = p.session.clone().restarts(true);
+                        self.announced.insert(id.clone());
+                    }
                     let commands = p.session.begin_leave();
                     p.apply(commands, r, self.now, &mut self.tokens);
                 }
@@ -269,7 +281,18 @@ impl World {
                     );
                 }
             }
+            let rejoined = outcome
+                .events
+                .iter()
+                .any(|e| matches!(e, AuditEvent::MemberRejoined { .. }));
+            let fenced = outcome.events.iter().any(
+                |e| matches!(e, AuditEvent::MemberFenced { member_id, .. } if *member_id == id),
+            );
             let response = outcome.response;
+            let after_announced = rejoined && self.announced.remove(&id);
+            if after_announced && !fenced && !response.assignment.assigned_shards.is_empty() {
+                self.restarts_taken_back += 1;
+            }
             if response.status.is_accepted() && response.member_epoch > 0 {
                 let issued = self.issued.entry(id.clone()).or_default();
                 assert!(
@@ -390,7 +413,8 @@ impl World {
     }
 }
 
-fn run(seed: u64) {
+/// One seeded run; returns how many announced restarts took their shards back.
+fn run(seed: u64) -> u64 {
     let mut world = World::new(seed);
     let steps = 200 + world.rng.below(400);
     for _ in 0..steps {
@@ -413,6 +437,7 @@ fn run(seed: u64) {
     if let Err(why) = last {
         panic!("seed {seed}: did not converge by {}: {why}", world.now);
     }
+    world.restarts_taken_back
 }
 
 #[test]
@@ -427,10 +452,21 @@ fn simulation_keeps_the_guarantees() {
             (0..n).collect()
         }
     };
+    let many = seeds.len() >= 100;
+    let mut restarts_taken_back = 0;
     for seed in seeds {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
-            eprintln!("simulation failed: replay with SIM_SEED={seed} cargo test -p stream-listener --test simulation");
-            std::panic::resume_unwind(panic);
+        match std::panic::catch_unwind(|| run(seed)) {
+            Ok(n) => restarts_taken_back += n,
+            Err(panic) => {
+                eprintln!("simulation failed: replay with SIM_SEED={seed} cargo test -p stream-listener --test simulation");
+                std::panic::resume_unwind(panic);
+            }
         }
     }
+    // The runs must reach the path they are meant to check.
+    assert!(
+        !many || restarts_taken_back > 0,
+        "no announced restart took its shards back"
+    );
+    eprintln!("announced restarts that took their shards back: {restarts_taken_back}");
 }

@@ -50,6 +50,14 @@ pub enum AuditEvent {
         /// The member concerned.
         member_id: String,
     },
+    /// A member leaves for a restart under the same memberId: its shards are revoked from it, its target
+    /// is kept for its next incarnation until its lease passes.
+    MemberLeavingForRestart {
+        /// The member concerned.
+        member_id: String,
+        /// Until when its target is kept (its lease deadline, Redis time ms) unless it heartbeats again.
+        kept_until_ms: i64,
+    },
     /// A leaving member gave everything back and was removed.
     MemberLeft {
         /// The member concerned.

@@ -74,6 +74,8 @@ impl Default for GroupConfig {
 ///                 |                                |
 ///                 +----------- leave (-1) ---------+--> LEAVING --all REVOKED--> (removed)
 ///                 |                                |        |
+///                 |     leave (-1, restarting) ----+--> LEAVING, target kept --rejoin--> JOINING
+///                 |                                |        |  (nothing moves; lease passed: EXPIRED)
 ///   lease passed  +--> EXPIRED (tombstone)  <------+--------+
 ///   invalid report, rebalance timeout, rejoin of the same memberId
 ///                 +--> FENCED  (tombstone)
@@ -154,6 +156,10 @@ pub struct MemberRecord {
     /// Set when rejoins flap: two processes are probably configured with the same memberId.
     #[serde(default)]
     pub duplicate_suspected: bool,
+    /// LEAVING for a restart: its target stays reserved for its next incarnation until its lease passes
+    /// (see [`HeartbeatRequest::restarting`](super::wire::HeartbeatRequest::restarting)).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restarting: bool,
 }
 
 impl MemberRecord {
@@ -182,6 +188,11 @@ impl MemberRecord {
             .iter()
             .copied()
             .filter(|s| !self.assigned.contains(s))
+    }
+
+    /// Left for a restart and gave everything back: it reads nothing, and its target waits for it.
+    pub fn is_away(&self) -> bool {
+        self.restarting && self.assigned.is_empty() && self.revoking.is_empty()
     }
 
     /// Converged: epoch acknowledged, owns exactly its target, nothing pending or revoking.
@@ -514,6 +525,7 @@ mod tests {
                     owned: shards.into(),
                     rejoins: vec![3],
                     duplicate_suspected: false,
+                    restarting: false,
                 },
             );
         }

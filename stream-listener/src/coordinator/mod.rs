@@ -468,6 +468,8 @@ impl Coordinator {
         let mut rejoins = Vec::new();
         let mut duplicate_suspected = false;
         let mut previous_epoch = None;
+        let mut restarted = false;
+        let mut target = BTreeSet::new();
         if let Some(existing) = self.meta.members.get_mut(&req.member_id) {
             if existing.join_request_id == req.request_id {
                 // A replayed join whose response was lost: same epoch, same assignment, no bumps.
@@ -475,16 +477,29 @@ impl Coordinator {
                 effects.lease = true;
                 return Verdict::Accepted { stale: false };
             }
-            // The spec's rejoin: a new incarnation of a known memberId. The old one is fenced first.
             rejoins = std::mem::take(&mut existing.rejoins);
             duplicate_suspected = existing.duplicate_suspected;
             previous_epoch = Some(existing.member_epoch);
-            self.fence(
-                &req.member_id,
-                now,
-                "replaced by a rejoin of the same memberId",
-                effects,
-            );
+            if existing.restarting {
+                // It announced this restart: its target was kept for it, and the assignor keeps it
+                // (sticky), so its shards come back without moving anywhere else.
+                target = std::mem::take(&mut existing.target);
+                restarted = existing.assigned.is_empty() && existing.revoking.is_empty();
+            }
+            if restarted {
+                // It gave every shard back before it went: nothing of it can still be read, so there
+                // is nothing to fence; the new incarnation simply replaces the record.
+                self.meta.members.remove(&req.member_id);
+            } else {
+                // The spec's rejoin: a new incarnation of a known memberId. The old one is fenced first
+                // (what it may still read stays held until its lease passes).
+                self.fence(
+                    &req.member_id,
+                    now,
+                    "replaced by a rejoin of the same memberId",
+                    effects,
+                );
+            }
         }
         if let Some(pos) = self
             .meta
@@ -503,7 +518,10 @@ impl Coordinator {
         if let Some(previous_epoch) = previous_epoch {
             let window = session.saturating_mul(FLAP_WINDOW_SESSIONS);
             rejoins.retain(|&t| now.saturating_sub(t) < window);
-            rejoins.push(now);
+            if !restarted {
+                // An announced restart is not a flap: two processes sharing an id do not announce.
+                rejoins.push(now);
+            }
             if rejoins.len() >= FLAP_REJOINS && !duplicate_suspected {
                 duplicate_suspected = true;
                 effects.event(AuditEvent::DuplicateMemberIdSuspected {
@@ -537,12 +555,13 @@ impl Coordinator {
                 lease_deadline_ms: now.saturating_add(session),
                 weight: req.weight.unwrap_or(1),
                 capacity: req.runtime_consumer_capacity,
-                target: BTreeSet::new(),
+                target,
                 assigned: BTreeSet::new(),
                 revoking: BTreeMap::new(),
                 owned: BTreeSet::new(),
                 rejoins,
                 duplicate_suspected,
+                restarting: false,
             },
         );
         bump(&mut self.meta.group_epoch);
@@ -555,8 +574,22 @@ impl Coordinator {
             // Leaving twice, or after expiry: nothing to do.
             return Verdict::Left;
         };
-        if member.state != MemberState::Leaving {
+        if req.restarting && member.state != MemberState::Leaving {
+            // Leaving for a restart: it gives everything back, but its target stays reserved for its
+            // next incarnation until its lease passes, so nothing moves to anyone else meanwhile.
             member.state = MemberState::Leaving;
+            member.restarting = true;
+            effects.changed = true;
+            effects.event(AuditEvent::MemberLeavingForRestart {
+                member_id: req.member_id.clone(),
+                kept_until_ms: now.saturating_add(self.meta.config.session_timeout_ms),
+            });
+            let all: Vec<u32> = member.assigned.iter().copied().collect();
+            self.revoke(&req.member_id, all, now, effects);
+        } else if member.state != MemberState::Leaving || (member.restarting && !req.restarting) {
+            // A plain leave (also one that follows a leave for a restart: it will not come back).
+            member.state = MemberState::Leaving;
+            member.restarting = false;
             member.target.clear();
             bump(&mut self.meta.group_epoch);
             effects.rebalance = true;
@@ -680,6 +713,10 @@ impl Coordinator {
         let config = &self.meta.config;
         let (status, member_epoch, assignment) =
             match (verdict, self.meta.members.get(&req.member_id)) {
+                // A leave for a restart that gave everything back: done, as a completed leave is.
+                (Verdict::Accepted { .. }, Some(m)) if m.is_away() => {
+                    (HeartbeatStatus::Ok, LEAVE_EPOCH, Assignment::default())
+                }
                 (Verdict::Accepted { stale }, Some(m)) => {
                     let status = if !m.revoking.is_empty() {
                         HeartbeatStatus::RevokePending
@@ -690,7 +727,11 @@ impl Coordinator {
                     };
                     let assignment = Assignment {
                         assigned_shards: m.assigned.iter().copied().map(ShardId::new).collect(),
-                        pending_shards: m.pending().map(ShardId::new).collect(),
+                        pending_shards: if m.state.is_assignable() {
+                            m.pending().map(ShardId::new).collect()
+                        } else {
+                            Vec::new()
+                        },
                         metadata_version: self.meta.metadata_version,
                     };
                     (status, m.member_epoch, assignment)
@@ -905,7 +946,11 @@ impl Coordinator {
         // Leaving members that gave everything back are done.
         for id in &ids {
             let m = &self.meta.members[id];
-            if m.state == MemberState::Leaving && m.assigned.is_empty() && m.revoking.is_empty() {
+            if m.state == MemberState::Leaving
+                && !m.restarting
+                && m.assigned.is_empty()
+                && m.revoking.is_empty()
+            {
                 self.meta.members.remove(id);
                 effects.writes.removed.push(id.clone());
                 effects.event(AuditEvent::MemberLeft {
@@ -931,7 +976,7 @@ impl Coordinator {
             .meta
             .members
             .iter()
-            .filter(|(_, m)| m.state.is_assignable())
+            .filter(|(_, m)| m.state.is_assignable() || m.restarting)
             .map(|(id, _)| id)
             .collect();
         let specs: Vec<MemberSpec> = live
@@ -973,17 +1018,23 @@ impl Coordinator {
     /// Revoke-before-assign steps 1 and 2: a granted shard that left the member's target is removed from
     /// its assignment and awaits its REVOKED report.
     fn revoke_untargeted(&mut self, member_id: &str, now: i64, effects: &mut Effects) {
-        let timeout = self.meta.config.rebalance_timeout_ms;
-        let m = self.meta.members.get_mut(member_id).expect("live member");
+        let m = &self.meta.members[member_id];
         let gone: Vec<u32> = m
             .assigned
             .iter()
             .copied()
             .filter(|s| !m.target.contains(s))
             .collect();
+        self.revoke(member_id, gone, now, effects);
+    }
+
+    /// Steps 1 and 2 for `gone`, granted shards of `member_id`.
+    fn revoke(&mut self, member_id: &str, gone: Vec<u32>, now: i64, effects: &mut Effects) {
         if gone.is_empty() {
             return;
         }
+        let timeout = self.meta.config.rebalance_timeout_ms;
+        let m = self.meta.members.get_mut(member_id).expect("live member");
         for &shard in &gone {
             m.assigned.remove(&shard);
             m.revoking.insert(
@@ -1107,8 +1158,11 @@ impl Coordinator {
                     "{id} is targeted shard {s}, outside the shard count"
                 ));
             }
-            if !m.state.is_assignable() && !m.target.is_empty() {
+            if !m.state.is_assignable() && !m.restarting && !m.target.is_empty() {
                 violations.push(format!("{id} is {:?} but has a target", m.state));
+            }
+            if m.restarting && !m.assigned.is_empty() {
+                violations.push(format!("{id} left for a restart but is granted shards"));
             }
         }
         for (s, hold) in &self.meta.holds {
@@ -1199,6 +1253,10 @@ fn is_well_formed(req: &HeartbeatRequest) -> bool {
         return false;
     }
     if req.request_id.is_empty() || req.weight == Some(0) {
+        return false;
+    }
+    if req.restarting && req.member_epoch != LEAVE_EPOCH {
+        // Only a leave can announce a restart.
         return false;
     }
     let owns_something = req.owned_shards.as_ref().is_some_and(|o| !o.is_empty());

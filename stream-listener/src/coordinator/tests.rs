@@ -32,7 +32,13 @@ fn req(member: &str, epoch: i64, request_id: &str) -> HeartbeatRequest {
         revoking_shards: vec![],
         shard_progress: vec![],
         weight: None,
+        restarting: false,
     }
+}
+
+fn restarting(mut r: HeartbeatRequest) -> HeartbeatRequest {
+    r.restarting = true;
+    r
 }
 
 fn owned(mut r: HeartbeatRequest, shards: &[u32]) -> HeartbeatRequest {
@@ -683,6 +689,221 @@ fn leave_revokes_then_removes_after_revoked() {
         .iter()
         .any(|e| matches!(e, AuditEvent::MemberLeft { .. })));
     assert_eq!(member(&c, "b").assigned.len(), 2);
+}
+
+/// Two members of 4 shards; `a` leaves for a restart and reports REVOKED: its shards.
+fn a_away_for_a_restart(c: &mut Coordinator) -> Vec<u32> {
+    let ea = join_and_settle(c, "a", 0);
+    join_and_settle(c, "b", 0);
+    let a_shards: Vec<u32> = member(c, "a").assigned.iter().copied().collect();
+    assert_eq!(a_shards.len(), 2);
+    let group_epoch = c.metadata().group_epoch;
+    let out = c.heartbeat(
+        &restarting(revoked(
+            owned(req("a", LEAVE_EPOCH, "a-l1"), &[]),
+            &a_shards,
+            RevokeState::Revoking,
+        )),
+        StoreMillis(100),
+    );
+    assert_eq!(out.response.status, HeartbeatStatus::RevokePending);
+    assert_eq!(out.response.member_epoch, ea);
+    assert!(out.response.assignment.pending_shards.is_empty());
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberLeavingForRestart { kept_until_ms, .. } if *kept_until_ms == 100 + SESSION)));
+    assert_eq!(
+        c.metadata().group_epoch,
+        group_epoch,
+        "nobody else's target moves"
+    );
+    assert_eq!(
+        member(c, "b").pending().count(),
+        0,
+        "b is given none of a's shards"
+    );
+    let out = c.heartbeat(
+        &restarting(revoked(
+            owned(req("a", LEAVE_EPOCH, "a-l2"), &[]),
+            &a_shards,
+            RevokeState::Revoked,
+        )),
+        StoreMillis(200),
+    );
+    assert_eq!(out.response.member_epoch, LEAVE_EPOCH, "the leave is done");
+    assert!(member(c, "a").is_away());
+    assert_eq!(
+        member(c, "a").target.iter().copied().collect::<Vec<_>>(),
+        a_shards
+    );
+    assert_eq!(member(c, "b").assigned.len(), 2);
+    assert_eq!(member(c, "b").pending().count(), 0);
+    a_shards
+}
+
+#[test]
+fn a_leave_for_a_restart_keeps_the_target_and_the_rejoin_takes_the_shards_back_at_once() {
+    let mut c = group(4);
+    let a_shards = a_away_for_a_restart(&mut c);
+    let previous = member(&c, "a").member_epoch;
+    // Nothing moves while it is away.
+    let out = c.tick(StoreMillis(SESSION / 2));
+    assert!(out.events.is_empty(), "{:?}", out.events);
+    // The new incarnation joins within the session: its shards at once, no fence, no hold.
+    let out = c.heartbeat(
+        &req("a", 0, "a-restarted-join"),
+        StoreMillis(SESSION / 2 + 1),
+    );
+    assert_eq!(out.response.status, HeartbeatStatus::Ok);
+    assert!(out.response.member_epoch > previous);
+    assert_eq!(shards(&out.response.assignment.assigned_shards), a_shards);
+    assert!(c.metadata().holds.is_empty());
+    assert!(!out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberFenced { .. })));
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberRejoined { previous_epoch, .. } if *previous_epoch == previous)));
+    assert_eq!(member(&c, "b").assigned.len(), 2, "b kept its own");
+    assert!(!member(&c, "a").restarting);
+    assert!(
+        member(&c, "a").rejoins.is_empty(),
+        "an announced restart is no flap"
+    );
+}
+
+#[test]
+fn a_member_away_for_a_restart_that_does_not_come_back_expires_and_its_shards_move() {
+    let mut c = group(4);
+    a_away_for_a_restart(&mut c);
+    let eb = member(&c, "b").member_epoch;
+    let _ = c.heartbeat(&req("b", eb, "b1"), StoreMillis(SESSION - 1));
+    let out = c.tick(StoreMillis(200 + SESSION));
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberExpired { member_id, .. } if member_id == "a")));
+    assert!(!c.metadata().members.contains_key("a"));
+    assert_eq!(member(&c, "b").target.len(), 4);
+    let b = c
+        .heartbeat(
+            &req("b", member(&c, "b").member_epoch, "b2"),
+            StoreMillis(200 + SESSION),
+        )
+        .response;
+    assert_eq!(
+        b.assignment.assigned_shards.len(),
+        4,
+        "free at once: a gave them back"
+    );
+}
+
+#[test]
+fn repeated_restarts_announced_as_such_are_not_taken_for_a_duplicate_member_id() {
+    let mut c = group(4);
+    let mut now = 0;
+    let e = join_and_settle(&mut c, "a", now);
+    let mut epoch = e;
+    for round in 0..(FLAP_REJOINS + 2) {
+        now += 100;
+        let out = c.heartbeat(
+            &restarting(revoked(
+                owned(req("a", LEAVE_EPOCH, &format!("a-l{round}")), &[]),
+                &[0, 1, 2, 3],
+                RevokeState::Revoked,
+            )),
+            StoreMillis(now),
+        );
+        assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
+        now += 100;
+        let out = c.heartbeat(&req("a", 0, &format!("a-j{round}")), StoreMillis(now));
+        assert_eq!(out.response.assignment.assigned_shards.len(), 4);
+        assert!(out.response.member_epoch > epoch, "epochs only grow");
+        epoch = out.response.member_epoch;
+        assert!(!out
+            .events
+            .iter()
+            .any(|e| matches!(e, AuditEvent::DuplicateMemberIdSuspected { .. })));
+        let _ = c.heartbeat(
+            &owned(req("a", epoch, &format!("a-c{round}")), &[0, 1, 2, 3]),
+            StoreMillis(now),
+        );
+    }
+    assert!(!member(&c, "a").duplicate_suspected);
+}
+
+#[test]
+fn a_rejoin_before_the_restart_leave_gave_everything_back_fences_what_is_still_held() {
+    let mut c = group(4);
+    join_and_settle(&mut c, "a", 0);
+    join_and_settle(&mut c, "b", 0);
+    let a_shards: Vec<u32> = member(&c, "a").assigned.iter().copied().collect();
+    let _ = c.heartbeat(
+        &restarting(revoked(
+            owned(req("a", LEAVE_EPOCH, "a-l1"), &[]),
+            &a_shards,
+            RevokeState::Draining,
+        )),
+        StoreMillis(100),
+    );
+    let lease = member(&c, "a").lease_deadline_ms;
+    // The new incarnation comes up while the old one may still be handling its shards.
+    let out = c.heartbeat(&req("a", 0, "a-new"), StoreMillis(200));
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, AuditEvent::MemberFenced { .. })));
+    assert!(out.response.assignment.assigned_shards.is_empty());
+    assert_eq!(
+        shards(&out.response.assignment.pending_shards),
+        a_shards,
+        "kept for it"
+    );
+    for s in &a_shards {
+        assert_eq!(c.metadata().holds[s].until_ms, lease);
+    }
+    let ea = out.response.member_epoch;
+    let eb = member(&c, "b").member_epoch;
+    let _ = c.heartbeat(&req("b", eb, "b-alive"), StoreMillis(SESSION / 2));
+    let _ = c.tick(StoreMillis(lease));
+    let out = c.heartbeat(&owned(req("a", ea, "a-after"), &[]), StoreMillis(lease));
+    assert_eq!(shards(&out.response.assignment.assigned_shards), a_shards);
+    assert_eq!(
+        member(&c, "b").assigned.len(),
+        2,
+        "nothing went to b meanwhile"
+    );
+}
+
+#[test]
+fn a_plain_leave_after_a_leave_for_a_restart_gives_the_shards_to_the_others() {
+    let mut c = group(4);
+    a_away_for_a_restart(&mut c);
+    let group_epoch = c.metadata().group_epoch;
+    let out = c.heartbeat(
+        &owned(req("a", LEAVE_EPOCH, "a-gone"), &[]),
+        StoreMillis(300),
+    );
+    assert_eq!(out.response.member_epoch, LEAVE_EPOCH);
+    assert!(!c.metadata().members.contains_key("a"));
+    assert!(c.metadata().group_epoch > group_epoch);
+    assert_eq!(member(&c, "b").target.len(), 4);
+}
+
+#[test]
+fn restarting_on_a_heartbeat_that_is_not_a_leave_is_refused_and_changes_nothing() {
+    let mut c = group(4);
+    let e = join_and_settle(&mut c, "a", 0);
+    let before = c.metadata().clone();
+    for epoch in [0, e] {
+        let out = c.heartbeat(&restarting(req("a", epoch, "odd")), StoreMillis(10));
+        assert_eq!(out.response.status, HeartbeatStatus::InvalidRequest);
+        assert_eq!(out.change, Change::None);
+    }
+    assert_eq!(c.metadata(), &before);
 }
 
 #[test]

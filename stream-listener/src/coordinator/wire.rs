@@ -66,6 +66,11 @@ pub struct HeartbeatRequest {
     /// Static balancing weight of this member (ours, not the spec's): configuration, never runtime load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// Ours, on a leave (epoch -1) only: the member restarts under the same memberId, so the group keeps
+    /// its target for it until its lease passes (Kafka's static membership, KIP-345) instead of moving its
+    /// shards away and back. It still gives every shard back (REVOKED) before it goes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restarting: bool,
 }
 
 /// Local worker capacity of a member.
@@ -241,6 +246,7 @@ mod tests {
             }],
             shard_progress: vec![],
             weight: None,
+            restarting: false,
         };
         let json = serde_json::to_value(&req).unwrap();
         assert_eq!(

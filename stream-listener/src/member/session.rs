@@ -77,6 +77,8 @@ pub struct MemberSession {
     session_timeout_ms: i64,
     heartbeat_interval_ms: i64,
     progress: BTreeMap<u32, ShardProgress>,
+    /// Whether a leave announces a restart under the same memberId ([`MemberSession::restarts`]).
+    restarting: bool,
 }
 
 impl MemberSession {
@@ -102,7 +104,17 @@ impl MemberSession {
             session_timeout_ms,
             heartbeat_interval_ms: 1_000,
             progress: BTreeMap::new(),
+            restarting: false,
         }
+    }
+
+    /// Static membership: this memberId outlives the process (a StatefulSet pod name, a configured id),
+    /// so a graceful leave announces a restart. The member still gives every shard back before it goes;
+    /// the group keeps its target for its next incarnation until its lease passes, instead of moving its
+    /// shards to others and back.
+    pub fn restarts(mut self, restarting: bool) -> Self {
+        self.restarting = restarting;
+        self
     }
 
     /// The memberId.
@@ -246,6 +258,7 @@ impl MemberSession {
             },
             shard_progress: self.progress.values().cloned().collect(),
             weight: Some(self.identity.weight),
+            restarting: self.restarting && matches!(self.phase, Phase::Leaving | Phase::Left),
         }
     }
 

@@ -80,6 +80,7 @@ mod tests {
             revoking_shards: Vec::new(),
             shard_progress: Vec::new(),
             weight: None,
+            restarting: false,
         }
     }
 

@@ -339,6 +339,7 @@ pub(super) mod tests {
             revoking_shards: vec![],
             shard_progress: vec![],
             weight: None,
+            restarting: false,
         }
     }
 
