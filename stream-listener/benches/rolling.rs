@@ -3,9 +3,14 @@
 //! moves the roll made against the minimum, and the longest time any shard had no owner reading it, in
 //! heartbeat intervals (the issue's bound: one interval plus the drain; the drain here is instant).
 //!
+//! Two rolls, each on a fresh redis-server: a **Deployment** (member ids from the pod, new ones for the new
+//! pod, as with pod IPs: the new pod starts first, then the old one leaves) and a **StatefulSet** with
+//! static membership (the pod stops, announcing a restart, then comes back under the same ids: the
+//! group keeps its shards for it).
+//!
 //! `cargo bench -p stream-listener --bench rolling`
 //! (`SL_BENCH_PROCESSES`: processes, default 100; `SL_BENCH_MEMBERS_PER_PROCESS`: default 4;
-//! `SL_BENCH_SHARDS`: default 1024.)
+//! `SL_BENCH_SHARDS`: default 1024; `SL_BENCH_ROLL`: `deployment`, `statefulset` or `both`, the default.)
 //!
 //! Every member is a real [`MemberLoop`] (production pacing, 1 s heartbeats, its own store and connection)
 //! with a consumption layer that drains at once: a `Revoke` is reported REVOKED on the spot, as a consumer
@@ -52,6 +57,7 @@ async fn start_member(
     shards: u32,
     config: GroupConfig,
     wakeups: &Wakeups,
+    restarts: bool,
 ) -> Member {
     let store =
         GroupStore::create(connect(url).await, STREAM, GROUP, shards, config).expect("store");
@@ -64,7 +70,8 @@ async fn start_member(
     let salt = id
         .bytes()
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    let session = MemberSession::new(identity, config.session_timeout_ms, salt);
+    let session = MemberSession::new(identity, config.session_timeout_ms, salt ^ rand_salt())
+        .restarts(restarts);
     let (commands_tx, mut commands_rx) = mpsc::unbounded_channel();
     let (reports_tx, reports_rx) = mpsc::unbounded_channel();
     let (stop, stop_rx) = watch::channel(false);
@@ -93,11 +100,18 @@ async fn start_member(
 }
 
 /// A process's members, sharing its wake-up subscription as the runtime's members do.
+/// Differs between incarnations of one member id (their request ids must).
+fn rand_salt() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
+}
+
 async fn start_process(
     url: &str,
     name: &str,
     per_process: usize,
     shards: u32,
+    restarts: bool,
 ) -> (Vec<Member>, Wakeups) {
     let channel = GroupKeys::new(STREAM, GROUP).wake;
     let wakeups = Wakeups::start(RedisTarget::open(url).expect("url"), channel);
@@ -105,7 +119,8 @@ async fn start_process(
     let mut members = Vec::with_capacity(per_process);
     for k in 0..per_process {
         let id = format!("{name}-{k}");
-        members.push(start_member(url, id, shards, GroupConfig::default(), &wakeups).await);
+        members
+            .push(start_member(url, id, shards, GroupConfig::default(), &wakeups, restarts).await);
     }
     (members, wakeups)
 }
@@ -174,18 +189,55 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let redis = RedisServer::start();
+    let modes: &[bool] = match std::env::var("SL_BENCH_ROLL").as_deref() {
+        Ok("deployment") => &[false],
+        Ok("statefulset") => &[true],
+        _ => &[false, true],
+    };
     println!(
-        "rolling restart bench: {processes} processes x {per_process} members, {shards} shards, heartbeat {} ms, \
-         redis-server on port {}",
+        "rolling restart bench: {processes} processes x {per_process} members, {shards} shards, heartbeat {} ms",
         interval.as_millis(),
-        redis.port()
     );
-    runtime.block_on(async {
-        let url = redis.url();
-        let mut observer =
-            GroupStore::create(connect(&url).await, STREAM, GROUP, shards, GroupConfig::default())
-                .expect("store");
+    for &stateful in modes {
+        let redis = RedisServer::start();
+        println!(
+            "\n{} (redis-server on port {})",
+            if stateful {
+                "StatefulSet, static membership: each pod stops (announcing a restart), then comes back under its ids"
+            } else {
+                "Deployment: each new pod starts and becomes ready, then the old pod leaves"
+            },
+            redis.port()
+        );
+        runtime.block_on(roll(
+            &redis.url(),
+            processes,
+            per_process,
+            shards,
+            interval,
+            stateful,
+        ));
+    }
+}
+
+async fn roll(
+    url: &str,
+    processes: usize,
+    per_process: usize,
+    shards: u32,
+    interval: Duration,
+    stateful: bool,
+) {
+    {
+        let url = url.to_string();
+        let mut observer = GroupStore::create(
+            connect(&url).await,
+            STREAM,
+            GROUP,
+            shards,
+            GroupConfig::default(),
+        )
+        .expect("store");
         // All members, old and new, by index; `alive[i]` while member i runs.
         let mut members: Vec<Member> = Vec::new();
         let mut processes_now: Vec<Vec<usize>> = Vec::new();
@@ -193,7 +245,7 @@ fn main() {
         let mut subscriptions: Vec<Option<Wakeups>> = Vec::new();
         for p in 0..processes {
             let (started, wakeups) =
-                start_process(&url, &format!("old{p}"), per_process, shards).await;
+                start_process(&url, &format!("old{p}"), per_process, shards, stateful).await;
             subscriptions.push(Some(wakeups));
             let first = members.len();
             members.extend(started);
@@ -204,13 +256,20 @@ fn main() {
         loop {
             if let Ok((_, coordinator)) = observer.load().await {
                 let view = coordinator.projection(StoreMillis(0));
-                let live = view.members.iter().filter(|m| m.lease_deadline_ms > 0).count();
+                let live = view
+                    .members
+                    .iter()
+                    .filter(|m| m.lease_deadline_ms > 0)
+                    .count();
                 let granted: usize = view.members.iter().map(|m| m.owned.len()).sum();
                 if view.state == GroupState::Stable && live == all && granted == shards as usize {
                     break;
                 }
             }
-            assert!(Instant::now() < converge_deadline, "the old generation never converged");
+            assert!(
+                Instant::now() < converge_deadline,
+                "the old generation never converged"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("  old generation converged: {all} members, every shard granted, STABLE");
@@ -228,37 +287,74 @@ fn main() {
         let roll_start = Instant::now();
         let step_limit = Duration::from_secs(60);
         for (p, old) in processes_now.iter().enumerate() {
-            // The new pod starts and becomes ready: each of its members joined (has an epoch).
+            let step_start = Instant::now();
+            if stateful {
+                // The pod stops first (a StatefulSet replaces a pod in place): its members give their
+                // shards back and leave announcing the restart.
+                for &i in old {
+                    let _ = members[i].stop.send(true);
+                }
+                while !old.iter().all(|&i| members[i].task.is_finished()) {
+                    assert!(
+                        step_start.elapsed() < step_limit,
+                        "process old{p} never stopped"
+                    );
+                    sample(&mut ownership, &members, &alive);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                alive.retain(|i| !old.contains(i));
+                subscriptions[p] = None;
+            }
+            // The new pod starts and becomes ready: each of its members joined (has an epoch). Under a
+            // StatefulSet it has the old pod's name, so its members have the old ids.
+            let name = if stateful {
+                format!("old{p}")
+            } else {
+                format!("new{p}")
+            };
             let (started, wakeups) =
-                start_process(&url, &format!("new{p}"), per_process, shards).await;
+                start_process(&url, &name, per_process, shards, stateful).await;
             subscriptions.push(Some(wakeups));
             let first = members.len();
             members.extend(started);
             let new: Vec<usize> = (first..members.len()).collect();
             alive.extend(&new);
-            let step_start = Instant::now();
-            while !new.iter().all(|&i| members[i].status.borrow().phase == Phase::Member) {
-                assert!(step_start.elapsed() < step_limit, "process new{p} never became ready");
+            while !new
+                .iter()
+                .all(|&i| members[i].status.borrow().phase == Phase::Member)
+            {
+                assert!(
+                    step_start.elapsed() < step_limit,
+                    "process {name} never became ready"
+                );
                 sample(&mut ownership, &members, &alive);
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            // Then the old pod stops gracefully: its members give their shards back and leave.
-            for &i in old {
-                let _ = members[i].stop.send(true);
+            if !stateful {
+                // Then the old pod stops gracefully: its members give their shards back and leave.
+                for &i in old {
+                    let _ = members[i].stop.send(true);
+                }
+                while !old.iter().all(|&i| members[i].task.is_finished()) {
+                    assert!(
+                        step_start.elapsed() < step_limit,
+                        "process old{p} never stopped"
+                    );
+                    sample(&mut ownership, &members, &alive);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                alive.retain(|i| !old.contains(i));
+                subscriptions[p] = None;
             }
-            while !old.iter().all(|&i| members[i].task.is_finished()) {
-                assert!(step_start.elapsed() < step_limit, "process old{p} never stopped");
-                sample(&mut ownership, &members, &alive);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            alive.retain(|i| !old.contains(i));
-            subscriptions[p] = None;
         }
         let rolled = roll_start.elapsed();
         // Until every shard is read again by the new generation.
         let settle_deadline = Instant::now() + Duration::from_secs(60);
         while !ownership.unowned_since.is_empty() || ownership.owner.values().any(Option::is_none) {
-            assert!(Instant::now() < settle_deadline, "shards stayed unowned after the roll");
+            assert!(
+                Instant::now() < settle_deadline,
+                "shards stayed unowned after the roll"
+            );
             sample(&mut ownership, &members, &alive);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -267,7 +363,8 @@ fn main() {
         let mut gaps = ownership.gaps.clone();
         gaps.sort();
         let (longest, shard, _) = gaps.last().copied().unwrap_or_default();
-        let at = |q: f64| gaps.get(((gaps.len() as f64 * q) as usize).min(gaps.len().saturating_sub(1)));
+        let at =
+            |q: f64| gaps.get(((gaps.len() as f64 * q) as usize).min(gaps.len().saturating_sub(1)));
         let ms = |g: Option<&(Duration, u32, usize)>| g.map_or(0, |g| g.0.as_millis());
         let to_new: Vec<_> = gaps.iter().filter(|g| g.2 >= all).collect();
         println!(
@@ -326,5 +423,5 @@ fn main() {
         for member in members {
             let _ = tokio::time::timeout(Duration::from_secs(10), member.task).await;
         }
-    });
+    }
 }

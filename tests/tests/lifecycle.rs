@@ -2,7 +2,8 @@
 //! (a shard's next owner hears of it only after the last owner's revoked hook returned), `on_fenced` when
 //! an operator fences the member, a panicking hook that does not stop the member, an annotated listener's
 //! hooks given to the runtime by its name, pause within one poll while entries keep arriving, resume
-//! handling everything, and an unknown id or name refused by name.
+//! handling everything, an unknown id or name refused by name, and a restart under static membership that
+//! takes its own shards back without moving them anywhere else.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stream_listener::consumer::LifecycleHooks;
+use stream_listener::coordinator::events::AuditEvent;
 use stream_listener::coordinator::AdminCommand;
 use stream_listener::member::session::Phase;
-use stream_listener::store::GroupStore;
+use stream_listener::store::{GroupKeys, GroupStore};
 use stream_listener::{ConsumerBuilder, Message, RuntimeError};
 use stream_listener_test_support::aio::{connect, wait_until};
 use stream_listener_test_support::RedisServer;
@@ -462,4 +464,124 @@ async fn hooks_for_a_name_no_listener_has_are_a_start_error_naming_the_listeners
         error.to_string(),
         "lifecycle hooks for `on_ordre`: no listener of this runtime has that name (listeners: orders_billing)"
     );
+}
+
+/// The coordinator's audit events of group `g` on `stream`, oldest first.
+async fn audit(url: &str, stream: &str) -> Vec<AuditEvent> {
+    let mut conn = connect(url).await;
+    let page: Vec<(String, std::collections::HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(GroupKeys::new(stream, "g").audit)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    page.iter()
+        .filter_map(|(_, fields)| fields.get("event"))
+        .map(|event| serde_json::from_str(event).expect("an audit event"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_static_membership_takes_its_own_shards_back_and_nobody_else_gets_them() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "static";
+    produce(&url, stream, 4, 0, 100).await;
+    let journal = Journal::default();
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    // A session long enough for a restart of this process to fit in it.
+    let timing = stream_listener::GroupConfig {
+        session_timeout_ms: 6_000,
+        ..TIMING
+    };
+    let start_static = |id: &'static str| {
+        let builder = journal.hooked(member(stream, id, seen.clone()), id);
+        let url = url.clone();
+        async move {
+            test_runtime(&url)
+                .group_config(timing)
+                .static_membership()
+                .default_shard_count(4)
+                .consumer(builder)
+                .start()
+                .await
+                .unwrap()
+        }
+    };
+    let a = start_static("a").await;
+    let b = start_static("b").await;
+    wait_until(
+        "a and b own two shards each",
+        Duration::from_secs(20),
+        || journal.owned("a").len() == 2 && journal.owned("b").len() == 2,
+    )
+    .await;
+    let a_shards = journal.owned("a");
+    let b_shards = journal.owned("b");
+    let before = journal.events().len();
+    // a shuts down (a restart), entries keep coming meanwhile, and a comes back under its id.
+    a.stop().await.unwrap();
+    produce(&url, stream, 4, 100, 100).await;
+    let a = start_static("a").await;
+    wait_until("a owns its shards again", Duration::from_secs(20), || {
+        journal.owned("a") == a_shards
+    })
+    .await;
+    wait_until("every order handled", Duration::from_secs(20), || {
+        seen.lock().unwrap().len() == 200
+    })
+    .await;
+    // b was never given a's shards nor asked for its own: its hooks did not run again.
+    let after: Vec<Event> = journal.events().split_off(before);
+    assert!(after.iter().all(|e| e.1 == "a"), "{after:?}");
+    assert_eq!(journal.owned("b"), b_shards);
+    // From the records: the leave announced the restart, the rejoin fenced nothing, and every grant
+    // after the leave went to a, with a higher epoch than any before.
+    let events = audit(&url, stream).await;
+    let left = events
+        .iter()
+        .position(|e| matches!(e, AuditEvent::MemberLeavingForRestart { member_id, .. } if member_id == "a"))
+        .unwrap_or_else(|| panic!("no restart announced: {events:?}"));
+    let before_epoch = events[..left]
+        .iter()
+        .filter_map(|e| match e {
+            AuditEvent::ShardsAssigned { member_epoch, .. } => Some(*member_epoch),
+            _ => None,
+        })
+        .max()
+        .expect("grants before the leave");
+    let later = &events[left..];
+    assert!(
+        later
+            .iter()
+            .any(|e| matches!(e, AuditEvent::MemberRejoined { member_id, .. } if member_id == "a")),
+        "{later:?}"
+    );
+    assert!(
+        !later.iter().any(|e| matches!(
+            e,
+            AuditEvent::MemberFenced { .. } | AuditEvent::HoldsReleased { .. }
+        )),
+        "{later:?}"
+    );
+    let grants: Vec<(&String, i64, &Vec<u32>)> = later
+        .iter()
+        .filter_map(|e| match e {
+            AuditEvent::ShardsAssigned {
+                member_id,
+                member_epoch,
+                shards,
+            } => Some((member_id, *member_epoch, shards)),
+            _ => None,
+        })
+        .collect();
+    assert!(!grants.is_empty(), "{later:?}");
+    for (member_id, epoch, shards) in &grants {
+        assert_eq!(member_id.as_str(), "a", "{later:?}");
+        assert!(*epoch > before_epoch, "tokens never go back: {later:?}");
+        assert!(shards.iter().all(|s| a_shards.contains(s)), "{later:?}");
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
 }

@@ -13,6 +13,14 @@
 //! Every id is sanitized to `[A-Za-z0-9._-]` ([`sanitize`]), so it is safe in Redis consumer names, logs
 //! and heartbeat JSON.
 //!
+//! # Static membership
+//!
+//! A pod IP changes on every restart, so a restarted pod is a new member and its shards move twice in a
+//! rolling deploy. With static membership ([`stable_base_member_id`]) the base is what survives a restart:
+//! the override, else `POD_NAME` (the downward API's `metadata.name`), else `HOSTNAME` (a StatefulSet
+//! pod's name), never with the process id; a graceful leave then announces the restart, and the group
+//! keeps the member's shards for it for one session timeout.
+//!
 //! # Why the process id is appended only sometimes
 //!
 //! A pod IP names exactly one pod, so two members with the same pod-IP-based id are the same pod, and a
@@ -32,6 +40,9 @@ pub const POD_IP_ENV_VARS: [&str; 4] =
 /// Environment variable read for the host name when no pod IP or local address is found.
 pub const HOSTNAME_ENV_VAR: &str = "HOSTNAME";
 
+/// Environment variables read for a name that survives restarts under static membership, in order.
+pub const STABLE_ENV_VARS: [&str; 2] = ["POD_NAME", HOSTNAME_ENV_VAR];
+
 /// Where a base member id came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdentitySource {
@@ -43,6 +54,8 @@ pub enum IdentitySource {
     LocalAddress(IpAddr),
     /// The `HOSTNAME` environment variable (process id appended).
     Hostname,
+    /// The named variable of [`STABLE_ENV_VARS`], as given: static membership.
+    PodName(&'static str),
     /// Nothing usable was found: process id plus a random suffix.
     Fallback,
 }
@@ -121,6 +134,30 @@ pub fn resolve_base_member_id(
     }
 }
 
+/// The base member id under static membership: one that names the same member after a restart, from
+/// `override_id`, else the first usable variable of [`STABLE_ENV_VARS`] (no process id). `None` when
+/// there is none: a pod IP, a local address or a random fallback would not survive the restart.
+pub fn stable_base_member_id(
+    override_id: Option<&str>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<BaseMemberId> {
+    if let Some(id) = override_id.and_then(usable) {
+        return Some(BaseMemberId {
+            id,
+            source: IdentitySource::Override,
+        });
+    }
+    STABLE_ENV_VARS.into_iter().find_map(|name| {
+        env(name)
+            .as_deref()
+            .and_then(usable)
+            .map(|id| BaseMemberId {
+                id,
+                source: IdentitySource::PodName(name),
+            })
+    })
+}
+
 /// The logical member ids `{base}-m0 .. {base}-m{concurrency-1}`.
 pub fn member_ids(base: &str, concurrency: usize) -> Vec<String> {
     (0..concurrency).map(|i| format!("{base}-m{i}")).collect()
@@ -190,6 +227,38 @@ mod tests {
 
     fn lan() -> Option<IpAddr> {
         Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 20)))
+    }
+
+    #[test]
+    fn static_membership_takes_a_name_that_survives_restarts_and_never_the_pid_or_the_ip() {
+        let stable = |o, vars| stable_base_member_id(o, env(vars));
+        let id = stable(
+            None,
+            &[
+                ("POD_IP", "10.0.0.1"),
+                ("POD_NAME", "orders-2"),
+                ("HOSTNAME", "h"),
+            ],
+        )
+        .expect("a pod name");
+        assert_eq!(id.id, "orders-2");
+        assert_eq!(id.source, IdentitySource::PodName("POD_NAME"));
+        let id = stable(None, &[("POD_IP", "10.0.0.1"), ("HOSTNAME", "orders-0")]).expect("host");
+        assert_eq!(
+            id.id, "orders-0",
+            "no process id: it must survive the restart"
+        );
+        assert_eq!(id.source, IdentitySource::PodName("HOSTNAME"));
+        assert_eq!(
+            stable(Some("billing-1"), &[("POD_NAME", "p")]).map(|b| b.source),
+            Some(IdentitySource::Override)
+        );
+        assert_eq!(
+            stable(None, &[("POD_IP", "10.0.0.1")]),
+            None,
+            "an IP changes"
+        );
+        assert_eq!(stable(Some(" "), &[("POD_NAME", "--")]), None);
     }
 
     #[test]

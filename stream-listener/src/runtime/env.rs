@@ -22,6 +22,7 @@ const PREFIX: &str = "STREAM_LISTENER_";
 /// listener's override.
 const RUNTIME_SETTINGS: &[&str] = &[
     "MEMBER_ID",
+    "STATIC_MEMBERSHIP",
     "HEARTBEAT_INTERVAL_MS",
     "SESSION_TIMEOUT_MS",
     "REBALANCE_TIMEOUT_MS",
@@ -112,6 +113,15 @@ impl Runtime {
         };
         runtime.tls = TlsFiles::from_lookup(&lookup);
         runtime.base_member_id = lookup("STREAM_LISTENER_MEMBER_ID");
+        if let Some(value) = lookup("STREAM_LISTENER_STATIC_MEMBERSHIP") {
+            match value.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => runtime.static_membership = true,
+                "false" | "0" | "no" => runtime.static_membership = false,
+                _ => runtime.env_errors.push(format!(
+                    "STREAM_LISTENER_STATIC_MEMBERSHIP={value:?} is not true or false"
+                )),
+            }
+        }
         let mut number = |name: &str, set: &mut dyn FnMut(u32)| {
             if let Some(value) = lookup(name) {
                 match value.trim().parse::<u32>() {
@@ -181,6 +191,7 @@ mod tests {
         let runtime = Runtime::from_lookup(env(&[
             ("REDIS_URL", "redis://10.0.0.9:6380"),
             ("STREAM_LISTENER_MEMBER_ID", "pod-1"),
+            ("STREAM_LISTENER_STATIC_MEMBERSHIP", "true"),
             ("STREAM_LISTENER_HEARTBEAT_INTERVAL_MS", "250"),
             ("STREAM_LISTENER_SESSION_TIMEOUT_MS", "4000"),
             ("STREAM_LISTENER_REBALANCE_TIMEOUT_MS", "9000"),
@@ -191,6 +202,14 @@ mod tests {
         ]));
         assert_eq!(runtime.redis_url.expose(), "redis://10.0.0.9:6380");
         assert_eq!(runtime.base_member_id.as_deref(), Some("pod-1"));
+        assert!(runtime.static_membership);
+        assert!(runtime.env_errors.is_empty(), "{:?}", runtime.env_errors);
+        let odd = Runtime::from_lookup(env(&[("STREAM_LISTENER_STATIC_MEMBERSHIP", "maybe")]));
+        assert!(!odd.static_membership);
+        assert_eq!(
+            odd.env_errors,
+            ["STREAM_LISTENER_STATIC_MEMBERSHIP=\"maybe\" is not true or false"]
+        );
         assert_eq!(
             runtime.group_config,
             GroupConfig {

@@ -82,6 +82,17 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("no listener registered: add #[stream_listener] handlers or a ConsumerBuilder")]
     NoListeners,
+    /// [`Runtime::static_membership`](super::Runtime::static_membership) is on, but nothing names this
+    /// process in a way that survives a restart.
+    #[error(
+        "static membership needs a member id that survives restarts for {listener}: set \
+         STREAM_LISTENER_MEMBER_ID, POD_NAME (the downward API's metadata.name) or HOSTNAME, \
+         or give the listener an id"
+    )]
+    NoStableMemberId {
+        /// The listener without one.
+        listener: String,
+    },
     /// [`Runtime::hooks`](super::Runtime::hooks) names a listener this runtime does not run.
     #[error("lifecycle hooks for `{name}`: no listener of this runtime has that name (listeners: {})", .known.join(", "))]
     HooksForUnknownListener {

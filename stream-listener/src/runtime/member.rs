@@ -121,8 +121,9 @@ impl RunningMember {
             identity,
             shared.group_config.session_timeout_ms,
             incarnation(),
-        );
-        span.in_scope(|| tracing::info!(listener = %plan.label, "member starting"));
+        )
+        .restarts(plan.restarts);
+        span.in_scope(|| tracing::info!(listener = %plan.label, static_membership = plan.restarts, "member starting"));
         let heartbeat_task = tokio::spawn(supervise::supervised(
             owner,
             "heartbeat loop",

@@ -64,6 +64,8 @@ pub struct Runtime {
     /// Certificates for `rediss://` beyond the system's roots (paths only: read at start).
     tls: TlsFiles,
     base_member_id: Option<String>,
+    /// Member ids survive restarts and a shutdown announces one ([`Runtime::static_membership`]).
+    static_membership: bool,
     group_config: GroupConfig,
     shard_count: u32,
     shutdown_timeout: Duration,
@@ -91,6 +93,7 @@ impl Runtime {
             url_origin: "Runtime::new",
             tls: TlsFiles::default(),
             base_member_id: None,
+            static_membership: false,
             group_config: GroupConfig::default(),
             shard_count: DEFAULT_SHARD_COUNT,
             shutdown_timeout: Duration::from_secs(30),
@@ -159,6 +162,22 @@ impl Runtime {
     /// Overrides the base member id of annotated listeners (default: pod IP, local address, hostname).
     pub fn base_member_id(mut self, id: impl Into<String>) -> Self {
         self.base_member_id = Some(id.into());
+        self
+    }
+
+    /// Static membership (Kafka's KIP-345), for rolling deploys: member ids survive restarts, and a
+    /// graceful shutdown announces a restart, so the group keeps this process's shards for it for one
+    /// session timeout instead of moving them to the others and back.
+    ///
+    /// The base member id is then [`base_member_id`](Self::base_member_id) (or
+    /// `STREAM_LISTENER_MEMBER_ID`), else `POD_NAME`, else `HOSTNAME` (a StatefulSet pod's name), never
+    /// with the process id; `start` refuses a listener without one
+    /// ([`RuntimeError::NoStableMemberId`]). Use it where each pod's name is its own and comes back
+    /// (a StatefulSet), never where two live processes could share one. The cost: a process shut down
+    /// for good leaves its shards unread for one session timeout before they move.
+    /// `STREAM_LISTENER_STATIC_MEMBERSHIP=true` turns it on from the environment.
+    pub fn static_membership(mut self) -> Self {
+        self.static_membership = true;
         self
     }
 

@@ -25,6 +25,8 @@ pub(super) struct MemberPlan {
     pub(super) start_from: StartFrom,
     pub(super) shard_count: Option<u32>,
     pub(super) hooks: LifecycleHooks,
+    /// Static membership: a shutdown announces a restart under the same member id.
+    pub(super) restarts: bool,
 }
 
 /// The plans of `specs` under `runtime`'s settings: each spec gets its hooks from the runtime, the
@@ -51,6 +53,11 @@ pub(super) fn plans(
     // Entries a member's earlier incarnation (or a dead member) read and never acknowledged are claimed
     // once they have been idle for a session timeout: by then their reader's lease is over.
     let reclaim_idle = Duration::from_millis(runtime.group_config.session_timeout_ms.max(1) as u64);
+    // Static membership: the base must name this process after a restart too.
+    let stable = runtime.static_membership.then(|| {
+        crate::member::identity::stable_base_member_id(runtime.base_member_id.as_deref(), &env)
+            .map(|base| base.id)
+    });
     let mut plans = Vec::new();
     for mut spec in specs {
         if runtime.env_overrides {
@@ -72,7 +79,13 @@ pub(super) fn plans(
             Origin::Annotated { path, .. } => path.clone(),
             Origin::Builder { .. } => format!("{}/{}", spec.stream, spec.group),
         };
-        for member_id in spec.member_ids(runtime.base_member_id.as_deref()) {
+        let base = match &stable {
+            None => runtime.base_member_id.clone(),
+            Some(Some(base)) => Some(base.clone()),
+            Some(None) if spec.member_id.is_some() => None,
+            Some(None) => return Err(RuntimeError::NoStableMemberId { listener: origin }),
+        };
+        for member_id in spec.member_ids(base.as_deref()) {
             let mut consumer = spec.consumer_config(&member_id);
             consumer.reclaim_idle = reclaim_idle;
             plans.push(MemberPlan {
@@ -85,6 +98,7 @@ pub(super) fn plans(
                 start_from: spec.start_from,
                 shard_count: spec.shard_count,
                 hooks: spec.hooks.clone(),
+                restarts: runtime.static_membership,
             });
         }
     }
@@ -193,5 +207,45 @@ mod tests {
             .consumer(builder("billing"))
             .consumer(builder("audit"));
         assert_eq!(plans(&runtime, specs(&runtime), |_| None).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn static_membership_names_members_by_what_survives_a_restart_or_refuses_to_start() {
+        let unnamed = || {
+            ConsumerBuilder::new("orders", "billing")
+                .handler(|_m: RawMessage| async { Ok::<(), String>(()) })
+        };
+        let runtime = Runtime::new("redis://127.0.0.1:1")
+            .without_annotated_listeners()
+            .static_membership()
+            .consumer(unnamed());
+        let pod = |name: &str| match name {
+            "POD_NAME" => Some("orders-2".to_string()),
+            "POD_IP" => Some("10.0.0.7".to_string()),
+            _ => None,
+        };
+        let plan = &plans(&runtime, specs(&runtime), pod).unwrap()[0];
+        assert_eq!(plan.member_id, "orders-2-billing");
+        assert!(plan.restarts);
+        // Only an IP (it changes on every restart): refused, naming the listener.
+        let ip = |name: &str| (name == "POD_IP").then(|| "10.0.0.7".to_string());
+        assert!(matches!(
+            plans(&runtime, specs(&runtime), ip),
+            Err(RuntimeError::NoStableMemberId { listener }) if listener.contains("orders")
+        ));
+        // A listener with its own id needs nothing else.
+        let runtime = Runtime::new("redis://127.0.0.1:1")
+            .without_annotated_listeners()
+            .static_membership()
+            .consumer(builder("billing"));
+        let plan = &plans(&runtime, specs(&runtime), ip).unwrap()[0];
+        assert_eq!(plan.member_id, "solo");
+        assert!(plan.restarts);
+        // Off by default: the pod IP, and a shutdown is a plain leave.
+        let runtime = Runtime::new("redis://127.0.0.1:1")
+            .without_annotated_listeners()
+            .consumer(unnamed());
+        let plan = &plans(&runtime, specs(&runtime), pod).unwrap()[0];
+        assert!(!plan.restarts);
     }
 }
