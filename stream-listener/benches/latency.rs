@@ -27,6 +27,7 @@ use redis::Value;
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener_test_support::aio::command_calls;
+use stream_listener_test_support::cpu::process_cpu;
 use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 
@@ -39,27 +40,6 @@ fn wall_ns() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos() as u64
-}
-
-/// CPU time of this process's live threads: the sum of their `/proc/self/task/*/schedstat` run times
-/// (ns). The producer's thread starts after a phase's first reading and has exited by its last, so it is
-/// in neither: what is left is the consuming side's client CPU.
-fn process_cpu() -> Duration {
-    let mut ns = 0u64;
-    for task in std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task")
-        .flatten()
-    {
-        let path = task.path().join("schedstat");
-        if let Ok(stat) = std::fs::read_to_string(path) {
-            ns += stat
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Duration::from_nanos(ns)
 }
 
 /// Latencies (ns) recorded by whichever side runs.
@@ -306,6 +286,8 @@ async fn run_phase(
     recorder.take();
     let handled_before = recorder.handled.load(Ordering::Relaxed);
     let calls_before = commands_total(&command_calls(conn).await);
+    // The producer's thread starts after this reading and has exited by the last one, so it is in
+    // neither: what `process_cpu` counts over the phase is the consuming side's client CPU.
     let cpu_before = process_cpu();
     let sent = produce(url, prefix, phase).await;
     let deadline = Instant::now() + Duration::from_secs(60);

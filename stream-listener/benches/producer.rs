@@ -5,6 +5,9 @@
 //! writes the entries in alternating slices of both sides (this 2-core VM's speed drifts by tens of per
 //! cent within seconds; whole-run alternation let that drift decide single rounds).
 //!
+//! Beside the rates it prints the client CPU each side spent per entry (this process's CPU time over its
+//! slices, `/proc/self/task/*/schedstat`; the runtime is single-threaded and Redis is another process).
+//!
 //! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count,
 //! `SL_BENCH_ROUNDS` the rounds).
 
@@ -15,6 +18,7 @@ use serde::Serialize;
 use stream_listener::producer::{Producer, ProducerConfig};
 use stream_listener::routing::{shard_for_key, shard_stream_key};
 use stream_listener::topology::Topology;
+use stream_listener_test_support::cpu::process_cpu;
 use stream_listener_test_support::RedisServer;
 
 const BATCH: usize = 100;
@@ -119,30 +123,34 @@ async fn run_raw(
 
 /// One round on one layout: `entries` for each side, written in SLICES alternating slices (which side
 /// goes first alternates too), so a machine that speeds up or slows down mid-round weighs on both alike.
-/// Returns (producer, raw) total times.
-async fn round(
-    conn: &mut MultiplexedConnection,
-    entries: u64,
-    resized: bool,
-) -> (Duration, Duration) {
+/// Returns (producer, raw) total times and client CPU times.
+async fn round(conn: &mut MultiplexedConnection, entries: u64, resized: bool) -> [Duration; 4] {
     let version = fresh_stream(conn, resized).await;
     // The default producer: no cap (the consumers trim what every group acknowledged).
     let producer = Producer::with_config(conn.clone(), "bench", ProducerConfig::default())
         .await
         .expect("producer");
     let slice = entries.div_ceil(SLICES).max(1);
-    let (mut ours, mut raw) = (Duration::ZERO, Duration::ZERO);
+    let [mut ours, mut raw, mut ours_cpu, mut raw_cpu] = [Duration::ZERO; 4];
     for (i, start) in (0..entries).step_by(slice as usize).enumerate() {
         let range = start..(start + slice).min(entries);
-        if i % 2 == 0 {
-            ours += run_producer(&producer, range.clone()).await;
-            raw += run_raw(conn, range, version).await;
-        } else {
-            raw += run_raw(conn, range.clone(), version).await;
-            ours += run_producer(&producer, range).await;
+        for side in [i % 2, 1 - i % 2] {
+            let cpu = process_cpu();
+            if side == 0 {
+                ours += run_producer(&producer, range.clone()).await;
+                ours_cpu += process_cpu().saturating_sub(cpu);
+            } else {
+                raw += run_raw(conn, range.clone(), version).await;
+                raw_cpu += process_cpu().saturating_sub(cpu);
+            }
         }
     }
-    (ours, raw)
+    [ours, raw, ours_cpu, raw_cpu]
+}
+
+/// Client CPU per entry, µs.
+fn cpu_us(entries: u64, cpu: Duration) -> f64 {
+    cpu.as_secs_f64() * 1e6 / entries as f64
 }
 
 fn rate(entries: u64, elapsed: Duration) -> f64 {
@@ -186,34 +194,57 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(5)
             .max(1);
-        // [version 1, version 2]: producer / raw per round.
+        // [version 1, version 2]: producer / raw per round, and CPU per entry (producer, raw).
         let mut ratios = [Vec::new(), Vec::new()];
+        let mut cpus = [Vec::new(), Vec::new()];
         for round_no in 0..rounds {
-            let (p1, r1) = round(&mut conn, entries, false).await;
-            let (p2, r2) = round(&mut conn, entries, true).await;
+            let [p1, r1, pc1, rc1] = round(&mut conn, entries, false).await;
+            let [p2, r2, pc2, rc2] = round(&mut conn, entries, true).await;
             let (v1, v2) = (
                 r1.as_secs_f64() / p1.as_secs_f64(),
                 r2.as_secs_f64() / p2.as_secs_f64(),
             );
             println!(
-                "round {round_no}: version 1 (k,p): producer {:>9.0}/s raw {:>9.0}/s ratio {v1:.3}   \
-                 version 2 (k,p,v): producer {:>9.0}/s raw {:>9.0}/s ratio {v2:.3}",
+                "round {round_no}: version 1 (k,p): producer {:>9.0}/s ({:.2} µs CPU/entry) raw {:>9.0}/s \
+                 ({:.2} µs) ratio {v1:.3}   version 2 (k,p,v): producer {:>9.0}/s ({:.2} µs) raw {:>9.0}/s \
+                 ({:.2} µs) ratio {v2:.3}",
                 rate(entries, p1),
+                cpu_us(entries, pc1),
                 rate(entries, r1),
+                cpu_us(entries, rc1),
                 rate(entries, p2),
+                cpu_us(entries, pc2),
                 rate(entries, r2),
+                cpu_us(entries, rc2),
             );
             ratios[0].push(v1);
             ratios[1].push(v2);
+            cpus[0].push((cpu_us(entries, pc1), cpu_us(entries, rc1)));
+            cpus[1].push((cpu_us(entries, pc2), cpu_us(entries, rc2)));
         }
         for list in &mut ratios {
             list.sort_by(f64::total_cmp);
         }
+        let median_cpu = |list: &[(f64, f64)], side: usize| {
+            let mut v: Vec<f64> = list.iter().map(|c| if side == 0 { c.0 } else { c.1 }).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
         println!(
             "median over {rounds} rounds, producer / raw XADD of the same entries: never resized \
              (k,p) {:.3}; resized (k,p,v) {:.3}",
             ratios[0][rounds / 2],
             ratios[1][rounds / 2]
+        );
+        println!(
+            "client CPU per entry (median): never resized: producer {:.2} µs, raw {:.2} µs (ratio {:.2}); \
+             resized: producer {:.2} µs, raw {:.2} µs (ratio {:.2})",
+            median_cpu(&cpus[0], 0),
+            median_cpu(&cpus[0], 1),
+            median_cpu(&cpus[0], 0) / median_cpu(&cpus[0], 1).max(1e-9),
+            median_cpu(&cpus[1], 0),
+            median_cpu(&cpus[1], 1),
+            median_cpu(&cpus[1], 0) / median_cpu(&cpus[1], 1).max(1e-9),
         );
     });
 }

@@ -12,6 +12,10 @@
 //! goes first alternates per round), each member with one multiplexed connection for its non-blocking reads
 //! and acks. The baseline is the leanest loop one would write: one task per shard, `XREADGROUP COUNT 100
 //! STREAMS key >` without `BLOCK`, entries picked out of the raw reply, one `XACK` per batch.
+//!
+//! Beside the rates it prints the client CPU each side spent per entry: the process's CPU time over the
+//! side's run (`/proc/self/task/*/schedstat`, both sides run alone on the same runtime), which decides
+//! the ratio on a machine whose cores are busy with other work.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,6 +27,7 @@ use serde::Deserialize;
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, Message, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
+use stream_listener_test_support::cpu::process_cpu;
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, Notify};
 
@@ -331,6 +336,7 @@ fn main() {
                 if scenario.json { ", JSON-decoding handlers" } else { "" }
             );
             let (mut baseline_rates, mut consumer_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut cpus, mut cpu_ratios) = (Vec::new(), Vec::new());
             for round in 0..rounds {
                 let _: () = redis::cmd("FLUSHALL")
                     .query_async(&mut conn)
@@ -339,14 +345,19 @@ fn main() {
                 fill(&mut conn, scenario).await;
                 // Alternate which side goes first, so neither always meets a warmer server.
                 let (mut baseline, mut ours) = (Duration::ZERO, Duration::ZERO);
+                let (mut baseline_cpu, mut ours_cpu) = (Duration::ZERO, Duration::ZERO);
                 for side in [round % 2, 1 - round % 2] {
+                    // Client CPU: the whole process's (its runtime's workers), over the side's run alone.
+                    let cpu_before = process_cpu();
                     if side == 0 {
                         let (elapsed, total) = run_baseline(&raw_conn, scenario).await;
+                        baseline_cpu = process_cpu().saturating_sub(cpu_before);
                         assert_eq!(total, expected, "baseline drained everything");
                         assert_eq!(total_pending(&mut conn, "raw", scenario.shards).await, 0);
                         baseline = elapsed;
                     } else {
                         ours = run_consumer(&server.url(), &mut conn, scenario, expected).await;
+                        ours_cpu = process_cpu().saturating_sub(cpu_before);
                         assert_eq!(
                             lag(&mut conn, "consumer", scenario.shards).await,
                             0,
@@ -356,26 +367,40 @@ fn main() {
                 }
                 let baseline_rate = expected as f64 / baseline.as_secs_f64();
                 let rate = expected as f64 / ours.as_secs_f64();
+                let per_entry = |cpu: Duration| cpu.as_secs_f64() * 1e6 / expected as f64;
                 println!(
-                    "  round {round}: hand-written {baseline_rate:>8.0} entries/s ({baseline:.2?}), \
-                     Consumer {rate:>8.0} entries/s ({ours:.2?}), ratio {:.2}",
+                    "  round {round}: hand-written {baseline_rate:>8.0} entries/s ({baseline:.2?}, {:.2} µs CPU/entry), \
+                     Consumer {rate:>8.0} entries/s ({ours:.2?}, {:.2} µs CPU/entry), ratio {:.2}",
+                    per_entry(baseline_cpu),
+                    per_entry(ours_cpu),
                     rate / baseline_rate
                 );
                 baseline_rates.push(baseline_rate);
                 consumer_rates.push(rate);
                 ratios.push(rate / baseline_rate);
+                cpu_ratios.push(per_entry(ours_cpu) / per_entry(baseline_cpu).max(1e-9));
+                cpus.push((per_entry(baseline_cpu), per_entry(ours_cpu)));
             }
             summary.push((
                 scenario.name,
                 median(baseline_rates),
                 median(consumer_rates),
                 median(ratios),
+                median(cpus.iter().map(|c| c.0).collect()),
+                median(cpus.iter().map(|c| c.1).collect()),
+                median(cpu_ratios),
             ));
         }
-        println!("\n| scenario | hand-written (median) | Consumer (median) | median of ratios |");
-        println!("|---|---|---|---|");
-        for (name, baseline, ours, ratio) in summary {
-            println!("| {name} | {baseline:.0}/s | {ours:.0}/s | {ratio:.2} |");
+        println!(
+            "\n| scenario | hand-written (median) | Consumer (median) | median of ratios | client CPU/entry \
+             hand-written | Consumer | CPU ratio |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for (name, baseline, ours, ratio, cpu_baseline, cpu_ours, cpu_ratio) in summary {
+            println!(
+                "| {name} | {baseline:.0}/s | {ours:.0}/s | {ratio:.2} | {cpu_baseline:.2} µs | {cpu_ours:.2} µs | \
+                 {cpu_ratio:.2} |"
+            );
         }
     });
 }

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "aio")]
 pub mod aio;
 mod cluster;
+pub mod cpu;
 #[cfg(feature = "aio")]
 pub mod monitor;
 #[cfg(feature = "aio")]

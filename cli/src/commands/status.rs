@@ -174,7 +174,11 @@ fn members(shown: &[&MemberView], now: i64) -> Table {
     for m in shown {
         table.row(vec![
             member_label(m),
-            label(&m.state),
+            if m.restarting {
+                format!("{} (restarting)", label(&m.state))
+            } else {
+                label(&m.state)
+            },
             m.member_epoch.to_string(),
             lease_left(m, now),
             live_only(m, m.weight),

@@ -215,6 +215,7 @@ mod tests {
             revoking: vec![],
             reconciled: true,
             duplicate_suspected: false,
+            restarting: false,
         }
     }
 

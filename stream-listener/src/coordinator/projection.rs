@@ -77,6 +77,9 @@ pub struct MemberView {
     pub reconciled: bool,
     /// Rejoins flap: probably two processes with this memberId.
     pub duplicate_suspected: bool,
+    /// Left for a restart (static membership): its `pending` shards wait for its next incarnation.
+    #[serde(default)]
+    pub restarting: bool,
 }
 
 /// One shard.
@@ -133,6 +136,7 @@ impl Coordinator {
                 revoking: m.revoking.keys().copied().collect(),
                 reconciled: m.is_reconciled(),
                 duplicate_suspected: m.duplicate_suspected,
+                restarting: m.restarting,
             });
         }
         for t in &meta.tombstones {
@@ -150,6 +154,7 @@ impl Coordinator {
                 revoking: vec![],
                 reconciled: false,
                 duplicate_suspected: t.duplicate_suspected,
+                restarting: false,
             });
         }
         for (&s, hold) in &meta.holds {
