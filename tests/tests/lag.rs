@@ -443,8 +443,8 @@ async fn commands_processed(conn: &mut Connection) -> u64 {
 /// Served over HTTP: a good group answers 200 with its numbers (the KEDA body), an unknown stream 404
 /// and a corrupt topology 503, each with its error, while the good one keeps being served and
 /// `/metrics` carries all three (`up` 0 with the error for the bad ones). A scrape costs
-/// `1 + shards + 2` commands per group once the scripts are cached, and a scrape within the cache
-/// period none.
+/// `1 + shards + 2` commands per group once the scripts are cached, a scrape within the cache period
+/// none, and eight concurrent scrapes after it expired as much as one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_with_errors_per_group_a_cache_and_o_shards_commands() {
     let server = RedisServer::start();
@@ -502,6 +502,22 @@ async fn served_with_errors_per_group_a_cache_and_o_shards_commands() {
     // served: HMGET + 4 shards + leases + meta; missing and corrupt: their HMGET only.
     assert_eq!(spent, 1 + 4 + 2 + 1 + 1, "commands of one scrape");
     assert!(fresh.group(&names[0]).unwrap().result.is_ok());
+    // Eight scrapes at once after the cache expired: one read, shared.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let at = commands_processed(&mut probe).await;
+    let mut scrapes = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let exporter = exporter.clone();
+        scrapes.spawn(async move { exporter.scrape().await });
+    }
+    let shared = scrapes.join_all().await;
+    assert_eq!(
+        commands_processed(&mut probe).await - at - 1,
+        spent,
+        "concurrent scrapes cost one read"
+    );
+    assert!(shared.iter().all(|s| Arc::ptr_eq(s, &shared[0])));
+    assert!(!Arc::ptr_eq(&shared[0], &fresh));
 
     let http = exporter
         .clone()
