@@ -162,6 +162,32 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Serve groups' lag, pending entries and oldest unacknowledged age over HTTP without being a
+    /// member: `/metrics` (Prometheus text), `/lag` and `/lag/<stream>/<group>` (JSON for KEDA's
+    /// metrics-api scaler, `valueLocation: lag` or `backlog`). Runs until SIGTERM or ctrl-c.
+    Exporter {
+        /// Address to listen on (port 0: any free port; the address is printed).
+        #[arg(long, default_value = "0.0.0.0:9464")]
+        listen: String,
+        /// Export this group, as `<stream>/<group>` (repeatable) [default: every group discovered].
+        #[arg(long, value_parser = stream_listener::lag::GroupName::parse)]
+        group: Vec<stream_listener::lag::GroupName>,
+        /// Discover groups from the keyspace (topology and group metadata keys) as well as `--group`.
+        #[arg(long)]
+        discover: bool,
+        /// Serve a scrape's answer again for this long, in ms: concurrent scrapes share one read.
+        #[arg(long, default_value_t = 1000)]
+        cache_ms: u64,
+        /// Scan the keyspace for new groups at most this often, in ms.
+        #[arg(long, default_value_t = 30_000)]
+        discovery_interval_ms: u64,
+        /// Count at most this many entries on a shard whose lag Redis cannot tell (above: a lower bound).
+        #[arg(long, default_value_t = 10_000)]
+        count_limit: u64,
+        /// Visit at most about this many keys per discovery.
+        #[arg(long, default_value_t = 100_000)]
+        scan_limit: usize,
+    },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
         /// Logical stream.
@@ -387,6 +413,26 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 output.json,
             )
             .await
+        }
+        Command::Exporter {
+            listen,
+            group,
+            discover,
+            cache_ms,
+            discovery_interval_ms,
+            count_limit,
+            scan_limit,
+        } => {
+            let settings = commands::exporter::Settings {
+                listen,
+                groups: group,
+                discover,
+                cache: std::time::Duration::from_millis(cache_ms),
+                discovery_interval: std::time::Duration::from_millis(discovery_interval_ms),
+                count_limit,
+                scan_limit,
+            };
+            commands::exporter::run(&ctx, settings).await
         }
         Command::Reshard {
             stream,

@@ -1113,6 +1113,88 @@ SHARD  STREAM  BEFORE  AFTER  LAG  PENDING
     assert_ne!(moved[1]["before"], "0-0");
 }
 
+/// `XINFO GROUPS`'s `lag` of `GROUP` on `key` (`None`: Redis cannot tell).
+async fn redis_lag(conn: &mut ConnectionManager, key: &str) -> Option<u64> {
+    let reply: redis::Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    stream_listener::reply::xinfo_groups(&reply)
+        .unwrap()
+        .into_iter()
+        .find(|g| g.name == GROUP)
+        .unwrap()
+        .lag
+}
+
+/// `seek` moves with `ENTRIESREAD`, so Redis keeps reporting the lag: to an entry in the middle of a
+/// shard (which a plain `XGROUP SETID` leaves unknown), to the start and to the end; `--json` shows the
+/// `entriesRead` set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seek_keeps_the_lag_known() {
+    let mut f = Fixture::start().await;
+    let url = f.url();
+    f.leave_all().await;
+    let key = stream_listener::routing::shard_stream_key(STREAM, 0);
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert!(entries.len() >= 3, "shard 0 has a few entries");
+    let middle = &entries[1].0;
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &url,
+            &[
+                "seek", "--stream", STREAM, "--group", GROUP, "--to", middle, "--shard", "0",
+                "--json",
+            ],
+        )
+        .ok(),
+    )
+    .unwrap();
+    let after = entries.len() as u64 - 2;
+    assert_eq!(redis_lag(&mut f.conn, &key).await, Some(after), "{json}");
+    assert_eq!(json["shards"][0]["lag"], after, "{json}");
+    assert_eq!(
+        json["shards"][0]["entriesRead"],
+        entries.len() as u64 - after,
+        "{json}"
+    );
+    cli(
+        &url,
+        &[
+            "seek", "--stream", STREAM, "--group", GROUP, "--to", "earliest",
+        ],
+    )
+    .ok();
+    let mut total = 0;
+    for shard in 0..SHARDS {
+        let key = stream_listener::routing::shard_stream_key(STREAM, shard);
+        let len: u64 = redis::cmd("XLEN")
+            .arg(&key)
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+        assert_eq!(redis_lag(&mut f.conn, &key).await, Some(len), "{key}");
+        total += len;
+    }
+    assert_eq!(total, MESSAGES as u64);
+    cli(
+        &url,
+        &[
+            "seek", "--stream", STREAM, "--group", GROUP, "--to", "latest",
+        ],
+    )
+    .ok();
+    assert_eq!(redis_lag(&mut f.conn, &key).await, Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_redraws_frames() {
     let f = Fixture::start().await;

@@ -258,6 +258,13 @@ pub struct HealthHandle {
 }
 
 impl HealthHandle {
+    /// A handle with no member, always live and ready: for a process that runs none (the lag exporter).
+    pub fn without_members() -> Self {
+        Self {
+            members: Vec::new(),
+        }
+    }
+
     /// Readiness and liveness of every member now.
     pub fn health(&self) -> Health {
         Health {

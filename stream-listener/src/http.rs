@@ -5,6 +5,7 @@
 //! | `/livez` | `200` when every member is live ([`Health::live`]), else `503`; the body names each member |
 //! | `/readyz` | `200` when every member is ready ([`Health::ready`]), else `503`; the body names each member |
 //! | `/metrics` | the text a metrics renderer returns (for example `metrics::install_prometheus_recorder`'s handle), `404` without one |
+//! | more | the routes given to [`ProbeServer::start_with_routes`] (the lag exporter's `/lag`) |
 //!
 //! One std thread, one connection at a time, HTTP/1.0-style (`Connection: close`): probes are tiny and
 //! rare, and this keeps the library free of an HTTP framework. A client gets one second to send its
@@ -21,6 +22,32 @@ use crate::health::{Health, HealthHandle};
 
 /// Renders the metrics page (Prometheus text format).
 pub type MetricsRenderer = Box<dyn Fn() -> String + Send + Sync>;
+
+/// Answers a request whose path is a route's path or below it (`/lag`, `/lag/orders/billing`); it gets
+/// the path without the query.
+pub type RouteHandler = Box<dyn Fn(&str) -> Response + Send + Sync>;
+
+/// What a [`RouteHandler`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The status code (200, 404, 503, ...).
+    pub status: u16,
+    /// The `Content-Type`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: String,
+}
+
+impl Response {
+    /// A JSON body.
+    pub fn json(status: u16, body: &serde_json::Value) -> Self {
+        Self {
+            status,
+            content_type: "application/json",
+            body: format!("{body}\n"),
+        }
+    }
+}
 
 /// The probe endpoint. Stops (and joins its thread) when dropped.
 pub struct ProbeServer {
@@ -45,6 +72,17 @@ impl ProbeServer {
         health: HealthHandle,
         metrics: Option<MetricsRenderer>,
     ) -> std::io::Result<Self> {
+        Self::start_with_routes(addr, health, metrics, Vec::new())
+    }
+
+    /// [`start`](Self::start) with more routes: each `(path, handler)` answers its path and the paths
+    /// below it (`/lag` answers `/lag/orders/billing`), checked before the probes and `/metrics`.
+    pub fn start_with_routes(
+        addr: impl ToSocketAddrs,
+        health: HealthHandle,
+        metrics: Option<MetricsRenderer>,
+        routes: Vec<(String, RouteHandler)>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -58,7 +96,8 @@ impl ProbeServer {
                     }
                     match stream {
                         Ok(stream) => {
-                            if let Err(error) = answer(stream, &health, metrics.as_deref()) {
+                            if let Err(error) = answer(stream, &health, metrics.as_deref(), &routes)
+                            {
                                 tracing::debug!(%error, "probe request failed");
                             }
                         }
@@ -96,6 +135,7 @@ fn answer(
     stream: TcpStream,
     health: &HealthHandle,
     metrics: Option<&(dyn Fn() -> String + Send + Sync)>,
+    routes: &[(String, RouteHandler)],
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(1)))?;
     stream.set_write_timeout(Some(Duration::from_secs(1)))?;
@@ -103,10 +143,12 @@ fn answer(
     BufReader::new(Read::take(stream.try_clone()?, 8 * 1024)).read_line(&mut line)?;
     let path = line.split_whitespace().nth(1).unwrap_or("");
     let path = path.split('?').next().unwrap_or("");
-    let (code, content_type, body) = route(path, health, metrics);
+    let (code, content_type, body) = route(path, health, metrics, routes);
     let reason = match code {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
+        500 => "Internal Server Error",
         _ => "Service Unavailable",
     };
     let mut stream = stream;
@@ -123,8 +165,19 @@ fn route(
     path: &str,
     health: &HealthHandle,
     metrics: Option<&(dyn Fn() -> String + Send + Sync)>,
+    routes: &[(String, RouteHandler)],
 ) -> (u16, &'static str, String) {
     const TEXT: &str = "text/plain; charset=utf-8";
+    let below = |prefix: &str| {
+        path == prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    if let Some((_, handler)) = routes.iter().find(|(prefix, _)| below(prefix)) {
+        let response = handler(path);
+        return (response.status, response.content_type, response.body);
+    }
     match path {
         "/livez" => {
             let health = health.health();
@@ -138,11 +191,14 @@ fn route(
             Some(render) => (200, "text/plain; version=0.0.4; charset=utf-8", render()),
             None => (404, TEXT, "no metrics recorder served here\n".into()),
         },
-        _ => (
-            404,
-            TEXT,
-            "not found: try /livez, /readyz, /metrics\n".into(),
-        ),
+        _ => {
+            let mut paths = String::from("/livez, /readyz, /metrics");
+            for (prefix, _) in routes {
+                paths.push_str(", ");
+                paths.push_str(prefix);
+            }
+            (404, TEXT, format!("not found: try {paths}\n"))
+        }
     }
 }
 

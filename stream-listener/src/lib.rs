@@ -155,6 +155,7 @@ pub mod coordinator;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod lag;
 #[doc(hidden)]
 pub mod member;
 pub mod metrics;

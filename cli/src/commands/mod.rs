@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod audit;
 pub mod dead_letters;
+pub mod exporter;
 pub mod groups;
 pub mod reshard;
 pub mod route;

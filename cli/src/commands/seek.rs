@@ -1,4 +1,5 @@
-//! `seek`: move a group's position (its last delivered id) on some or all shards, with `XGROUP SETID`.
+//! `seek`: move a group's position (its last delivered id) on some or all shards, with `XGROUP SETID …
+//! ENTRIESREAD`.
 
 use std::collections::BTreeSet;
 
@@ -8,6 +9,10 @@ use crate::error::CliError;
 use crate::redis_ctx::Ctx;
 use crate::snapshot::{is_tombstone, shard_stats, GroupSnapshot};
 use crate::table::{json_text, or_dash, Table};
+
+/// The most entries after the new position `seek` counts to set `ENTRIESREAD` (in one script call on
+/// the shard's node, 1,000 per `XRANGE`); beyond it the group is moved without, and Redis reports no lag.
+const SEEK_COUNT_LIMIT: u64 = 100_000;
 
 /// Where to move to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +58,9 @@ impl Position {
 /// while a live member owns, is granted, is being revoked, or holds (fenced) any of them: stop the
 /// consumers first, wait for their leases to pass (the command expires passed leases itself, as any
 /// member's heartbeat would), then seek. Entries already pending stay pending: the next owner claims them.
+/// On Redis >= 7 each shard moves with `ENTRIESREAD` (entries added minus the entries after the new
+/// position, counted in the same script: `stream_listener::lag::set_position`), so Redis keeps
+/// reporting the group's lag.
 pub async fn run(
     ctx: &mut Ctx,
     stream: &str,
@@ -95,15 +103,20 @@ pub async fn run(
     }
     let mut table = Table::new(&["SHARD", "STREAM", "BEFORE", "AFTER", "LAG", "PENDING"]);
     let mut moved = Vec::new();
+    let mut unknown_lag = Vec::new();
     for &shard in &selected {
         let before = &snapshot.shards[shard as usize];
-        let _: () = redis::cmd("XGROUP")
-            .arg("SETID")
-            .arg(&before.stream)
-            .arg(group)
-            .arg(to.arg())
-            .query_async(&mut ctx.conn)
-            .await?;
+        let entries_read = stream_listener::lag::set_position(
+            &mut ctx.conn,
+            &before.stream,
+            group,
+            to.arg(),
+            SEEK_COUNT_LIMIT,
+        )
+        .await?;
+        if entries_read.is_none() {
+            unknown_lag.push(shard);
+        }
         let after = shard_stats(ctx, stream, group, shard).await?;
         table.row(vec![
             shard.to_string(),
@@ -120,6 +133,7 @@ pub async fn run(
             "after": after.last_delivered_id,
             "lag": after.lag,
             "pending": after.pending,
+            "entriesRead": entries_read,
         }));
     }
     if json {
@@ -134,6 +148,18 @@ pub async fn run(
         if selected.len() == 1 { "" } else { "s" }
     );
     out.push_str(&table.render());
+    if !unknown_lag.is_empty() {
+        out.push_str(&format!(
+            "\nnote: Redis reports no lag on shard{} {} (a server before 7, or more than {SEEK_COUNT_LIMIT} \
+             entries after the position); the lag exporter counts it instead\n",
+            if unknown_lag.len() == 1 { "" } else { "s" },
+            unknown_lag
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if moved.iter().any(|m| m["pending"].as_u64().unwrap_or(0) > 0) {
         out.push_str(
             "\nnote: entries already pending stay pending; the next owner claims and handles them\n",
