@@ -44,6 +44,14 @@ const SCRIPTS: &[(&str, &str)] = &[
         include_str!("../../stream-listener/src/consumer/retention.lua"),
     ),
     (
+        "lag/read.lua",
+        include_str!("../../stream-listener/src/lag/read.lua"),
+    ),
+    (
+        "lag/seek.lua",
+        include_str!("../../stream-listener/src/lag/seek.lua"),
+    ),
+    (
         "store/cancel.lua",
         include_str!("../../stream-listener/src/store/cancel.lua"),
     ),
@@ -99,32 +107,29 @@ const SCRIPTS: &[(&str, &str)] = &[
 
 #[test]
 fn every_script_file_of_the_library_is_listed() {
+    // Every `.lua` under src/, at any depth, relative to src/.
+    let root = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../stream-listener/src"
+    ));
     let mut on_disk = BTreeSet::new();
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../stream-listener/src");
-    for dir in [
-        "consumer",
-        "store",
-        "topology",
-        "member",
-        "coordinator",
-        "runtime",
-    ] {
-        let Ok(entries) = std::fs::read_dir(format!("{root}/{dir}")) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".lua") {
-                on_disk.insert(format!("{dir}/{name}"));
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "lua") {
+                let relative = path
+                    .strip_prefix(&root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                on_disk.insert(relative);
             }
         }
     }
-    let root_scripts = std::fs::read_dir(root)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".lua"))
-        .count();
-    assert_eq!(root_scripts, 0, "a script in src/ itself: list it here");
+    assert!(on_disk.len() > 10, "found the scripts: {on_disk:?}");
     let listed: BTreeSet<String> = SCRIPTS.iter().map(|(f, _)| (*f).to_owned()).collect();
     assert_eq!(listed, on_disk);
 }
@@ -210,6 +215,20 @@ async fn every_script_touches_only_the_keys_it_declares() {
         pending(&url, 4).await == 0
     })
     .await;
+    // The lag exporter's read, and a seek that keeps the lag known (to the end: nothing is pending).
+    let lag = stream_listener::lag::read_group(&mut conn, "audited", "g", &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(lag.pending, 0);
+    stream_listener::lag::set_position(
+        &mut conn,
+        &stream_listener::routing::shard_stream_key("audited", 0),
+        "g",
+        "$",
+        10_000,
+    )
+    .await
+    .unwrap();
     // A commit that fails (the group's audit key holds a string, so commit.lua refuses before writing):
     // the joining member takes its queued heartbeat back, then joins once the key is repaired.
     let audit_key = names::group_key("audited", "g", names::group::AUDIT);
