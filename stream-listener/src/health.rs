@@ -47,8 +47,10 @@ impl std::fmt::Display for InFlight {
 
 #[derive(Debug, Default)]
 struct State {
-    /// (shard, entry id) -> (start, timeout).
-    handlers: HashMap<(u32, String), (Instant, Option<Duration>)>,
+    /// Ticket -> (shard, entry id, start, timeout): registered per handled entry, so one allocation.
+    handlers: HashMap<u64, (u32, String, Instant, Option<Duration>)>,
+    /// The next ticket.
+    tickets: u64,
     /// Shard -> consecutive failed reads (absent: the last read went through).
     read_errors: HashMap<u32, u32>,
     /// Handlers that were running when the consumer was fenced (and so aborted), since the last take.
@@ -74,13 +76,15 @@ impl Probe {
         id: &str,
         timeout: Option<Duration>,
     ) -> HandlerGuard {
-        let key = (shard, id.to_owned());
-        self.state()
-            .handlers
-            .insert(key.clone(), (Instant::now(), timeout));
+        let running = (shard, id.to_owned(), Instant::now(), timeout);
+        let mut state = self.state();
+        let ticket = state.tickets;
+        state.tickets += 1;
+        state.handlers.insert(ticket, running);
+        drop(state);
         HandlerGuard {
             probe: self.clone(),
-            key: Some(key),
+            ticket,
         }
     }
 
@@ -117,8 +121,8 @@ impl Probe {
         let mut all: Vec<InFlight> = self
             .state()
             .handlers
-            .iter()
-            .map(|((shard, id), (started, timeout))| InFlight {
+            .values()
+            .map(|(shard, id, started, timeout)| InFlight {
                 shard: *shard,
                 id: id.clone(),
                 running_for: now.saturating_duration_since(*started),
@@ -146,14 +150,12 @@ impl Probe {
 #[derive(Debug)]
 pub(crate) struct HandlerGuard {
     probe: Probe,
-    key: Option<(u32, String)>,
+    ticket: u64,
 }
 
 impl Drop for HandlerGuard {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.probe.state().handlers.remove(&key);
-        }
+        self.probe.state().handlers.remove(&self.ticket);
     }
 }
 

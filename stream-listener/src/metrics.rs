@@ -126,15 +126,16 @@ pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";
 /// The metrics of one consumer, labelled once with its stream and group.
 #[derive(Debug, Clone)]
 pub(crate) struct ConsumerMetrics {
-    stream: String,
-    group: String,
+    /// Shared label values: recorded per handled entry, so a clone must not allocate.
+    stream: metrics::SharedString,
+    group: metrics::SharedString,
 }
 
 impl ConsumerMetrics {
     pub(crate) fn new(stream: &str, group: &str) -> Self {
         Self {
-            stream: stream.to_owned(),
-            group: group.to_owned(),
+            stream: metrics::SharedString::from_shared(std::sync::Arc::from(stream)),
+            group: metrics::SharedString::from_shared(std::sync::Arc::from(group)),
         }
     }
 

@@ -268,7 +268,12 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         manual: io.config.ack_policy == AckPolicy::Manual,
         acked: acked.load(Ordering::Acquire),
         stopped: spec.signals.stop.load(Ordering::Acquire),
-        random: crate::util::random_u64(),
+        // Drawn only for a retry's jitter: a handled entry costs no draw.
+        random: if result.is_err() {
+            crate::util::random_u64()
+        } else {
+            0
+        },
     };
     let fate = fate(&result, facts, &policy);
     if matches!(fate, Fate::Retry { .. }) {
@@ -384,7 +389,12 @@ pub(super) async fn batch(
         manual,
         acked: manual && acked.iter().all(|a| a.load(Ordering::Acquire)),
         stopped: spec.signals.stop.load(Ordering::Acquire),
-        random: crate::util::random_u64(),
+        // Drawn only for a retry's jitter: a handled entry costs no draw.
+        random: if result.is_err() {
+            crate::util::random_u64()
+        } else {
+            0
+        },
     };
     let fate = fate(&result, facts, &policy);
     let handled: Vec<usize> = handed
