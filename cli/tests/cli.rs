@@ -1027,6 +1027,41 @@ warning: group `broken` of `orders`: group metadata at sl:{orders/broken}:meta c
     assert_eq!(billing["liveMembers"], 2);
     assert_eq!(billing["lag"], MESSAGES as u64);
 
+    // An entry deleted past the group's position: Redis reports no lag for that shard any more, and
+    // `groups` counts it instead of adding it as 0.
+    let key = stream_listener::routing::shard_stream_key(STREAM, 0);
+    let ids: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    let on_shard = ids.len() as u64;
+    assert!(on_shard >= 2, "the fixture has entries on shard 0");
+    let _: u64 = redis::cmd("XDEL")
+        .arg(&key)
+        .arg(&ids[ids.len() / 2].0)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        redis_lag(&mut f.conn, &key).await,
+        None,
+        "Redis cannot tell"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["groups", "--json"]).ok()).unwrap();
+    let billing = json["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == GROUP)
+        .unwrap()
+        .clone();
+    assert_eq!(billing["lag"], MESSAGES as u64 - 1, "{billing}");
+    assert_eq!(billing["lagExact"], true);
+
     // The scan is bounded: with a tiny limit it stops and says so.
     let mut pipe = redis::pipe();
     for i in 0..3000 {

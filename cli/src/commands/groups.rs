@@ -29,6 +29,8 @@ struct Row {
     live_members: Option<usize>,
     group_epoch: Option<i64>,
     lag: Option<u64>,
+    /// Whether `lag` is exact, not a lower bound (see `stream_listener::lag`).
+    lag_exact: bool,
     pending: Option<u64>,
     error: Option<String>,
 }
@@ -74,6 +76,7 @@ pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String,
                 live_members: None,
                 group_epoch: None,
                 lag: None,
+                lag_exact: true,
                 pending: None,
                 error: None,
             });
@@ -114,7 +117,10 @@ pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String,
                 or_dash(r.state.as_deref()),
                 or_dash(r.live_members),
                 or_dash(r.group_epoch),
-                or_dash(r.lag),
+                match r.lag {
+                    Some(lag) if !r.lag_exact => format!(">={lag}"),
+                    lag => or_dash(lag),
+                },
                 or_dash(r.pending),
             ]);
         }
@@ -154,6 +160,7 @@ async fn describe(
         live_members: None,
         group_epoch: None,
         lag: None,
+        lag_exact: true,
         pending: None,
         error: None,
     };
@@ -177,6 +184,19 @@ async fn describe(
                 row.state = Some("UNREADABLE".to_string());
                 row.error = Some(e.to_string());
             }
+        }
+    }
+    if shards.is_some() {
+        // The lag exporter's read: it counts the lag of shards where Redis reports none (after an
+        // `XDEL` or a `SETID`), where adding up `XINFO GROUPS` would count them as 0.
+        let options = stream_listener::lag::LagOptions::default();
+        if let Ok(read) =
+            stream_listener::lag::read_group(&mut ctx.conn, stream, group, &options).await
+        {
+            row.lag = Some(read.lag);
+            row.lag_exact = read.lag_exact;
+            row.pending = Some(read.pending);
+            return Ok(row);
         }
     }
     let (mut lag, mut pending) = (0, 0);
