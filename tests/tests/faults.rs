@@ -10,7 +10,8 @@
 //! ```
 //!
 //! The driver starts its own `redis-server` (loopback, free port, append-only file on), creates the
-//! topology, runs `procs` worker processes (`chaos_worker`, `members` logical members each), produces keyed
+//! topology, runs `procs` worker processes (`chaos_worker`, `members` logical members each; the odd ones
+//! with static membership, so their graceful exits announce the restart), produces keyed
 //! traffic with per-key sequence numbers, and injects faults from a seeded schedule: `kill` (SIGKILL, then a
 //! replacement with the same member ids), `stop` (SIGSTOP for 1.3-1.8 session timeouts, then SIGCONT), `term`
 //! (SIGTERM, graceful exit, restart), `redis` (graceful Redis restart; the AOF keeps the data), `delmeta`
@@ -1029,6 +1030,9 @@ impl WorkerProc {
                 s.timing.rebalance_timeout_ms.to_string(),
             )
             .env("CHAOS_HANDLE_MS", s.handle_ms.to_string())
+            // Odd slots run static membership: their graceful exits (`term`) announce the restart and
+            // their replacements take the shards back; kills, pauses and the rest hit both kinds.
+            .env("CHAOS_STATIC", (slot % 2).to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

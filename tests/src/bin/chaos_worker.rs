@@ -76,6 +76,8 @@ struct Settings {
     config: GroupConfig,
     handle: Duration,
     batch: usize,
+    /// Static membership (`CHAOS_STATIC=1`): a graceful exit announces the restart.
+    static_membership: bool,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -104,6 +106,7 @@ impl Settings {
             },
             handle: Duration::from_millis(env_or("CHAOS_HANDLE_MS", 2)),
             batch: env_or("CHAOS_BATCH", 20usize).max(1),
+            static_membership: env_or("CHAOS_STATIC", 0u8) == 1,
         })
     }
 }
@@ -186,6 +189,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .without_annotated_listeners()
         .group_config(settings.config)
         .shutdown_timeout(Duration::from_secs(20));
+    if settings.static_membership {
+        runtime = runtime.static_membership();
+    }
     for m in 0..settings.members {
         let recorder = recorder.clone();
         runtime = runtime.consumer(
