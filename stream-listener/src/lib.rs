@@ -152,6 +152,7 @@ pub mod connection;
 pub mod consumer;
 #[doc(hidden)]
 pub mod coordinator;
+pub mod headers;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
@@ -160,6 +161,8 @@ pub mod member;
 pub mod metrics;
 #[doc(hidden)]
 pub mod names;
+#[cfg(feature = "opentelemetry")]
+mod otel;
 mod panic;
 pub mod preflight;
 pub mod producer;
@@ -187,6 +190,7 @@ pub use consumer::{
     LifecycleHooks, Message, OnExhausted, RawMessage, Retention,
 };
 pub use coordinator::metadata::GroupConfig;
+pub use headers::Headers;
 pub use member::lifecycle::FencingToken;
 pub use producer::{Producer, ProducerConfig, ProducerError};
 /// The `redis` crate this library is built with, so users need not match its version and features.
