@@ -119,6 +119,16 @@
 //! The `testing` feature's test kit, in versions that have it, builds messages without Redis and starts
 //! a server for integration tests.
 //!
+//! # Features
+//!
+//! | feature | what it adds |
+//! | --- | --- |
+//! | `tls` (default) | `rediss://` and `rediss+cluster://` URLs, through rustls and ring |
+//! | `prometheus` | a Prometheus exporter for the metrics (`metrics::install_prometheus`) |
+//! | `http` | `http::ProbeServer`: `/livez`, `/readyz` and `/metrics` |
+//! | `testing` | `testing`: build messages (headers too) and run handlers under a listener's policies, without Redis |
+//! | `opentelemetry` | the producer puts the current span's W3C `traceparent` / `tracestate` into the [`Headers`]; a handler's `message` span continues that trace (a `batch` span links every entry's), with the messaging semantic-convention attributes; needs a `tracing-opentelemetry` layer in the application's subscriber |
+//!
 //! # Stability
 //!
 //! Semantic versioning covers the user's surface: the items re-exported at the crate root, the
