@@ -70,6 +70,11 @@ async fn headers_reach_single_and_batch_handlers_and_old_entries_have_none() {
         .send_batch_bytes_with_headers(&[("f", b"6", Headers::new().with("n", "6"))])
         .await
         .unwrap();
+    // A field map cannot smuggle a header field in.
+    assert!(matches!(
+        producer.send_fields("g", &[("sl_headers", "{}")]).await,
+        Err(stream_listener::ProducerError::ReservedField(name)) if name == "sl_headers"
+    ));
     let mut conn = connect(&url).await;
     let written = entries(&mut conn, "hdr:0").await;
     assert_eq!(
