@@ -578,19 +578,25 @@ async fn dead_letters_list_and_replay() {
     let empty = cli(&url, &["dead-letters", "--stream", STREAM]).ok();
     assert_eq!(empty, format!("no dead letters in {dlq}\n"));
 
-    // Entries as the consumer writes them: the original fields, then the dlq_* fields.
+    // Entries as the consumer writes them: the original fields (the first with headers), then the
+    // dlq_* fields.
+    let headers = r#"{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","tenant":"acme"}"#;
     let mut ids = Vec::new();
     for (key, error) in [
         ("customer-7", "billing failed: card declined"),
         ("customer-9", "payload: expected struct Order"),
     ] {
-        let id: String = redis::cmd("XADD")
-            .arg(&dlq)
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&dlq)
             .arg("*")
             .arg("k")
             .arg(key)
             .arg("p")
-            .arg(format!(r#"{{"key":"{key}"}}"#))
+            .arg(format!(r#"{{"key":"{key}"}}"#));
+        if key == "customer-7" {
+            xadd.arg("sl_headers").arg(headers);
+        }
+        let id: String = xadd
             .arg("dlq_error")
             .arg(error)
             .arg("dlq_delivery_count")
@@ -677,6 +683,7 @@ async fn dead_letters_list_and_replay() {
         [
             ("k".to_string(), "customer-7".to_string()),
             ("p".to_string(), r#"{"key":"customer-7"}"#.to_string()),
+            ("sl_headers".to_string(), headers.to_string()),
             ("sl_only_group".to_string(), GROUP.to_string()),
             ("sl_replay_of".to_string(), ids[0].clone()),
         ]

@@ -119,6 +119,16 @@
 //! The `testing` feature's test kit, in versions that have it, builds messages without Redis and starts
 //! a server for integration tests.
 //!
+//! # Features
+//!
+//! | feature | what it adds |
+//! | --- | --- |
+//! | `tls` (default) | `rediss://` and `rediss+cluster://` URLs, through rustls and ring |
+//! | `prometheus` | a Prometheus exporter for the metrics (`metrics::install_prometheus`) |
+//! | `http` | `http::ProbeServer`: `/livez`, `/readyz` and `/metrics` |
+//! | `testing` | `testing`: build messages (headers too) and run handlers under a listener's policies, without Redis |
+//! | `opentelemetry` | the producer puts the current span's W3C `traceparent` / `tracestate` into the [`Headers`]; a handler's `message` span continues that trace (a `batch` span links every entry's), with the messaging semantic-convention attributes; needs a `tracing-opentelemetry` layer in the application's subscriber |
+//!
 //! # Stability
 //!
 //! Semantic versioning covers the user's surface: the items re-exported at the crate root, the
@@ -152,6 +162,7 @@ pub mod connection;
 pub mod consumer;
 #[doc(hidden)]
 pub mod coordinator;
+pub mod headers;
 pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
@@ -161,6 +172,8 @@ pub mod member;
 pub mod metrics;
 #[doc(hidden)]
 pub mod names;
+#[cfg(feature = "opentelemetry")]
+mod otel;
 mod panic;
 pub mod preflight;
 pub mod producer;
@@ -188,6 +201,7 @@ pub use consumer::{
     LifecycleHooks, Message, OnExhausted, RawMessage, Retention,
 };
 pub use coordinator::metadata::GroupConfig;
+pub use headers::Headers;
 pub use member::lifecycle::FencingToken;
 pub use producer::{Producer, ProducerConfig, ProducerError};
 /// The `redis` crate this library is built with, so users need not match its version and features.

@@ -164,6 +164,9 @@ pub mod field {
     pub const PAYLOAD: &str = "p";
     /// The topology version the producer routed the entry with (absent in entries of older producers).
     pub const VERSION: &str = "v";
+    /// The message's headers, a JSON object of strings (absent when it has none; see
+    /// [`crate::headers`]).
+    pub const HEADERS: &str = "sl_headers";
     /// On a replayed dead letter: the one group that handles it; consumers of other groups acknowledge it
     /// unhandled.
     pub const ONLY_GROUP: &str = "sl_only_group";

@@ -30,11 +30,17 @@
 //! | `k` | the partition key, as given (UTF-8 for string keys, raw bytes otherwise) |
 //! | `p` | the payload bytes: JSON for [`Producer::send`], anything for [`Producer::send_bytes`] |
 //! | `v` | the topology version the entry was routed with (decimal), once the stream has been resized |
+//! | `sl_headers` | the message's [`Headers`] as a JSON object of strings, only when it has any (see [`crate::headers`]) |
 //!
 //! Consumers recompute the shard from `k` to detect a misrouted entry, and compare `v` with their topology
 //! to detect a write routed with a stale layout after a resize's grace period
 //! ([`Topology::is_stale_write`]). A stream that was never resized is at version 1, where no layout can be
 //! stale, so its entries leave `v` out and cost what a hand-written `XADD` of `k` and `p` costs.
+//!
+//! Headers are set with [`Producer::send_with_headers`] and the other `*_with_headers` methods. With
+//! the feature `opentelemetry`, every send also puts the current span's W3C trace context
+//! (`traceparent`, and `tracestate` when not empty) into the headers, unless they carry a `traceparent`
+//! already, so that the consumer's span continues the producer's trace.
 //!
 //! # Topology
 //!
@@ -53,6 +59,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use serde::Serialize;
 
+use crate::headers::Headers;
 use crate::tls::TlsFiles;
 use crate::topology::{Topology, TopologyError};
 
@@ -62,6 +69,8 @@ pub const KEY_FIELD: &str = crate::names::field::KEY;
 pub const PAYLOAD_FIELD: &str = crate::names::field::PAYLOAD;
 /// Entry field holding the topology version the entry was routed with ([`crate::names::field::VERSION`]).
 pub const VERSION_FIELD: &str = crate::names::field::VERSION;
+/// Entry field holding the headers ([`crate::names::field::HEADERS`]).
+pub const HEADERS_FIELD: &str = crate::names::field::HEADERS;
 
 /// Errors from publishing.
 #[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
@@ -99,8 +108,12 @@ pub enum ProducerError {
     /// user without a command, a database index out of range, a refused certificate, a server too old).
     #[error(transparent)]
     Refused(#[from] crate::preflight::Refused),
-    /// [`Producer::send_fields`] was given a field the library writes itself (`k` or `v`).
-    #[error("field `{0}` is reserved (the partition key `k` and the topology version `v`)")]
+    /// [`Producer::send_fields`] was given a field the library writes itself (`k`, `v` or
+    /// `sl_headers`).
+    #[error(
+        "field `{0}` is reserved (the partition key `k`, the topology version `v` and the headers \
+         `sl_headers`)"
+    )]
     ReservedField(String),
     /// Redis refused the write because it is out of memory (`OOM command not allowed when used memory >
     /// 'maxmemory'`): nothing was written to `stream`. Entries leave Redis only once every group
@@ -200,6 +213,26 @@ impl<C> std::fmt::Debug for Producer<C> {
 struct Outgoing<'a> {
     key: &'a [u8],
     body: Body<'a>,
+    /// The `sl_headers` field's value; `None` writes no field.
+    headers: Option<String>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn new(key: &'a [u8], body: Body<'a>, headers: Option<&Headers>) -> Self {
+        #[cfg(feature = "opentelemetry")]
+        let headers = {
+            let mut headers = headers.cloned().unwrap_or_default();
+            crate::otel::inject(&mut headers);
+            Some(headers)
+        };
+        #[cfg(feature = "opentelemetry")]
+        let headers = headers.as_ref();
+        Self {
+            key,
+            body,
+            headers: headers.filter(|h| !h.is_empty()).map(Headers::encode),
+        }
+    }
 }
 
 /// What an entry carries besides its key and version.
@@ -355,24 +388,65 @@ where
         self.send_bytes(key, payload).await
     }
 
+    /// [`send`](Self::send) with headers ([`Message::headers`](crate::Message::headers) on the
+    /// consumer's side).
+    pub async fn send_with_headers<K, T>(
+        &self,
+        key: K,
+        payload: &T,
+        headers: &Headers,
+    ) -> Result<SendReceipt, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        T: Serialize + ?Sized,
+    {
+        let payload = serde_json::to_vec(payload)?;
+        self.send_bytes_with_headers(key, payload, headers).await
+    }
+
+    /// [`send_bytes`](Self::send_bytes) with headers.
+    pub async fn send_bytes_with_headers<K, P>(
+        &self,
+        key: K,
+        payload: P,
+        headers: &Headers,
+    ) -> Result<SendReceipt, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        P: AsRef<[u8]>,
+    {
+        self.send_one(key.as_ref(), payload.as_ref(), Some(headers))
+            .await
+    }
+
+    async fn send_one(
+        &self,
+        key: &[u8],
+        payload: &[u8],
+        headers: Option<&Headers>,
+    ) -> Result<SendReceipt, ProducerError> {
+        let messages = [Outgoing::new(
+            key,
+            Body::Payload(std::borrow::Cow::Borrowed(payload)),
+            headers,
+        )];
+        let mut receipts = self.publish(&messages).await?;
+        Ok(receipts.remove(0))
+    }
+
     /// Publishes raw payload bytes under the partition key `key`.
     pub async fn send_bytes<K, P>(&self, key: K, payload: P) -> Result<SendReceipt, ProducerError>
     where
         K: AsRef<[u8]>,
         P: AsRef<[u8]>,
     {
-        let messages = [Outgoing {
-            key: key.as_ref(),
-            body: Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
-        }];
-        let mut receipts = self.publish(&messages).await?;
-        Ok(receipts.remove(0))
+        self.send_one(key.as_ref(), payload.as_ref(), None).await
     }
 
     /// Publishes a field map under the partition key `key`, the way the spec's JVM and Python producers
     /// write entries: the entry gets `k`, the given fields in order, `v` once the stream has been resized, and no `p` field. Consumers
-    /// read it with a [`Fields`](crate::consumer::Fields) handler. The names `k` and `v` are reserved
-    /// ([`ProducerError::ReservedField`]).
+    /// read it with a [`Fields`](crate::consumer::Fields) handler. The names `k`, `v` and `sl_headers`
+    /// are reserved ([`ProducerError::ReservedField`]).
     pub async fn send_fields<K, N, V>(
         &self,
         key: K,
@@ -386,17 +460,17 @@ where
         let mut body = Vec::with_capacity(fields.len());
         for (name, value) in fields {
             let name = name.as_ref();
-            if name == KEY_FIELD.as_bytes() || name == VERSION_FIELD.as_bytes() {
+            if name == KEY_FIELD.as_bytes()
+                || name == VERSION_FIELD.as_bytes()
+                || name == HEADERS_FIELD.as_bytes()
+            {
                 return Err(ProducerError::ReservedField(
                     String::from_utf8_lossy(name).into_owned(),
                 ));
             }
             body.push((name, value.as_ref()));
         }
-        let messages = [Outgoing {
-            key: key.as_ref(),
-            body: Body::Fields(body),
-        }];
+        let messages = [Outgoing::new(key.as_ref(), Body::Fields(body), None)];
         let mut receipts = self.publish(&messages).await?;
         Ok(receipts.remove(0))
     }
@@ -413,12 +487,57 @@ where
         let outgoing = messages
             .iter()
             .map(|(key, payload)| {
-                Ok(Outgoing {
-                    key: key.as_ref(),
-                    body: Body::Payload(std::borrow::Cow::Owned(serde_json::to_vec(payload)?)),
-                })
+                Ok(Outgoing::new(
+                    key.as_ref(),
+                    Body::Payload(std::borrow::Cow::Owned(serde_json::to_vec(payload)?)),
+                    None,
+                ))
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        self.publish(&outgoing).await
+    }
+
+    /// [`send_batch`](Self::send_batch) with each message's headers: `(key, payload, headers)`.
+    pub async fn send_batch_with_headers<K, T>(
+        &self,
+        messages: &[(K, T, Headers)],
+    ) -> Result<Vec<SendReceipt>, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        T: Serialize,
+    {
+        let outgoing = messages
+            .iter()
+            .map(|(key, payload, headers)| {
+                Ok(Outgoing::new(
+                    key.as_ref(),
+                    Body::Payload(std::borrow::Cow::Owned(serde_json::to_vec(payload)?)),
+                    Some(headers),
+                ))
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        self.publish(&outgoing).await
+    }
+
+    /// [`send_batch_bytes`](Self::send_batch_bytes) with each message's headers.
+    pub async fn send_batch_bytes_with_headers<K, P>(
+        &self,
+        messages: &[(K, P, Headers)],
+    ) -> Result<Vec<SendReceipt>, ProducerError>
+    where
+        K: AsRef<[u8]>,
+        P: AsRef<[u8]>,
+    {
+        let outgoing: Vec<_> = messages
+            .iter()
+            .map(|(key, payload, headers)| {
+                Outgoing::new(
+                    key.as_ref(),
+                    Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
+                    Some(headers),
+                )
+            })
+            .collect();
         self.publish(&outgoing).await
     }
 
@@ -433,9 +552,12 @@ where
     {
         let outgoing: Vec<_> = messages
             .iter()
-            .map(|(key, payload)| Outgoing {
-                key: key.as_ref(),
-                body: Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
+            .map(|(key, payload)| {
+                Outgoing::new(
+                    key.as_ref(),
+                    Body::Payload(std::borrow::Cow::Borrowed(payload.as_ref())),
+                    None,
+                )
             })
             .collect();
         self.publish(&outgoing).await
@@ -520,6 +642,9 @@ where
             }
             if topology.version() > 1 {
                 cmd.arg(VERSION_FIELD).arg(topology.version());
+            }
+            if let Some(headers) = &message.headers {
+                cmd.arg(HEADERS_FIELD).arg(headers);
             }
             targets.push((i, shard, stream));
         }

@@ -47,6 +47,7 @@ use std::time::Duration;
 use crate::consumer::attempt::{self, Facts, Fate};
 use crate::consumer::message::{Acker, Acknowledge, ShardOwnership};
 use crate::consumer::{AckPolicy, BatchHandler, FailurePolicy, Fields, Handler, Message};
+use crate::headers::Headers;
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 use crate::runtime::{ConsumerBuilder, ListenerSpec};
 use crate::util::BoxFuture;
@@ -80,6 +81,7 @@ pub struct TestMessage<T> {
     shard: u32,
     delivery_count: u32,
     token: FencingToken,
+    headers: Headers,
 }
 
 impl<T> TestMessage<T> {
@@ -95,6 +97,7 @@ impl<T> TestMessage<T> {
                 member_id: "test-member".into(),
                 member_epoch: 1,
             },
+            headers: Headers::new(),
         }
     }
 
@@ -141,6 +144,27 @@ impl<T> TestMessage<T> {
         self
     }
 
+    /// The headers ([`Message::headers`]), replacing any set before.
+    ///
+    /// ```
+    /// use stream_listener::{testing::TestMessage, Headers};
+    ///
+    /// let msg = TestMessage::new(7u64).header("tenant", "acme").build();
+    /// assert_eq!(msg.headers().get("tenant"), Some("acme"));
+    /// let msg = TestMessage::new(7u64).headers(Headers::new().with("a", "1")).build();
+    /// assert_eq!(msg.headers().len(), 1);
+    /// ```
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// One header ([`Message::headers`]), added to (or replacing a value of) those set before.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name, value);
+        self
+    }
+
     /// The message, as the automatic ack policies hand it over: [`Message::ack`] does nothing.
     pub fn build(self) -> Message<T> {
         self.message(None)
@@ -178,6 +202,7 @@ impl<T> TestMessage<T> {
             shard: self.shard,
             delivery_count: self.delivery_count,
             token: self.token,
+            headers: self.headers,
             acker,
         }
     }

@@ -128,6 +128,7 @@ macro_rules! on_every_target {
 }
 
 pub mod logs;
+pub mod otel;
 
 /// The group timing of the runtime tests: heartbeats every 100 ms, a member expires after 1.5 s, a
 /// rebalance times out after 3 s.

@@ -191,3 +191,44 @@ async fn idle_waits_for_the_last_handler(target: Target) {
 }
 
 on_every_target!(idle_waits_for_the_last_handler);
+
+/// A handler that needs a header, unit-tested with the kit's headers: without the header it is bad data.
+#[tokio::test]
+async fn test_messages_carry_headers_for_single_and_batch_handlers() {
+    async fn tenant_only(msg: Message<u32>) -> Result<(), HandlerError> {
+        match msg.headers().get("tenant") {
+            Some(_) => Ok(()),
+            None => Err(HandlerError::permanent("no tenant header")),
+        }
+    }
+    let test = HandlerTest::new();
+    let with = TestMessage::new(1u32).header("tenant", "acme").build();
+    assert_eq!(test.run(&tenant_only, with).await, Outcome::Acked);
+    assert_eq!(
+        test.run(&tenant_only, TestMessage::new(1u32).build()).await,
+        Outcome::DeadLettered {
+            reason: "no tenant header".into(),
+            permanent: true
+        }
+    );
+    let batch: Vec<Message<u32>> = ["a", "b"]
+        .into_iter()
+        .map(|tenant| TestMessage::new(1u32).header("tenant", tenant).build())
+        .collect();
+    async fn all_tenants(batch: Vec<Message<u32>>) -> Result<(), HandlerError> {
+        match batch.iter().all(|m| m.headers().get("tenant").is_some()) {
+            true => Ok(()),
+            false => Err(HandlerError::permanent("no tenant header")),
+        }
+    }
+    assert_eq!(test.run_batch(&all_tenants, batch).await, Outcome::Acked);
+    let mut without = TestMessage::batch([1u32, 2]);
+    without[0] = TestMessage::new(1u32).header("tenant", "a").build();
+    assert_eq!(
+        test.run_batch(&all_tenants, without).await,
+        Outcome::DeadLettered {
+            reason: "no tenant header".into(),
+            permanent: true
+        }
+    );
+}

@@ -5,7 +5,8 @@
 //!
 //! A shard stream is shared by every consumer group of the stream, so re-publishing a dead letter as a plain
 //! entry would hand it again to groups that handled it fine. A replay therefore writes the entry's original
-//! key and payload (fields `k`, `p`) to the shard its key routes to now, plus `sl_only_group = <group>`
+//! key, payload and headers (fields `k`, `p`, and `sl_headers` when it has any, so a trace goes on through
+//! the replay) to the shard its key routes to now, plus `sl_only_group = <group>`
 //! ([`stream_listener::replay::ONLY_GROUP_FIELD`]) and `sl_replay_of = <dead letter id>`. Consumers of
 //! every other group acknowledge such an entry without running their handler, so only the failed group
 //! handles it, in key order with the key's newer entries, with a fresh delivery count.
@@ -28,11 +29,11 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use redis::Value;
 use stream_listener::names::dead_letter_field as dlq;
 use stream_listener::names::field::{
-    KEY as KEY_FIELD, ONLY_GROUP as ONLY_GROUP_FIELD, PAYLOAD as PAYLOAD_FIELD,
-    REPLAY_OF as REPLAY_OF_FIELD,
+    HEADERS as HEADERS_FIELD, KEY as KEY_FIELD, ONLY_GROUP as ONLY_GROUP_FIELD,
+    PAYLOAD as PAYLOAD_FIELD, REPLAY_OF as REPLAY_OF_FIELD,
 };
 use stream_listener::topology::Topology;
-use stream_listener::Producer;
+use stream_listener::{Headers, Producer};
 
 use crate::error::CliError;
 use crate::redis_ctx::{value_text, Ctx};
@@ -286,9 +287,18 @@ async fn replay_one(
     };
     let partition_key = bytes_field(fields, KEY_FIELD).ok_or_else(|| missing(KEY_FIELD))?;
     let payload = bytes_field(fields, PAYLOAD_FIELD).ok_or_else(|| missing(PAYLOAD_FIELD))?;
+    let headers = match bytes_field(fields, HEADERS_FIELD) {
+        None => Headers::new(),
+        Some(raw) => Headers::decode(&raw).map_err(|e| CliError::Corrupt {
+            key: key.to_string(),
+            reason: format!("dead letter {id}: {e}: cannot replay it"),
+        })?,
+    };
     let (target, new_id, group) = if to_all_groups {
         let producer = Producer::new(ctx.conn.clone(), topology.prefix()).await?;
-        let receipt = producer.send_bytes(&partition_key, &payload).await?;
+        let receipt = producer
+            .send_bytes_with_headers(&partition_key, &payload, &headers)
+            .await?;
         (receipt.stream, receipt.id, None)
     } else {
         let group = text_field(fields, dlq::GROUP).ok_or_else(|| CliError::Corrupt {
@@ -312,13 +322,17 @@ async fn replay_one(
                  handle the replay (use --to-all-groups to publish it for every group)"
             )));
         }
-        let new_id: String = redis::cmd("XADD")
-            .arg(&target)
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&target)
             .arg("*")
             .arg(KEY_FIELD)
             .arg(&partition_key)
             .arg(PAYLOAD_FIELD)
-            .arg(&payload)
+            .arg(&payload);
+        if !headers.is_empty() {
+            xadd.arg(HEADERS_FIELD).arg(headers.encode());
+        }
+        let new_id: String = xadd
             .arg(ONLY_GROUP_FIELD)
             .arg(&group)
             .arg(REPLAY_OF_FIELD)

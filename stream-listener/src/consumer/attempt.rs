@@ -208,6 +208,15 @@ async fn attempt(
     result
 }
 
+#[cfg(feature = "opentelemetry")]
+fn source<'a>(io: &'a ShardIo, spec: &JobSpec) -> crate::otel::Source<'a> {
+    crate::otel::Source {
+        stream: &io.config.stream_prefix,
+        group: &io.config.group,
+        shard: spec.shard,
+    }
+}
+
 fn acker(io: &Arc<ShardIo>, spec: &JobSpec, acked: &Arc<AtomicBool>) -> Option<Acker> {
     (io.config.ack_policy == AckPolicy::Manual).then(|| Acker {
         io: io.clone(),
@@ -233,6 +242,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         shard: spec.shard,
         delivery_count: deliveries,
         token: &spec.token,
+        headers: entry.headers(),
         acker: acker(io, spec, &acked),
     };
     let _running = io
@@ -250,6 +260,10 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         epoch = spec.token.member_epoch,
         delivery_count = deliveries,
     );
+    #[cfg(feature = "opentelemetry")]
+    if let Ok(headers) = &delivery.headers {
+        crate::otel::message_span(&span, &source(io, spec), &entry.id, headers);
+    }
     let result = match called(&span, || spec.handler.call(delivery)) {
         Ok(Ok(future)) => attempt(io, span, future, 1).await,
         Ok(Err(decode_error)) => return undecodable(deliveries, &decode_error),
@@ -342,6 +356,7 @@ pub(super) async fn batch(
             shard: spec.shard,
             delivery_count: entries[i].delivery_count + retry,
             token: &spec.token,
+            headers: entries[i].headers(),
             acker: acker(io, spec, acked),
         })
         .collect();
@@ -359,6 +374,12 @@ pub(super) async fn batch(
         member = %spec.token.member_id,
         epoch = spec.token.member_epoch,
         delivery_count = deliveries,
+    );
+    #[cfg(feature = "opentelemetry")]
+    crate::otel::batch_span(
+        &span,
+        &source(io, spec),
+        batch.iter().filter_map(|d| d.headers.as_ref().ok()),
     );
     let result = match called(&span, || spec.handler.call_batch(batch)) {
         Ok((errors, future)) => {

@@ -35,6 +35,11 @@ impl Entry {
             .ok()
     }
 
+    /// The entry's headers (none without an `sl_headers` field), or why its field does not decode.
+    pub(crate) fn headers(&self) -> Result<crate::Headers, String> {
+        crate::Headers::of_entry(&self.fields).map_err(|e| e.to_string())
+    }
+
     /// The millisecond part of the entry id.
     pub(crate) fn id_ms(&self) -> Option<u64> {
         self.id.split_once('-')?.0.parse().ok()

@@ -12,7 +12,9 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 use crate::names::field::KEY as KEY_FIELD;
 
 /// The fields of one stream entry, in the order they were written, without the library's own `k`
-/// (the partition key, in [`Message::key`](super::Message::key)) and `v` (the topology version).
+/// (the partition key, in [`Message::key`](super::Message::key)), `v` (the topology version) and
+/// `sl_headers` (in [`Message::headers`](super::Message::headers)). An `sl_headers` field that does not
+/// decode as headers stays here as an ordinary field.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fields {
     entries: Vec<(String, Vec<u8>)>,
@@ -44,13 +46,19 @@ pub enum FieldError {
 }
 
 impl Fields {
-    /// The fields of an entry as read from Redis, minus the library's `k` and `v`.
+    /// The fields of an entry as read from Redis, minus the library's `k`, `v` and (when it decodes)
+    /// `sl_headers`.
     pub(crate) fn from_entry(fields: &[(Vec<u8>, Vec<u8>)]) -> Self {
         let version = crate::topology::VERSION_ENTRY_FIELD.as_bytes();
+        let headers = crate::names::field::HEADERS.as_bytes();
         Self {
             entries: fields
                 .iter()
-                .filter(|(name, _)| name.as_slice() != KEY_FIELD.as_bytes() && name != version)
+                .filter(|(name, value)| {
+                    name.as_slice() != KEY_FIELD.as_bytes()
+                        && name != version
+                        && !(name == headers && crate::Headers::decode(value).is_ok())
+                })
                 .map(|(name, value)| (String::from_utf8_lossy(name).into_owned(), value.clone()))
                 .collect(),
         }
@@ -240,6 +248,15 @@ mod tests {
         assert_eq!(fields.get::<u32>("a"), Ok(1));
         assert_eq!(fields.str("b"), Ok("2"));
         assert_eq!(fields.get::<u32>("k"), Err(FieldError::Missing("k".into())));
+    }
+
+    #[test]
+    fn headers_leave_the_fields_only_when_they_decode() {
+        let fields = Fields::from_entry(&entry(&[("a", "1"), ("sl_headers", r#"{"t":"x"}"#)]));
+        assert_eq!(fields, Fields::new([("a", "1")]));
+        // Not headers: another client's field of that name, kept (nothing is lost).
+        let foreign = Fields::from_entry(&entry(&[("a", "1"), ("sl_headers", "tenant=acme")]));
+        assert_eq!(foreign.str("sl_headers"), Ok("tenant=acme"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use crate::member::lifecycle::{FencingToken, OwnershipDeadline};
 
 use super::fields::Fields;
+use crate::headers::Headers;
 use crate::names::field::PAYLOAD as PAYLOAD_FIELD;
 
 pub use crate::util::BoxFuture;
@@ -34,6 +35,7 @@ pub struct Message<T> {
     pub delivery_count: u32,
     /// Ownership proof: sinks can refuse writes carrying a smaller member epoch than one already seen.
     pub token: FencingToken,
+    pub(crate) headers: Headers,
     pub(crate) acker: Option<Acker>,
 }
 
@@ -61,6 +63,12 @@ impl<T> Message<T> {
         Ok(())
     }
 
+    /// The headers the producer set (field `sl_headers`, see [`crate::headers`]); empty for entries
+    /// without them (older producers, other clients).
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+
     /// The payload, dropping the metadata.
     pub fn into_payload(self) -> T {
         self.payload
@@ -76,6 +84,7 @@ impl<T: fmt::Debug> fmt::Debug for Message<T> {
             .field("shard", &self.shard)
             .field("delivery_count", &self.delivery_count)
             .field("token", &self.token)
+            .field("headers", &self.headers)
             .field("manual_ack", &self.acker.is_some())
             .finish()
     }
@@ -323,6 +332,8 @@ pub(crate) struct Delivery<'a> {
     pub(crate) shard: u32,
     pub(crate) delivery_count: u32,
     pub(crate) token: &'a FencingToken,
+    /// The entry's headers, or why its `sl_headers` field does not decode.
+    pub(crate) headers: Result<Headers, String>,
     pub(crate) acker: Option<Acker>,
 }
 
@@ -378,6 +389,7 @@ impl BoxedHandler {
                 decode(payload).map_err(|e| e.to_string())
             },
             handler,
+            true,
         )
     }
 
@@ -388,11 +400,13 @@ impl BoxedHandler {
         Self::decoded(
             |fields: &[(Vec<u8>, Vec<u8>)]| Ok(Fields::from_entry(fields)),
             handler,
+            false,
         )
     }
 
-    /// A handler whose decoder sees every field of the entry.
-    fn decoded<T, D, H>(decode: D, handler: H) -> Self
+    /// A handler whose decoder sees every field of the entry. `strict_headers`: a malformed `sl_headers`
+    /// field makes the entry undecodable (else it is left to the decoder, with no headers).
+    fn decoded<T, D, H>(decode: D, handler: H, strict_headers: bool) -> Self
     where
         T: Send + 'static,
         D: Fn(&[(Vec<u8>, Vec<u8>)]) -> Result<T, String> + Send + Sync + 'static,
@@ -402,6 +416,7 @@ impl BoxedHandler {
             inner: Arc::new(Typed {
                 decode,
                 handler,
+                strict_headers,
                 _payload: std::marker::PhantomData,
             }),
         }
@@ -489,8 +504,19 @@ trait ErasedHandler: Send + Sync + 'static {
     }
 }
 
-fn message<T>(payload: T, delivery: Delivery<'_>) -> Message<T> {
+/// The delivery's headers: a malformed field is the entry's decode error when `strict` (a payload
+/// handler), else no headers (a [`Fields`] handler, which keeps the field).
+fn headers_of(delivery: &mut Delivery<'_>, strict: bool) -> Result<Headers, String> {
+    match std::mem::replace(&mut delivery.headers, Ok(Headers::new())) {
+        Ok(headers) => Ok(headers),
+        Err(error) if strict => Err(error),
+        Err(_) => Ok(Headers::new()),
+    }
+}
+
+fn message<T>(payload: T, headers: Headers, delivery: Delivery<'_>) -> Message<T> {
     Message {
+        headers,
         payload,
         id: delivery.id.to_owned(),
         key: delivery.key.to_owned(),
@@ -515,10 +541,13 @@ where
 {
     fn call(
         &self,
-        delivery: Delivery<'_>,
+        mut delivery: Delivery<'_>,
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
+        let headers = headers_of(&mut delivery, true)?;
         let payload = (self.decode)(delivery.fields)?;
-        Ok(self.handler.handle(vec![message(payload, delivery)]))
+        Ok(self
+            .handler
+            .handle(vec![message(payload, headers, delivery)]))
     }
 
     fn is_batch(&self) -> bool {
@@ -528,11 +557,13 @@ where
     fn call_batch(&self, deliveries: Vec<Delivery<'_>>) -> BatchCall {
         let mut errors = Vec::with_capacity(deliveries.len());
         let mut messages = Vec::with_capacity(deliveries.len());
-        for delivery in deliveries {
-            match (self.decode)(delivery.fields) {
-                Ok(payload) => {
+        for mut delivery in deliveries {
+            let decoded = headers_of(&mut delivery, true)
+                .and_then(|headers| Ok(((self.decode)(delivery.fields)?, headers)));
+            match decoded {
+                Ok((payload, headers)) => {
                     errors.push(None);
-                    messages.push(message(payload, delivery));
+                    messages.push(message(payload, headers, delivery));
                 }
                 Err(error) => errors.push(Some(error)),
             }
@@ -545,6 +576,7 @@ where
 struct Typed<T, D, H> {
     decode: D,
     handler: H,
+    strict_headers: bool,
     _payload: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -556,10 +588,11 @@ where
 {
     fn call(
         &self,
-        delivery: Delivery<'_>,
+        mut delivery: Delivery<'_>,
     ) -> Result<BoxFuture<'static, Result<(), HandlerError>>, String> {
+        let headers = headers_of(&mut delivery, self.strict_headers)?;
         let payload = (self.decode)(delivery.fields)?;
-        Ok(self.handler.handle(message(payload, delivery)))
+        Ok(self.handler.handle(message(payload, headers, delivery)))
     }
 }
 
@@ -655,6 +688,7 @@ mod error_tests {
                 member_id: "m".into(),
                 member_epoch: 1,
             },
+            headers: Headers::new(),
             acker: None,
         };
         let error = Handler::handle(&handler, message).await.unwrap_err();
