@@ -548,24 +548,18 @@ impl ConnectionLike for Connection {
                         return conn.req_packed_commands(pipeline, offset, count).await;
                     }
                     let total = pipeline.len();
-                    let mut tasks = tokio::task::JoinSet::new();
-                    for (indices, part) in groups {
+                    // The parts go out at once on the shared cluster connection, polled together in
+                    // this task (no task per part: a producer's batch has one part per shard).
+                    let parts = groups.into_iter().map(|(indices, part)| {
                         let mut conn = conn.clone();
-                        tasks.spawn(async move {
+                        async move {
                             let n = part.len();
                             let answers = conn.req_packed_commands(&part, 0, n).await;
                             (indices, answers)
-                        });
-                    }
+                        }
+                    });
                     let mut answers: Vec<Option<Value>> = vec![None; total];
-                    while let Some(joined) = tasks.join_next().await {
-                        let (indices, part) = joined.map_err(|e| {
-                            redis::RedisError::from((
-                                redis::ErrorKind::Io,
-                                "pipeline part panicked",
-                                e.to_string(),
-                            ))
-                        })?;
+                    for (indices, part) in futures_util::future::join_all(parts).await {
                         for (index, value) in indices.into_iter().zip(part?) {
                             answers[index] = Some(value);
                         }
