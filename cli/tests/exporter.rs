@@ -3,8 +3,8 @@
 //! unknown stream and a corrupt topology are errors of their scrape only; on a single node and on a
 //! cluster (groups discovered on every master). No member runs: the exporter is not one.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -68,23 +68,7 @@ impl Exporter {
 
     /// `(status code, body)` of `GET path`.
     fn get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: exporter\r\n\r\n").unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (code, body)
+        stream_listener_test_support::http::get(self.addr, path)
     }
 
     fn json(&self, path: &str) -> (u16, serde_json::Value) {

@@ -288,63 +288,52 @@ async fn roll(
         let step_limit = Duration::from_secs(60);
         for (p, old) in processes_now.iter().enumerate() {
             let step_start = Instant::now();
-            if stateful {
-                // The pod stops first (a StatefulSet replaces a pod in place): its members give their
-                // shards back and leave announcing the restart.
-                for &i in old {
-                    let _ = members[i].stop.send(true);
+            // A StatefulSet replaces a pod in place: it stops (its members give their shards back and
+            // leave announcing the restart), then starts under the same name, so with the same member
+            // ids. A Deployment starts the new pod first and stops the old one once the new is ready.
+            let starts_first = !stateful;
+            for start in [starts_first, !starts_first] {
+                if start {
+                    // The new pod starts and becomes ready: each of its members joined (has an epoch).
+                    let name = if stateful {
+                        format!("old{p}")
+                    } else {
+                        format!("new{p}")
+                    };
+                    let (started, wakeups) =
+                        start_process(&url, &name, per_process, shards, stateful).await;
+                    subscriptions.push(Some(wakeups));
+                    let first = members.len();
+                    members.extend(started);
+                    let new: Vec<usize> = (first..members.len()).collect();
+                    alive.extend(&new);
+                    while !new
+                        .iter()
+                        .all(|&i| members[i].status.borrow().phase == Phase::Member)
+                    {
+                        assert!(
+                            step_start.elapsed() < step_limit,
+                            "process {name} never became ready"
+                        );
+                        sample(&mut ownership, &members, &alive);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                } else {
+                    // The old pod stops gracefully: its members give their shards back and leave.
+                    for &i in old {
+                        let _ = members[i].stop.send(true);
+                    }
+                    while !old.iter().all(|&i| members[i].task.is_finished()) {
+                        assert!(
+                            step_start.elapsed() < step_limit,
+                            "process old{p} never stopped"
+                        );
+                        sample(&mut ownership, &members, &alive);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    alive.retain(|i| !old.contains(i));
+                    subscriptions[p] = None;
                 }
-                while !old.iter().all(|&i| members[i].task.is_finished()) {
-                    assert!(
-                        step_start.elapsed() < step_limit,
-                        "process old{p} never stopped"
-                    );
-                    sample(&mut ownership, &members, &alive);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                alive.retain(|i| !old.contains(i));
-                subscriptions[p] = None;
-            }
-            // The new pod starts and becomes ready: each of its members joined (has an epoch). Under a
-            // StatefulSet it has the old pod's name, so its members have the old ids.
-            let name = if stateful {
-                format!("old{p}")
-            } else {
-                format!("new{p}")
-            };
-            let (started, wakeups) =
-                start_process(&url, &name, per_process, shards, stateful).await;
-            subscriptions.push(Some(wakeups));
-            let first = members.len();
-            members.extend(started);
-            let new: Vec<usize> = (first..members.len()).collect();
-            alive.extend(&new);
-            while !new
-                .iter()
-                .all(|&i| members[i].status.borrow().phase == Phase::Member)
-            {
-                assert!(
-                    step_start.elapsed() < step_limit,
-                    "process {name} never became ready"
-                );
-                sample(&mut ownership, &members, &alive);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            if !stateful {
-                // Then the old pod stops gracefully: its members give their shards back and leave.
-                for &i in old {
-                    let _ = members[i].stop.send(true);
-                }
-                while !old.iter().all(|&i| members[i].task.is_finished()) {
-                    assert!(
-                        step_start.elapsed() < step_limit,
-                        "process old{p} never stopped"
-                    );
-                    sample(&mut ownership, &members, &alive);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                alive.retain(|i| !old.contains(i));
-                subscriptions[p] = None;
             }
         }
         let rolled = roll_start.elapsed();

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 pub mod aio;
 mod cluster;
 pub mod cpu;
+pub mod http;
 #[cfg(feature = "aio")]
 pub mod monitor;
 #[cfg(feature = "aio")]

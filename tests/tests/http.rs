@@ -1,8 +1,7 @@
 //! The probe endpoint (feature `http`): `/livez` and `/readyz` answer 200 or 503 as
 //! `RunningRuntime::health()` flips, and `/metrics` serves the Prometheus recorder's page. Loopback only.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -17,27 +16,7 @@ struct Job {
     key: String,
 }
 
-/// `(status code, body)` of `GET path`. Blocking: probes run on OS threads, as a kubelet's would,
-/// so a handler that stalls the runtime (see below) cannot stall the probing.
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
-}
+use stream_listener_test_support::http::get;
 
 /// Starts polling `path` on an OS thread until it answers `code` (bounded by 20 s); join for the body.
 fn watch(addr: SocketAddr, path: &'static str, code: u16) -> std::thread::JoinHandle<String> {

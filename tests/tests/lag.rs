@@ -3,8 +3,7 @@
 //! (after `XDEL`, after `XGROUP SETID` without `ENTRIESREAD`), the seek that keeps the lag known, bad
 //! input, the cache and the commands a scrape costs. On a single node and on the shared cluster.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -389,26 +388,7 @@ async fn live_members_and_a_drained_backlog_with_a_consumer(target: Target) {
     assert_eq!(after.live_members, 0, "a member that left has no lease");
 }
 
-/// `(status code, body)` of `GET path`.
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: exporter\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
-}
+use stream_listener_test_support::http::get;
 
 async fn get_async(addr: SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || get(addr, path))
