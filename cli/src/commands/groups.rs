@@ -1,7 +1,5 @@
 //! `groups`: every stream and consumer group in this Redis, found with a bounded `SCAN`.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use serde::Serialize;
 use stream_listener::clock::StoreMillis;
 use stream_listener::topology::{Topology, TopologyError};
@@ -10,9 +8,6 @@ use crate::error::CliError;
 use crate::redis_ctx::Ctx;
 use crate::snapshot::{is_tombstone, shard_stats};
 use crate::table::{json_text, label, or_dash, Table};
-
-/// Keys asked for per `SCAN` call.
-const SCAN_COUNT: usize = 1000;
 
 /// One group (or a stream without any) in the listing.
 #[derive(Debug, Serialize)]
@@ -35,20 +30,10 @@ struct Row {
     error: Option<String>,
 }
 
-/// What the key scan found.
-#[derive(Debug, Default)]
-struct Found {
-    /// stream -> groups with metadata.
-    streams: BTreeMap<String, BTreeSet<String>>,
-    /// Whether the scan stopped at its limit before the end of the keyspace.
-    truncated: bool,
-    scanned: usize,
-}
-
 /// Scans at most about `scan_limit` keys (of every master, on a cluster) for `sl:topology:{S}` and `sl:{S/G}:meta`, then describes each
 /// stream (shard count, topology version) and group (state, live members, group epoch, lag, pending).
 pub async fn run(ctx: &mut Ctx, scan_limit: usize, json: bool) -> Result<String, CliError> {
-    let found = scan(ctx, scan_limit).await?;
+    let found = stream_listener::lag::scan_namespace(&mut ctx.conn, scan_limit).await?;
     let mut rows = Vec::new();
     for (stream, groups) in &found.streams {
         let (shards, version) = match Topology::load(&mut ctx.conn, stream).await {
@@ -210,93 +195,4 @@ async fn describe(
         row.pending = Some(pending);
     }
     Ok(row)
-}
-
-/// `SCAN 0 MATCH sl:* COUNT 1000` until the cursor returns to 0 or about `limit` keys were visited.
-async fn scan(ctx: &mut Ctx, limit: usize) -> Result<Found, CliError> {
-    // On a cluster each master holds a part of the keyspace: scan every one (the limit is shared).
-    let masters = ctx.conn.masters().await?;
-    let mut found = Found::default();
-    if masters.is_empty() {
-        scan_node(ctx, None, limit, &mut found).await?;
-    }
-    for (host, port) in &masters {
-        let left = limit.saturating_sub(found.scanned);
-        if left == 0 {
-            found.truncated = true;
-            break;
-        }
-        scan_node(ctx, Some((host, *port)), left, &mut found).await?;
-    }
-    Ok(found)
-}
-
-/// Scans one node's keyspace (the single node when `node` is `None`) for about `limit` keys.
-async fn scan_node(
-    ctx: &mut Ctx,
-    node: Option<(&str, u16)>,
-    limit: usize,
-    found: &mut Found,
-) -> Result<(), CliError> {
-    let mut cursor: u64 = 0;
-    let max_calls = limit.div_ceil(SCAN_COUNT).max(1);
-    for _ in 0..max_calls {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(stream_listener::names::NAMESPACE_PATTERN)
-            .arg("COUNT")
-            .arg(SCAN_COUNT);
-        let (next, keys): (u64, Vec<String>) = ctx.conn.query_one_node(&cmd, node).await?;
-        // SCAN visits about COUNT keys of the keyspace per call, matching or not.
-        found.scanned += SCAN_COUNT;
-        for key in keys {
-            if let Some((stream, group)) = parse_key(&key) {
-                let groups = found.streams.entry(stream).or_default();
-                if let Some(group) = group {
-                    groups.insert(group);
-                }
-            }
-        }
-        cursor = next;
-        if cursor == 0 {
-            return Ok(());
-        }
-    }
-    found.truncated = true;
-    Ok(())
-}
-
-/// `sl:topology:{S}` -> `(S, None)`; `sl:{S/G}:meta` -> `(S, Some(G))`; anything else `None`
-/// ([`stream_listener::names::parse`]).
-fn parse_key(key: &str) -> Option<(String, Option<String>)> {
-    match stream_listener::names::parse(key)? {
-        stream_listener::names::Parsed::Topology { stream } => Some((stream, None)),
-        stream_listener::names::Parsed::GroupMeta { stream, group } => Some((stream, Some(group))),
-    }
-}
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_name_streams_and_groups() {
-        assert_eq!(
-            parse_key("sl:topology:{orders}"),
-            Some(("orders".into(), None))
-        );
-        assert_eq!(
-            parse_key("sl:{orders/billing}:meta"),
-            Some(("orders".into(), Some("billing".into())))
-        );
-        for other in [
-            "sl:{orders/billing}:rev",
-            "sl:{orders/billing}:audit",
-            "sl:topology:{}",
-            "sl:{orders}:meta",
-            "orders:0",
-        ] {
-            assert_eq!(parse_key(other), None, "{other}");
-        }
-    }
 }

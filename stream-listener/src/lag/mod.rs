@@ -456,14 +456,23 @@ pub async fn set_position(
     Ok(u64::try_from(read).ok())
 }
 
-/// Every `(stream, group)` this Redis holds: topology records and group metadata found by a bounded
-/// `SCAN` of every master, plus the consumer groups on each stream's shard 0 that no member joined yet
-/// (the library's own groups left out). The bool: whether the scan stopped at `scan_limit` keys.
-pub async fn discover(
+/// What a bounded `SCAN` of the library's namespace found ([`scan_namespace`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace {
+    /// Streams with a topology record or group metadata, each with the groups that have metadata.
+    pub streams: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Whether the scan stopped at its limit before the end of the keyspace.
+    pub truncated: bool,
+    /// About how many keys the scan visited (`SCAN` visits about `COUNT` keys per call, matching or not).
+    pub scanned: usize,
+}
+
+/// Topology records (`sl:topology:{S}`) and group metadata (`sl:{S/G}:meta`) found by a `SCAN` of every
+/// master, stopping after about `scan_limit` keys (shared by the masters).
+pub async fn scan_namespace(
     conn: &mut Connection,
     scan_limit: usize,
-) -> Result<(Vec<(String, String)>, bool), redis::RedisError> {
-    use std::collections::{BTreeMap, BTreeSet};
+) -> Result<Namespace, redis::RedisError> {
     const SCAN_COUNT: usize = 1000;
     let masters = conn.masters().await?;
     let nodes: Vec<Option<(&str, u16)>> = if masters.is_empty() {
@@ -474,14 +483,12 @@ pub async fn discover(
             .map(|(h, p)| Some((h.as_str(), *p)))
             .collect()
     };
-    let mut streams: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut scanned = 0;
-    let mut truncated = false;
+    let mut found = Namespace::default();
     'nodes: for node in nodes {
         let mut cursor: u64 = 0;
         loop {
-            if scanned >= scan_limit {
-                truncated = true;
+            if found.scanned >= scan_limit {
+                found.truncated = true;
                 break 'nodes;
             }
             let mut cmd = redis::cmd("SCAN");
@@ -491,14 +498,14 @@ pub async fn discover(
                 .arg("COUNT")
                 .arg(SCAN_COUNT);
             let (next, keys): (u64, Vec<String>) = conn.query_one_node(&cmd, node).await?;
-            scanned += SCAN_COUNT;
+            found.scanned += SCAN_COUNT;
             for key in keys {
                 match crate::names::parse(&key) {
                     Some(crate::names::Parsed::Topology { stream }) => {
-                        streams.entry(stream).or_default();
+                        found.streams.entry(stream).or_default();
                     }
                     Some(crate::names::Parsed::GroupMeta { stream, group }) => {
-                        streams.entry(stream).or_default().insert(group);
+                        found.streams.entry(stream).or_default().insert(group);
                     }
                     None => {}
                 }
@@ -509,6 +516,20 @@ pub async fn discover(
             }
         }
     }
+    Ok(found)
+}
+
+/// Every `(stream, group)` this Redis holds: topology records and group metadata found by a bounded
+/// `SCAN` of every master ([`scan_namespace`]), plus the consumer groups on each stream's shard 0 that no
+/// member joined yet (the library's own groups left out). The bool: whether the scan stopped at
+/// `scan_limit` keys.
+pub async fn discover(
+    conn: &mut Connection,
+    scan_limit: usize,
+) -> Result<(Vec<(String, String)>, bool), redis::RedisError> {
+    let Namespace {
+        streams, truncated, ..
+    } = scan_namespace(conn, scan_limit).await?;
     let mut found = Vec::new();
     for (stream, mut groups) in streams {
         let key = shard_stream_key(&stream, 0);
