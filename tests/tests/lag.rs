@@ -14,7 +14,7 @@ use stream_listener::lag::{
 use stream_listener::reply::xinfo_groups;
 use stream_listener::routing::shard_stream_key;
 use stream_listener::{Connection, ConsumerBuilder, Message};
-use stream_listener_test_support::aio::wait_until_async;
+use stream_listener_test_support::aio::{wait_until_async, xreadgroup};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{
     on_every_target, orders, producer, stream_with_group, test_runtime, Order, Target, TestRedis,
@@ -69,23 +69,12 @@ async fn entries_after_position(conn: &mut Connection, key: &str, group: &str) -
 
 /// Reads `count` entries of `key` for `group` as consumer `c` (they become pending); returns their ids.
 async fn deliver(conn: &mut Connection, key: &str, group: &str, count: usize) -> Vec<String> {
-    let reply: Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(group)
-        .arg("c")
-        .arg("COUNT")
-        .arg(count)
-        .arg("STREAMS")
-        .arg(key)
-        .arg(">")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let text = format!("{reply:?}");
-    // Ids are the only `<digits>-<digits>` strings of the reply.
-    let ids: Vec<String> = regex_ids(&text);
-    assert_eq!(ids.len(), count, "{key}: {reply:?}");
-    ids
+    let entries = xreadgroup(conn, group, "c", count, key).await;
+    assert_eq!(entries.len(), count, "{key}");
+    entries
+        .into_iter()
+        .map(|(id, _)| String::from_utf8(id).expect("an entry id is text"))
+        .collect()
 }
 
 fn regex_ids(text: &str) -> Vec<String> {
