@@ -97,6 +97,8 @@ pub enum Refusal {
     Certificate,
     /// The server is older than [`MINIMUM_VERSION`].
     ServerTooOld(ServerVersion),
+    /// Every sentinel of a `redis+sentinel://` URL answered, and none monitors a master of its name.
+    UnknownSentinelMaster,
 }
 
 impl fmt::Display for Refusal {
@@ -127,6 +129,11 @@ impl fmt::Display for Refusal {
                  XADD NOMKSTREAM; Redis 7.0 or newer also reports group lag): use a newer server (for \
                  example the `redis:7` image)",
                 MINIMUM_VERSION.0, MINIMUM_VERSION.1
+            ),
+            Self::UnknownSentinelMaster => f.write_str(
+                "no sentinel monitors a master of the name in the URL \
+                 (redis+sentinel://host:26379/<master name>): use the name of `sentinel monitor \
+                 <name> ...` (SENTINEL MASTERS lists them)",
             ),
         }
     }
@@ -167,6 +174,9 @@ pub fn classify(error: &redis::RedisError) -> Option<Refusal> {
         }
         (ErrorKind::Server(ServerErrorKind::NoPerm), _) | (_, Some("NOPERM")) => {
             return Some(Refusal::Permission)
+        }
+        (ErrorKind::MasterNameNotFoundBySentinel, _) => {
+            return Some(Refusal::UnknownSentinelMaster)
         }
         _ => {}
     }
@@ -375,6 +385,24 @@ mod tests {
             classify(&server(ServerErrorKind::ResponseError, "unknown command")),
             None
         );
+    }
+
+    #[test]
+    fn a_master_name_no_sentinel_monitors_is_permanent_a_failover_under_way_is_not() {
+        let unknown: RedisError = (
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "no sentinel monitors the master named in the URL",
+            "master `orders`: sentinel 127.0.0.1:26379 monitors no master of that name".to_owned(),
+        )
+            .into();
+        assert_eq!(classify(&unknown), Some(Refusal::UnknownSentinelMaster));
+        let failing_over: RedisError = std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "no master found through the sentinels: master `orders`: 127.0.0.1:6380, named by \
+             sentinel 127.0.0.1:26379, is not a master (a failover is under way)",
+        )
+        .into();
+        assert_eq!(classify(&failing_over), None);
     }
 
     #[test]

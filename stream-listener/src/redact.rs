@@ -12,7 +12,15 @@ use std::fmt;
 pub const REDACTED: &str = "***";
 
 /// Query parameters whose values are secrets (`pass` is what redis-rs reads for unix sockets).
-const SECRET_PARAMS: &[&str] = &["pass", "password", "passwd", "pwd", "token", "auth"];
+const SECRET_PARAMS: &[&str] = &[
+    "pass",
+    "password",
+    "passwd",
+    "pwd",
+    "token",
+    "auth",
+    "sentinel_password",
+];
 
 /// `url` with its credentials replaced by `***`: the password of the user-info (a user-info without `:`
 /// is replaced whole, since some clients read it as a password) and the values of `pass`, `password` and

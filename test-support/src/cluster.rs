@@ -31,7 +31,7 @@ pub struct RedisCluster {
     tls: Option<(TempDir, Vec<u16>)>,
 }
 
-fn cli_binary() -> String {
+pub(crate) fn cli_binary() -> String {
     std::env::var(REDIS_CLI_BIN_ENV)
         .ok()
         .filter(|s| !s.is_empty())

@@ -37,8 +37,10 @@ pub mod http;
 pub mod monitor;
 #[cfg(feature = "aio")]
 pub mod proxy;
+mod sentinel;
 pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};
+pub use sentinel::{RedisSentinels, MASTER_NAME, SENTINEL_TIMEOUT};
 
 /// How long [`RedisServer::start`] and [`RedisServer::restart`] wait for the server to answer PING.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -38,7 +37,7 @@ use super::{job, wait, PauseHandle};
 pub(crate) enum Ended {
     Job(JobReport),
     /// The idle wait, with its blocking connection and that connection's client id handed back.
-    Wait(WaitReport, Option<(MultiplexedConnection, i64)>),
+    Wait(WaitReport, Option<super::wait_spec::WaitConnection>),
 }
 
 struct Running {
@@ -67,7 +66,7 @@ pub(crate) struct Driver {
     by_job: HashMap<JobId, tokio::task::Id>,
     owned: HashMap<u32, Owned>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
-    wait_conn: Option<(MultiplexedConnection, i64)>,
+    wait_conn: Option<super::wait_spec::WaitConnection>,
     /// Ends the running wait early (see the `unblock` module).
     interrupt: Arc<Interrupt>,
     reports: mpsc::UnboundedSender<ShardReport>,

@@ -139,8 +139,12 @@ impl ShardIo {
 
     /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a blocking read
     /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
-    /// Returns it with its Redis client id (for `CLIENT UNBLOCK`).
-    pub(crate) async fn blocking_connection(&self) -> RedisResult<(MultiplexedConnection, i64)> {
+    /// Returns it with its Redis client id (for `CLIENT UNBLOCK`) and the target's master switches
+    /// before it was made.
+    pub(crate) async fn blocking_connection(
+        &self,
+    ) -> RedisResult<super::wait_spec::WaitConnection> {
+        let switches = self.client.master_switches();
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(timeout))
@@ -150,7 +154,7 @@ impl ShardIo {
             .arg("ID")
             .query_async(&mut conn)
             .await?;
-        Ok((conn, id))
+        Ok((conn, id, switches))
     }
 
     /// `XREADGROUP ... COUNT n STREAMS key fence > >`: the shard's new entries, delivered to this member,

@@ -35,6 +35,14 @@ pub(crate) async fn run(
 ) -> (WaitReport, Option<WaitConnection>) {
     let mut outcome = WaitReport::default();
     let cluster = io.client.is_cluster();
+    // Behind Sentinel, a connection made before the master switched may be to the old master.
+    if spec
+        .conn
+        .as_ref()
+        .is_some_and(|(_, _, switches)| *switches < io.client.master_switches())
+    {
+        spec.conn = None;
+    }
     if spec.conn.is_none() && !cluster {
         match io.blocking_connection().await {
             Ok(conn) => spec.conn = Some(conn),
@@ -79,15 +87,25 @@ pub(crate) async fn run(
         return (outcome, spec.conn);
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
-    let (mut conn, id) = spec.conn.take().expect("connected above");
+    let (mut conn, id, switches) = spec.conn.take().expect("connected above");
     let mut kept = None;
     let streams = spec.streams();
     let read = io.wait_for_new(&streams, &mut conn, block);
     let mut control = io.conn.clone();
-    match read_until_interrupted(read, &spec.interrupt, &mut control, id).await {
-        Ok(keys) => {
+    let read = read_until_interrupted(read, &spec.interrupt, &mut control, id);
+    // Behind Sentinel, a switch of the master ends the wait: it may be blocking on the old master, which
+    // never sees the new entries.
+    let switched = io.client.master_switched(switches);
+    let read = tokio::select! {
+        read = read => Some(read),
+        () = switched => None,
+    };
+    match read {
+        // A fresh connection, to the new master, next time.
+        None => {}
+        Some(Ok(keys)) => {
             spec.note_new_entries(&keys, &mut outcome);
-            kept = Some((conn, id));
+            kept = Some((conn, id, switches));
             // An idle shard runs no job: its retention step, if due, runs here (see the `retention`
             // module), so what it acknowledged last is trimmed without waiting for new entries.
             for (shard, key) in &spec.shards {
@@ -97,7 +115,7 @@ pub(crate) async fn run(
             }
         }
         // The connection may be broken; a fresh one is made next time.
-        Err(error) => outcome.error = Some(error),
+        Some(Err(error)) => outcome.error = Some(error),
     }
     (outcome, kept)
 }

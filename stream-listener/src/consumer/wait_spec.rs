@@ -11,8 +11,9 @@ use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::unblock::Interrupt;
 
-/// The idle wait's blocking connection and its Redis client id.
-pub(crate) type WaitConnection = (MultiplexedConnection, i64);
+/// The idle wait's blocking connection, its Redis client id, and the target's master switches when it
+/// was made (behind Sentinel, a later switch means it may be to the old master: a fresh one is made).
+pub(crate) type WaitConnection = (MultiplexedConnection, i64, u64);
 
 /// The shards to wait on, by index and stream key.
 pub(crate) struct WaitSpec {

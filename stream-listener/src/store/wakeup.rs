@@ -102,13 +102,21 @@ async fn subscribe(
 ) {
     let mut failures = 0u32;
     loop {
+        let switches = target.master_switches();
         match target.pubsub().await {
             Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
                 Ok(()) => {
                     failures = 0;
                     subscribed.send_replace(true);
                     let mut messages = pubsub.on_message();
-                    while let Some(message) = messages.next().await {
+                    // Behind Sentinel, a switch of the master ends the subscription: the old master
+                    // no longer hears the heartbeats' publications.
+                    let switched = target.master_switched(switches);
+                    tokio::pin!(switched);
+                    while let Some(message) = tokio::select! {
+                        message = messages.next() => message,
+                        () = &mut switched => None,
+                    } {
                         let Ok(payload) = message.get_payload::<String>() else {
                             continue;
                         };

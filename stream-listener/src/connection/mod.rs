@@ -1,7 +1,9 @@
-//! Where Redis is ([`RedisTarget`]: one node or a Redis Cluster) and the connection every component
-//! shares ([`Connection`]).
+//! Where Redis is ([`RedisTarget`]: one node, a Sentinel-managed master, or a Redis Cluster) and the
+//! connection every component shares ([`Connection`]).
 //!
-//! A single node stays the default and goes through redis-rs's `ConnectionManager`, unchanged. A cluster
+//! A single node stays the default and goes through redis-rs's `ConnectionManager`, unchanged. A master
+//! behind Redis Sentinel (`redis+sentinel://sentinel:26379,sentinel:26379/<master name>`) goes through
+//! [`SentinelConnection`], which finds the master again after a failover (the `sentinel` module). A cluster
 //! (`redis+cluster://host:port,host:port` or [`RedisTarget::cluster`] with seed nodes) goes through
 //! redis-rs's async cluster connection, which follows `MOVED` / `ASK` and reconnects after a failover. Every
 //! command stream-listener sends touches one slot (shard streams spread over slots; a group's keys share a
@@ -21,6 +23,11 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 
+mod sentinel;
+pub use sentinel::{
+    SentinelConnection, SentinelTarget, DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
+};
+
 /// The URL scheme of a cluster given by its seed nodes: `redis+cluster://[user:pass@]h1:p1,h2:p2`.
 pub const CLUSTER_SCHEME: &str = "redis+cluster";
 
@@ -28,13 +35,16 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster";
 /// certificates checked against the system's roots, or those of [`RedisTarget::with_tls`]).
 pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster";
 
-/// Where Redis is: one node (the default) or a Redis Cluster reached through seed nodes.
+/// Where Redis is: one node (the default), a master found through Redis Sentinel, or a Redis Cluster
+/// reached through seed nodes.
 #[derive(Clone)]
 // Made once per process and cloned rarely: boxing the client would only complicate matching on it.
 #[allow(clippy::large_enum_variant)]
 pub enum RedisTarget {
     /// One Redis node (`redis://`, `rediss://`, `redis+unix://`).
     Single(redis::Client),
+    /// The master of a set monitored by Redis Sentinel (`redis+sentinel://`, `rediss+sentinel://`).
+    Sentinel(SentinelTarget),
     /// A Redis Cluster.
     Cluster {
         /// The nodes to discover it from (one reachable seed is enough).
@@ -51,6 +61,7 @@ impl fmt::Debug for RedisTarget {
         // Addresses only: the connection info also holds the password.
         match self {
             Self::Single(client) => write!(f, "Single({})", client.get_connection_info().addr()),
+            Self::Sentinel(target) => target.fmt(f),
             Self::Cluster { seeds, .. } => {
                 let addrs: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
                 write!(f, "Cluster({})", addrs.join(","))
@@ -76,9 +87,17 @@ pub struct ConnectOptions {
 
 impl RedisTarget {
     /// Parses a URL: `redis+cluster://[user:pass@]host:port,host:port,...` is a cluster (the credentials
-    /// apply to every node), `rediss+cluster://` one over TLS; anything else is one node, as
-    /// `redis::Client::open` reads it.
+    /// apply to every node), `rediss+cluster://` one over TLS;
+    /// `redis+sentinel://[user:pass@]host:port,host:port/<master name>[/<db>]` is the master a set of
+    /// sentinels names (the credentials are the data nodes'; the query parameters `sentinel_username` and
+    /// `sentinel_password` are the sentinels'; the port defaults to 26379), `rediss+sentinel://` one over
+    /// TLS; anything else is one node, as `redis::Client::open` reads it.
     pub fn open(url: &str) -> RedisResult<Self> {
+        for (scheme, tls) in [(SENTINEL_SCHEME, false), (SENTINEL_TLS_SCHEME, true)] {
+            if let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) {
+                return SentinelTarget::parse(tls, rest).map(Self::Sentinel);
+            }
+        }
         for (scheme, node_scheme) in [(CLUSTER_SCHEME, "redis"), (CLUSTER_TLS_SCHEME, "rediss")] {
             if let Some(rest) = url.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")) {
                 return Self::cluster(cluster_seed_urls(node_scheme, rest)?);
@@ -116,8 +135,9 @@ impl RedisTarget {
     }
 
     /// This target with `certificates` (a CA to trust instead of the system's roots, a client
-    /// certificate for mutual TLS) on every connection: to the node, or to each node of the cluster.
-    /// The URL must be `rediss://` or `rediss+cluster://`. See [`crate::tls::TlsFiles`] to read them.
+    /// certificate for mutual TLS) on every connection: to the node, to the sentinels and the nodes they
+    /// name, or to each node of the cluster. The URL must be `rediss://`, `rediss+sentinel://` or
+    /// `rediss+cluster://`. See [`crate::tls::TlsFiles`] to read them.
     #[cfg(feature = "tls")]
     pub fn with_tls(self, certificates: redis::TlsCertificates) -> RedisResult<Self> {
         match self {
@@ -125,6 +145,7 @@ impl RedisTarget {
                 client.get_connection_info().clone(),
                 certificates,
             )?)),
+            Self::Sentinel(target) => Ok(Self::Sentinel(target.with_tls(certificates)?)),
             Self::Cluster { seeds, .. } => {
                 // The seeds carry them too: blocking reads and pub/sub open plain clients from a seed.
                 let seeds = seeds
@@ -142,13 +163,35 @@ impl RedisTarget {
         }
     }
 
+    /// How many master switches the sentinels announced so far (0 but for a Sentinel target): a
+    /// connection of [`node_connection`](Self::node_connection) or [`pubsub`](Self::pubsub) made at a
+    /// lower count may be to the old master, and should be made again.
+    pub(crate) fn master_switches(&self) -> u64 {
+        match self {
+            Self::Sentinel(target) => target.switches(),
+            _ => 0,
+        }
+    }
+
+    /// Resolves once [`master_switches`](Self::master_switches) is above `since`; never for other
+    /// targets.
+    pub(crate) async fn master_switched(&self, since: u64) {
+        if let Self::Sentinel(target) = self {
+            let mut switches = target.switch_receiver();
+            if switches.wait_for(|count| *count > since).await.is_ok() {
+                return;
+            }
+        }
+        std::future::pending().await
+    }
+
     /// Whether this is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster { .. })
     }
 
-    /// A shared connection: a `ConnectionManager` on one node, the cluster connection on a cluster. Both
-    /// reconnect by themselves and are cheap to clone.
+    /// A shared connection: a `ConnectionManager` on one node, a [`SentinelConnection`] to a Sentinel's
+    /// master, the cluster connection on a cluster. All reconnect by themselves and are cheap to clone.
     pub async fn connect(&self, options: ConnectOptions) -> RedisResult<Connection> {
         match self {
             Self::Single(client) => {
@@ -162,6 +205,9 @@ impl RedisTarget {
                     ConnectionManager::new_with_config(client.clone(), config).await?,
                 ))
             }
+            Self::Sentinel(target) => Ok(Connection::Sentinel(
+                SentinelConnection::connect(target.clone(), options).await?,
+            )),
             Self::Cluster {
                 seeds,
                 #[cfg(feature = "tls")]
@@ -198,23 +244,32 @@ impl RedisTarget {
         }
     }
 
-    /// A plain multiplexed connection to one node: the single node, or the cluster node at `host:port`
-    /// (with the seeds' credentials and TLS). For blocking reads, which must not share a connection.
+    /// A plain multiplexed connection to one node: the single node, the Sentinel's current master
+    /// (discovered again), or the cluster node at `host:port` (with the seeds' credentials and TLS). For
+    /// blocking reads, which must not share a connection.
     pub(crate) async fn node_connection(
         &self,
         node: Option<(&str, u16)>,
         config: &AsyncConnectionConfig,
     ) -> RedisResult<MultiplexedConnection> {
+        if let Self::Sentinel(target) = self {
+            return Ok(target.connect_master(config, None).await?.1);
+        }
         self.node_client(node)?
             .get_multiplexed_async_connection_with_config(config)
             .await
     }
 
-    /// A pub/sub connection: to the single node, or to the first cluster seed (a cluster forwards
-    /// `PUBLISH` to every node).
+    /// A pub/sub connection: to the single node, to the Sentinel's current master (discovered again), or
+    /// to the first cluster seed (a cluster forwards `PUBLISH` to every node).
     pub(crate) async fn pubsub(&self) -> RedisResult<redis::aio::PubSub> {
         let node = match self {
             Self::Single(_) => None,
+            Self::Sentinel(target) => {
+                let config = AsyncConnectionConfig::new();
+                let (client, _) = target.connect_master(&config, None).await?;
+                return client.get_async_pubsub().await;
+            }
             Self::Cluster { seeds, .. } => match seeds.first().map(|seed| seed.addr()) {
                 Some(ConnectionAddr::Tcp(host, port)) => Some((host.as_str(), *port)),
                 #[cfg(feature = "tls")]
@@ -230,6 +285,7 @@ impl RedisTarget {
     fn node_client(&self, node: Option<(&str, u16)>) -> RedisResult<redis::Client> {
         match (self, node) {
             (Self::Single(client), _) => Ok(client.clone()),
+            (Self::Sentinel(_), _) => Err(invalid("a Sentinel's master is discovered, not named")),
             (Self::Cluster { seeds, .. }, Some((host, port))) => {
                 let seed = seeds[0].clone();
                 let addr = match seed.addr() {
@@ -265,7 +321,7 @@ impl RedisTarget {
                     .query_async(&mut conn)
                     .await
             }
-            Self::Cluster { .. } => {
+            Self::Sentinel(_) | Self::Cluster { .. } => {
                 let mut conn = self.connect(ConnectOptions::default()).await?;
                 conn.server_info().await
             }
@@ -308,13 +364,16 @@ const SCHEMES: &[&str] = &[
     "valkeys",
     CLUSTER_SCHEME,
     CLUSTER_TLS_SCHEME,
+    SENTINEL_SCHEME,
+    SENTINEL_TLS_SCHEME,
 ];
 
 /// A Redis URL that does not parse: its text redacted, where it came from, and what is wrong with it.
 #[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
 #[error(
     "Redis URL `{url}` (from {origin}) {reason}: expected redis://[user:password@]host[:port][/db], \
-     rediss:// for TLS, redis+unix:///path, or redis+cluster://host:port,host:port"
+     rediss:// for TLS, redis+unix:///path, redis+sentinel://host:port,host:port/<master name>, or \
+     redis+cluster://host:port,host:port"
 )]
 #[non_exhaustive]
 pub struct InvalidUrl {
@@ -384,6 +443,8 @@ pub fn slot_of(key: &[u8]) -> u16 {
 pub enum Connection {
     /// One node: redis-rs's `ConnectionManager`.
     Single(ConnectionManager),
+    /// A Sentinel's master, found again after a failover.
+    Sentinel(SentinelConnection),
     /// A cluster: redis-rs's async cluster connection (routes by slot, follows `MOVED` / `ASK`).
     Cluster(ClusterConnection),
 }
@@ -392,6 +453,7 @@ impl fmt::Debug for Connection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Single(_) => "Connection::Single",
+            Self::Sentinel(_) => "Connection::Sentinel",
             Self::Cluster(_) => "Connection::Cluster",
         })
     }
@@ -441,6 +503,7 @@ impl Connection {
         use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         match self {
             Self::Single(conn) => cmd.query_async(conn).await,
+            Self::Sentinel(conn) => cmd.query_async(conn).await,
             Self::Cluster(conn) => {
                 let route = match addr {
                     Some((host, port)) => SingleNodeRoutingInfo::ByAddress {
@@ -523,6 +586,7 @@ impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -538,6 +602,7 @@ impl ConnectionLike for Connection {
             Self::Cluster(conn) if !pipeline.is_transaction() => conn.clone(),
             Self::Cluster(conn) => return conn.req_packed_commands(pipeline, offset, count),
             Self::Single(conn) => return conn.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(conn) => return conn.req_packed_commands(pipeline, offset, count),
         };
         {
             {
@@ -577,6 +642,7 @@ impl ConnectionLike for Connection {
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(conn) => conn.get_db(),
+            Self::Sentinel(conn) => conn.get_db(),
             Self::Cluster(_) => 0,
         }
     }
@@ -636,9 +702,23 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "Redis URL `redis://:***@host:port/` (from Runtime::new) does not parse: expected \
-             redis://[user:password@]host[:port][/db], rediss:// for TLS, redis+unix:///path, or \
-             redis+cluster://host:port,host:port"
+             redis://[user:password@]host[:port][/db], rediss:// for TLS, redis+unix:///path, \
+             redis+sentinel://host:port,host:port/<master name>, or redis+cluster://host:port,host:port"
         );
+        let error = RedisTarget::open_from(
+            "redis+sentinel://:topsecret@h:26379?sentinel_password=alsosecret",
+            "REDIS_URL",
+        )
+        .unwrap_err();
+        assert_eq!(error.reason, "does not parse");
+        assert!(
+            error.url.starts_with("redis+sentinel://:***@h:26379?"),
+            "{}",
+            error.url
+        );
+        let report = format!("{error:?}");
+        assert!(!report.contains("secret"), "{report}");
+        assert!(report.contains("names its master"), "{report}");
         assert!(!format!("{error:?}").contains("topsecret"));
         assert!(!format!("{error:#?}").contains("topsecret"));
         let error = RedisTarget::open_from("127.0.0.1:6379", "REDIS_URL").unwrap_err();
@@ -675,6 +755,13 @@ mod tests {
             seeds[0].addr()
         );
         assert!(RedisTarget::cluster(Vec::<String>::new()).is_err());
+        let sentinel = RedisTarget::open("redis+sentinel://:pw@127.0.0.1:26379/mymaster").unwrap();
+        assert!(matches!(sentinel, RedisTarget::Sentinel(_)), "{sentinel:?}");
+        assert!(!sentinel.is_cluster());
+        assert_eq!(
+            format!("{sentinel:?}"),
+            "Sentinel(127.0.0.1:26379/mymaster)"
+        );
     }
 
     #[test]
