@@ -28,6 +28,9 @@ pub struct RedisSentinels {
     /// The data nodes; the first one started as the master.
     nodes: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
+    /// With TLS: the certificates, and each node's `(plain port, TLS port)` (the sentinels and
+    /// replication speak TLS; the plain ports stay open for this crate's own commands).
+    tls: Option<(TempDir, Vec<(u16, u16)>)>,
 }
 
 impl fmt::Debug for RedisSentinels {
@@ -41,6 +44,7 @@ impl fmt::Debug for RedisSentinels {
 
 struct SentinelProcess {
     port: u16,
+    tls_port: Option<u16>,
     dir: TempDir,
     child: Option<Child>,
 }
@@ -70,46 +74,140 @@ impl RedisSentinels {
     /// # Panics
     /// As [`start`](Self::start).
     pub fn start_with(replicas: usize, node_args: &[&str]) -> RedisSentinels {
-        Self::try_start(replicas, node_args)
+        Self::try_start(replicas, node_args, false)
             .unwrap_or_else(|e| panic!("could not start the sentinels: {e}"))
     }
 
-    fn try_start(replicas: usize, extra: &[&str]) -> io::Result<RedisSentinels> {
-        // No delay before a full sync (Redis 7 waits 5 s by default for more replicas to join it).
-        let node_args = || {
+    /// [`start`](Self::start) over TLS ([`certificates`](crate::tls::certificates); client certificates
+    /// optional): the sentinels and the nodes listen on TLS ports too, replicate and monitor over TLS,
+    /// and the sentinels name the nodes' TLS ports. `None` (skipped) without `openssl` outside `CI`.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_tls(replicas: usize) -> Option<RedisSentinels> {
+        if !crate::tls::openssl_available() {
+            return None;
+        }
+        Some(
+            Self::try_start(replicas, &[], true)
+                .unwrap_or_else(|e| panic!("could not start the TLS sentinels: {e}")),
+        )
+    }
+
+    fn try_start(replicas: usize, extra: &[&str], tls: bool) -> io::Result<RedisSentinels> {
+        let certs = if tls {
+            let dir = TempDir::new()?;
+            crate::tls::certificates(&dir.path);
+            Some(dir)
+        } else {
+            None
+        };
+        // `--name value` pairs, for the nodes' command lines and (without the dashes) the sentinels'
+        // configuration files.
+        let tls_args = |port: u16| -> Vec<String> {
+            let Some(dir) = &certs else {
+                return Vec::new();
+            };
+            let file = |name: &str| dir.path.join(name).display().to_string();
+            vec![
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-replication".into(),
+                "yes".into(),
+                "--tls-cert-file".into(),
+                file("server.pem"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                // Replication and the sentinels connect out with the client certificate.
+                "--tls-client-cert-file".into(),
+                file("client.pem"),
+                "--tls-client-key-file".into(),
+                file("client.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.pem"),
+                "--tls-auth-clients".into(),
+                "optional".into(),
+            ]
+        };
+        let start_node = |replica_of: Option<u16>| -> io::Result<(RedisServer, u16)> {
+            let tls_port = free_port()?;
+            // No delay before a full sync (Redis 7 waits 5 s by default for more replicas to join).
             let mut args: Vec<String> = vec!["--repl-diskless-sync-delay".into(), "0".into()];
             args.extend(extra.iter().map(|a| a.to_string()));
-            args
+            args.extend(tls_args(tls_port));
+            if let Some(master) = replica_of {
+                args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
+            }
+            Ok((RedisServer::try_start_with_args(args, None)?, tls_port))
         };
-        let master = RedisServer::try_start_with_args(node_args(), None)?;
+        let (master, master_tls_port) = start_node(None)?;
         let master_port = master.port();
+        let mut ports = vec![(master_port, master_tls_port)];
+        // Replicas and sentinels reach the master where it speaks their protocol.
+        let announced = if tls { master_tls_port } else { master_port };
         let mut nodes = vec![master];
         for _ in 0..replicas {
-            let mut args = node_args();
-            args.extend([
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master_port.to_string(),
-            ]);
-            nodes.push(RedisServer::try_start_with_args(args, None)?);
+            let (node, tls_port) = start_node(Some(announced))?;
+            ports.push((node.port(), tls_port));
+            nodes.push(node);
         }
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            sentinels.push(SentinelProcess::start(master_port)?);
+            let tls_port = if tls { Some(free_port()?) } else { None };
+            let config: String = tls_port
+                .map(|port| {
+                    tls_args(port)
+                        .chunks(2)
+                        .map(|pair| format!("{} {}\n", pair[0].trim_start_matches('-'), pair[1]))
+                        .collect()
+                })
+                .unwrap_or_default();
+            sentinels.push(SentinelProcess::start(announced, tls_port, &config)?);
         }
-        let deployment = RedisSentinels { nodes, sentinels };
+        let deployment = RedisSentinels {
+            nodes,
+            sentinels,
+            tls: certs.map(|dir| (dir, ports)),
+        };
         deployment.wait_settled(master_port)?;
         Ok(deployment)
     }
 
-    /// `redis+sentinel://` naming the three sentinels and [`MASTER_NAME`].
+    /// `redis+sentinel://` naming the three sentinels and [`MASTER_NAME`]; with
+    /// [`start_tls`](Self::start_tls), `rediss+sentinel://` and the sentinels' TLS ports.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
-            .sentinel_ports()
+            .sentinels
             .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
+            .map(|s| format!("127.0.0.1:{}", s.tls_port.unwrap_or(s.port)))
             .collect();
-        format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+    }
+
+    /// A file of a TLS deployment's certificates: `ca.pem`, `client.pem`, `client.key`.
+    pub fn tls_file(&self, name: &str) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|(dir, _)| dir.path.join(name))
+    }
+
+    /// The plain port of the node a sentinel names by `port` (its TLS port, with TLS).
+    fn plain(&self, port: u16) -> u16 {
+        self.tls
+            .as_ref()
+            .and_then(|(_, ports)| ports.iter().find(|(_, tls)| *tls == port))
+            .map_or(port, |(plain, _)| *plain)
+    }
+
+    /// The port replicas and sentinels know the node on plain `port` by.
+    fn announced(&self, port: u16) -> u16 {
+        self.tls
+            .as_ref()
+            .and_then(|(_, ports)| ports.iter().find(|(plain, _)| *plain == port))
+            .map_or(port, |(_, tls)| *tls)
     }
 
     /// The data nodes' ports; the first one started as the master.
@@ -146,14 +244,14 @@ impl RedisSentinels {
         }
     }
 
-    /// The master's port as sentinel `index` names it (`None`: no answer).
+    /// The master's (plain) port as sentinel `index` names it (`None`: no answer).
     pub fn master_port_by(&self, index: usize) -> Option<u16> {
         let out = cli(
             self.sentinels[index].port,
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
         )
         .ok()?;
-        out.lines().nth(1)?.trim().parse().ok()
+        Some(self.plain(out.lines().nth(1)?.trim().parse().ok()?))
     }
 
     /// The master's port, as the first sentinel that answers names it.
@@ -289,7 +387,7 @@ impl RedisSentinels {
             .filter(|n| n.port() != master)
             .all(|node| {
                 cli(node.port(), &["INFO", "replication"]).is_ok_and(|info| {
-                    info.contains(&format!("master_port:{master}"))
+                    info.contains(&format!("master_port:{}", self.announced(master)))
                         && info.contains("master_link_status:up")
                 })
             })
@@ -328,7 +426,11 @@ impl RedisSentinels {
 }
 
 impl SentinelProcess {
-    fn start(master_port: u16) -> io::Result<SentinelProcess> {
+    fn start(
+        master_port: u16,
+        tls_port: Option<u16>,
+        tls_config: &str,
+    ) -> io::Result<SentinelProcess> {
         let dir = TempDir::new()?;
         let port = free_port()?;
         let config = dir.path.join("sentinel.conf");
@@ -339,7 +441,7 @@ impl SentinelProcess {
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                  sentinel failover-timeout {MASTER_NAME} 5000\n\
-                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                 sentinel parallel-syncs {MASTER_NAME} 1\n{tls_config}",
                 dir = dir.path.display()
             ),
         )?;
@@ -354,6 +456,7 @@ impl SentinelProcess {
             .spawn()?;
         let process = SentinelProcess {
             port,
+            tls_port,
             dir,
             child: Some(child),
         };

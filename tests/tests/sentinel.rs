@@ -17,6 +17,7 @@ use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::preflight::{self, Failure, Refusal};
 use stream_listener::redact::RedisUrl;
 use stream_listener::store::GroupStore;
+use stream_listener::tls::TlsFiles;
 use stream_listener::topology::Topology;
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
 use stream_listener_test_support::aio::{info, info_field, wait_until, wait_until_async};
@@ -556,4 +557,117 @@ async fn failover_under_traffic(
         (failover_end - failover_start).as_secs_f64(),
         longest_gap.as_secs_f64(),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_reaches_a_tls_deployment_and_follows_its_failover() {
+    // Skipped without openssl outside CI (see `tls::openssl_available`).
+    let Some(sentinels) = RedisSentinels::start_tls(1) else {
+        return;
+    };
+    let url = sentinels.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    // Without our authority the sentinels' certificates are refused: a start error, not "no master".
+    match preflight::check(
+        &RedisTarget::open(&url).unwrap(),
+        &RedisUrl::new(url.clone()),
+    )
+    .await
+    {
+        Err(Failure::Permanent(refused)) => assert_eq!(refused.refusal, Refusal::Certificate),
+        other => panic!("an untrusted certificate was not refused: {other:?}"),
+    }
+    let files = TlsFiles {
+        ca_cert: sentinels.tls_file("ca.pem"),
+        ..TlsFiles::default()
+    };
+    let stream = "secure";
+    let mut conn = RedisTarget::open(&url)
+        .unwrap()
+        .with_tls(files.load().unwrap())
+        .unwrap()
+        .connect(ConnectOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(port_of(&mut conn).await, sentinels.master_port());
+    Topology::ensure(&mut conn, stream, 2).await.unwrap();
+    let producer = Producer::connect_with_tls(&url, stream, &files)
+        .await
+        .unwrap();
+    let seen: Seen = Arc::default();
+    let builder = ConsumerBuilder::new(stream, "g").member_id("a").handler({
+        let seen = seen.clone();
+        move |msg: Message<Order>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push((
+                    msg.payload.key.clone(),
+                    msg.payload.seq,
+                    msg.shard,
+                    msg.token.member_id.to_string(),
+                    msg.token.member_epoch,
+                    Instant::now(),
+                ));
+                Ok::<(), String>(())
+            }
+        }
+    });
+    let running = Runtime::new(&url)
+        .without_default_logging()
+        .without_annotated_listeners()
+        .group_config(TIMING)
+        .tls(files.clone())
+        .consumer(builder)
+        .start()
+        .await
+        .unwrap();
+    for seq in 0..4 {
+        send_retrying(
+            &producer,
+            &Order {
+                key: "k0".into(),
+                seq,
+            },
+        )
+        .await;
+    }
+    wait_until(
+        "the entries sent before the failover handled",
+        Duration::from_secs(30),
+        || handled(&seen).len() == 4,
+    )
+    .await;
+    let new = tokio::task::block_in_place(|| sentinels.failover()).unwrap();
+    for seq in 4..8 {
+        send_retrying(
+            &producer,
+            &Order {
+                key: "k0".into(),
+                seq,
+            },
+        )
+        .await;
+    }
+    wait_until(
+        "the entries sent after the failover handled",
+        Duration::from_secs(30),
+        || handled(&seen).len() == 8,
+    )
+    .await;
+    wait_until_async(
+        "the shared connection on the new master",
+        Duration::from_secs(30),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let reply: redis::RedisResult<String> = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn)
+                    .await;
+                reply.is_ok_and(|text| info_field::<u16>(&text, "tcp_port") == Some(new))
+            }
+        },
+    )
+    .await;
+    running.stop().await.unwrap();
 }

@@ -287,6 +287,10 @@ impl SentinelTarget {
                     ));
                     continue;
                 }
+                // A refused password or certificate will be refused again: say so, not "no master".
+                Ok(Err(error)) if crate::preflight::classify(&error).is_some() => {
+                    return Err(error)
+                }
                 Ok(Err(error)) => {
                     problems.push(format!("sentinel {sentinel}: {error}"));
                     continue;
