@@ -44,8 +44,12 @@ pub struct ShardStats {
     pub length: Option<u64>,
     /// Whether the group has a consumer group on the stream.
     pub has_group: bool,
-    /// Entries not delivered to the group yet.
+    /// Entries not delivered to the group yet: Redis's `lag`, or, where Redis reports none (after
+    /// `XDEL` or `XGROUP SETID`), the entries after the last delivered id, counted as the lag exporter
+    /// counts them (`None`: no group, or counting failed).
     pub lag: Option<u64>,
+    /// `false` when [`lag`](Self::lag) is a lower bound (more entries follow than the count limit).
+    pub lag_exact: bool,
     /// Entries delivered and not acknowledged.
     pub pending: Option<u64>,
     /// Last id delivered to the group.
@@ -57,6 +61,15 @@ pub struct ShardStats {
 }
 
 impl ShardStats {
+    /// The lag for a table: `-` when unknown, `>=N` when a lower bound.
+    pub fn lag_text(&self) -> String {
+        match self.lag {
+            Some(lag) if !self.lag_exact => format!(">={lag}"),
+            Some(lag) => lag.to_string(),
+            None => "-".to_string(),
+        }
+    }
+
     /// Entries the group has consumed: `entries-read`, else entries added minus lag.
     pub fn consumed(&self) -> Option<u64> {
         self.entries_read.or_else(|| {
@@ -84,6 +97,24 @@ impl GroupSnapshot {
         let mut shards = Vec::with_capacity(count as usize);
         for shard in 0..count {
             shards.push(shard_stats(ctx, stream, group, shard).await?);
+        }
+        // Where Redis reports no lag, count it as the lag exporter does (one read of every shard).
+        if shards.iter().any(|s| s.has_group && s.lag.is_none()) {
+            let options = stream_listener::lag::LagOptions::default();
+            if let Ok(read) =
+                stream_listener::lag::read_group(&mut ctx.conn, stream, group, &options).await
+            {
+                for stats in shards.iter_mut().filter(|s| s.has_group && s.lag.is_none()) {
+                    let Some(counted) = read.shards.iter().find(|c| c.shard == stats.shard) else {
+                        continue;
+                    };
+                    if counted.has_group {
+                        stats.lag = Some(counted.lag);
+                        stats.lag_exact =
+                            counted.source != stream_listener::lag::LagSource::AtLeast;
+                    }
+                }
+            }
         }
         Ok(Self {
             stream: stream.to_string(),
@@ -154,6 +185,7 @@ pub async fn shard_stats(
         length,
         has_group: info.is_some(),
         lag: info.as_ref().and_then(|i| i.lag),
+        lag_exact: true,
         pending: info.as_ref().and_then(|i| i.pending),
         last_delivered_id: info.as_ref().and_then(|i| i.last_delivered_id.clone()),
         entries_read: info.and_then(|i| i.entries_read),

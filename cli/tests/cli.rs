@@ -364,6 +364,50 @@ async fn shards_show_owners_and_lag() {
     assert_eq!(row[6], (length - ids.len() as u64).to_string(), "{out}");
     assert_eq!(row[7], ids.len().to_string(), "pending: {out}");
     assert_eq!(row[8], ids.last().unwrap().id, "{out}");
+
+    // An entry deleted after the group's position: Redis reports no lag, the CLI counts it.
+    let undelivered: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(format!("{STREAM}:0"))
+        .arg(format!("({}", ids.last().unwrap().id))
+        .arg("+")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert!(undelivered.len() >= 2, "entries left to delete one of");
+    let _: u64 = redis::cmd("XDEL")
+        .arg(format!("{STREAM}:0"))
+        .arg(&undelivered[0].0)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(format!("{STREAM}:0"))
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        groups[0]["lag"],
+        redis::Value::Nil,
+        "Redis can no longer tell"
+    );
+    let out = cli(&f.url(), &["shards", "--stream", STREAM, "--group", GROUP]).ok();
+    let row = &rows(&out)[0];
+    assert_eq!(
+        row[6],
+        (undelivered.len() - 1).to_string(),
+        "counted lag: {out}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &cli(
+            &f.url(),
+            &["status", "--stream", STREAM, "--group", GROUP, "--json"],
+        )
+        .ok(),
+    )
+    .unwrap();
+    assert_eq!(json["shards"][0]["lag"], (undelivered.len() - 1) as u64);
+    assert_eq!(json["shards"][0]["lagExact"], true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

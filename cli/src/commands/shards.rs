@@ -71,7 +71,7 @@ pub async fn run(ctx: &mut Ctx, stream: &str, group: &str, json: bool) -> Result
                 .length
                 .map_or_else(|| "(missing)".to_string(), |l| l.to_string()),
             if stats.has_group {
-                or_dash(stats.lag)
+                stats.lag_text()
             } else {
                 "(no group)".to_string()
             },

@@ -124,6 +124,7 @@ pub(crate) fn json_value(snapshot: &GroupSnapshot, all: bool) -> serde_json::Val
                 row.insert("streamKey".into(), stats.stream.clone().into());
                 row.insert("length".into(), serde_json::json!(stats.length));
                 row.insert("lag".into(), serde_json::json!(stats.lag));
+                row.insert("lagExact".into(), serde_json::json!(stats.lag_exact));
                 row.insert("pending".into(), serde_json::json!(stats.pending));
                 row.insert(
                     "lastDeliveredId".into(),

@@ -182,7 +182,7 @@ pub fn render(
             stats.shard.to_string(),
             or_dash(owner),
             or_dash(stats.length),
-            or_dash(stats.lag),
+            stats.lag_text(),
             or_dash(stats.pending),
             or_dash(stats.last_delivered_id.as_deref()),
             rate(stats.consumed(), before.and_then(ShardStats::consumed)),
