@@ -8,6 +8,7 @@
 mod commands;
 mod error;
 mod redis_ctx;
+mod serve;
 mod snapshot;
 mod table;
 
@@ -187,6 +188,25 @@ enum Command {
         /// Visit at most about this many keys per discovery.
         #[arg(long, default_value_t = 100_000)]
         scan_limit: usize,
+    },
+    /// Serve the spec's HTTP API v1 (`/coord/v1/...`), so its Python and Spring clients join this
+    /// Redis's groups beside Rust members. Stateless: run as many replicas as you like.
+    Serve {
+        /// Where to listen (`host:port`; port 0 picks a free one, printed on stdout).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// The largest request body accepted, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        body_limit: usize,
+        /// How long one request may take, in ms (a heartbeat that runs out is answered `RETRY`).
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+        request_timeout_ms: u64,
+        /// How long in-flight requests get to finish after SIGTERM or ctrl-c, in ms.
+        #[arg(long, default_value_t = 10_000)]
+        shutdown_grace_ms: u64,
+        /// This replica's name in `/coord/v1/monitoring/health` [default: `serve-<pid>`].
+        #[arg(long)]
+        server_id: Option<String>,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -433,6 +453,22 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 scan_limit,
             };
             commands::exporter::run(&ctx, settings).await
+        }
+        Command::Serve {
+            listen,
+            body_limit,
+            request_timeout_ms,
+            shutdown_grace_ms,
+            server_id,
+        } => {
+            let settings = serve::Settings {
+                listen,
+                body_limit,
+                request_timeout: std::time::Duration::from_millis(request_timeout_ms),
+                shutdown_grace: std::time::Duration::from_millis(shutdown_grace_ms),
+                server_id: server_id.unwrap_or_else(|| format!("serve-{}", std::process::id())),
+            };
+            serve::run(&ctx, settings).await
         }
         Command::Reshard {
             stream,
