@@ -207,6 +207,10 @@ enum Command {
         /// This replica's name in `/coord/v1/monitoring/health` [default: `serve-<pid>`].
         #[arg(long)]
         server_id: Option<String>,
+        /// How long past its lease an HTTP member's shards stay held from everyone after it expires or
+        /// is fenced, in ms: these clients do not stop reading on their own when their lease passes.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..=86_400_000))]
+        hold_after_lease_ms: i64,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -460,6 +464,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
             request_timeout_ms,
             shutdown_grace_ms,
             server_id,
+            hold_after_lease_ms,
         } => {
             let settings = serve::Settings {
                 listen,
@@ -467,6 +472,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 request_timeout: std::time::Duration::from_millis(request_timeout_ms),
                 shutdown_grace: std::time::Duration::from_millis(shutdown_grace_ms),
                 server_id: server_id.unwrap_or_else(|| format!("serve-{}", std::process::id())),
+                hold_after_lease_ms,
             };
             serve::run(&ctx, settings).await
         }

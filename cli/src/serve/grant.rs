@@ -148,6 +148,7 @@ mod tests {
             shard_progress: vec![],
             weight: None,
             restarting: false,
+            hold_after_lease_ms: 0,
         }
     }
 

@@ -42,6 +42,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// This replica's name in `/monitoring/health` (`coordinatorId`).
     pub server_id: String,
+    /// How long past its lease an HTTP member's shards stay in a fenced hold when it expires or is
+    /// fenced (`holdAfterLeaseMs` on its join): these clients do not self-fence.
+    pub hold_after_lease_ms: i64,
 }
 
 /// What every request shares.

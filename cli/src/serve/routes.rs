@@ -123,7 +123,11 @@ async fn heartbeat(
     })?;
     let handles = state.handles(&stream, &group);
     let req = match adapt::request(&body, &member) {
-        Ok(req) => req,
+        Ok(mut req) => {
+            // Whatever the body says: this member reads without self-fencing (see grant.rs, ARCHITECTURE).
+            req.hold_after_lease_ms = state.settings.hold_after_lease_ms;
+            req
+        }
         Err(refusal) => {
             tracing::warn!(member = %member, status = ?refusal.status, "heartbeat refused: {}", refusal.reason);
             return Ok(Json(adapt::refused(&refusal, &member, handles.timings())));

@@ -1,0 +1,590 @@
+//! Conformance of `stream-listener serve` (the spec origin's HTTP API v1), against the running binary on
+//! a `redis-server` of each test's own: HTTP members that behave as the origin's Python and Spring
+//! clients (`client.rs`) in the same group as members of this library, with the group's guarantees
+//! checked from what every member handled (`log.rs`): nothing lost, nothing left pending, per-key order,
+//! and a shard read by a new owner only after the old one gave it up or its hold passed.
+//!
+//! Timings are the runtime tests' (`TIMING`: heartbeats every 100 ms, session 1.5 s); every wait is on a
+//! condition with a deadline.
+
+mod client;
+mod log;
+mod server;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use stream_listener::coordinator::wire::{HeartbeatRequest, RuntimeConsumerCapacity};
+use stream_listener::routing::shard_for_key;
+use stream_listener::store::GroupStore;
+use stream_listener::topology::{StartFrom, Topology};
+use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime};
+use stream_listener_test_support::aio::{wait_until, wait_until_async, xpending_count};
+use stream_listener_test_support::RedisServer;
+use stream_listener_tests::{test_runtime, Order, TIMING};
+
+use client::{HttpMember, Interval, Stop};
+use log::Log;
+use server::{request, Server};
+
+const SHARDS: u32 = 4;
+const GROUP: &str = "g";
+/// `--hold-after-lease-ms` of the servers here.
+const HOLD_MS: u64 = 1_000;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn serve(url: &str) -> Server {
+    Server::start(url, &["--hold-after-lease-ms", &HOLD_MS.to_string()])
+}
+
+/// The stream's topology and every shard's consumer group, and the group's metadata with [`TIMING`]
+/// (created by a member of ours that joins and leaves at once: the server never creates groups).
+async fn create_group(url: &str, stream: &str) {
+    let mut conn = stream_listener_tests::connection(url).await;
+    Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
+    Topology::ensure_group(&mut conn, stream, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    let mut store = GroupStore::create(conn, stream, GROUP, SHARDS, TIMING).unwrap();
+    let mut join = HeartbeatRequest {
+        protocol_version: 1,
+        request_id: "creator-1".into(),
+        member_id: "creator".into(),
+        member_name: None,
+        member_epoch: 0,
+        metadata_version: 0,
+        runtime_consumer_capacity: RuntimeConsumerCapacity::default(),
+        owned_shards: Some(vec![]),
+        revoking_shards: vec![],
+        shard_progress: vec![],
+        weight: None,
+        restarting: false,
+        hold_after_lease_ms: 0,
+    };
+    let joined = store.heartbeat(&join).await.unwrap();
+    assert!(
+        joined.assignment.assigned_shards.is_empty(),
+        "a new group grants nothing yet"
+    );
+    join.member_epoch = -1;
+    join.request_id = "creator-2".into();
+    store.heartbeat(&join).await.unwrap();
+}
+
+/// A member of ours in `group`, recording what it handles in `log` and when it gave each shard up.
+async fn rust_member(
+    url: &str,
+    stream: &str,
+    id: &'static str,
+    log: &Log,
+    revoked: &Arc<Mutex<BTreeMap<u32, Instant>>>,
+) -> RunningRuntime {
+    let (log, revoked) = (log.clone(), revoked.clone());
+    let builder = ConsumerBuilder::new(stream, GROUP)
+        .member_id(id)
+        .batch_size(10)
+        .handler(move |msg: Message<Order>| {
+            let log = log.clone();
+            async move {
+                log.push(&msg.payload, id);
+                Ok::<(), String>(())
+            }
+        })
+        .on_shards_revoked(move |shards| {
+            let revoked = revoked.clone();
+            async move {
+                let now = Instant::now();
+                let mut revoked = revoked.lock().unwrap();
+                for s in shards {
+                    revoked.insert(s, now);
+                }
+            }
+        });
+    test_runtime(url)
+        .default_shard_count(SHARDS)
+        .consumer(builder)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The keys produced: `k0..k15`, which cover every shard (checked).
+const KEYS: u32 = 16;
+
+/// Produces an order of each of [`KEYS`] every 2 ms, until stopped; returns what it sent.
+struct Production {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(String, Order)>>,
+}
+
+impl Production {
+    async fn start(url: &str, stream: &str) -> Self {
+        let producer = Producer::connect_creating(url, stream, SHARDS)
+            .await
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut sent = Vec::new();
+            let mut seq = 0;
+            while !flag.load(Ordering::SeqCst) {
+                for k in 0..KEYS {
+                    let order = Order {
+                        key: format!("k{k}"),
+                        seq,
+                    };
+                    producer.send(&order.key, &order).await.unwrap();
+                    sent.push((order.key.clone(), order));
+                }
+                seq += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            sent
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Vec<(String, Order)> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap()
+    }
+}
+
+/// Waits until everything `sent` was handled, nothing is pending on any shard, and checks per-key order.
+async fn assert_complete(url: &str, stream: &str, log: &Log, sent: &[(String, Order)]) {
+    wait_until("every sent order is handled", WAIT, || {
+        log.missing(sent).is_empty()
+    })
+    .await;
+    let mut conn = stream_listener_tests::connection(url).await;
+    for shard in 0..SHARDS {
+        let key = format!("{stream}:{shard}");
+        let pending = xpending_count(&mut conn, &key, GROUP).await;
+        assert_eq!(pending, 0, "entries left pending on {key}");
+    }
+    assert_eq!(log.order_violations(), vec![], "per-key order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_answer_in_the_spec_shapes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Server::start(&url, &["--body-limit", "4096"]);
+    let base = server.base();
+
+    // Health.
+    let (status, _, body) = request("GET", &format!("{base}/coord/v1/monitoring/health"), None);
+    assert_eq!(status, 200, "{body}");
+    let health: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (health["status"].as_str(), health["redis"].as_str()),
+        (Some("UP"), Some("UP"))
+    );
+
+    // Producer routing: the topology's version as metadataVersion, a slot for every shard key.
+    create_group(&url, "orders").await;
+    let routing_url = format!("{base}/coord/v1/streams/orders/groups/{GROUP}/producer-routing");
+    let (status, _, body) = request("GET", &routing_url, None);
+    assert_eq!(status, 200, "{body}");
+    let routing: Value = serde_json::from_str(&body).unwrap();
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let topology = Topology::load(&mut conn, "orders").await.unwrap();
+    assert_eq!(routing["metadataVersion"], json!(topology.version()));
+    assert_eq!(routing["shardCount"], json!(SHARDS));
+    assert_eq!(routing["streamKeyPattern"], "orders:{shardIndex}");
+    let shards = routing["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), SHARDS as usize);
+    for (i, shard) in shards.iter().enumerate() {
+        let key = format!("orders:{i}");
+        assert_eq!(shard["streamKey"], json!(key));
+        assert_eq!(
+            shard["redisSlot"],
+            json!(stream_listener::connection::slot_of(key.as_bytes()))
+        );
+    }
+    // A resize moves metadataVersion, so Spring's routing cache refreshes.
+    Topology::resize(&mut conn, "orders", 8).await.unwrap();
+    let (_, _, body) = request("GET", &routing_url, None);
+    let after: Value = serde_json::from_str(&body).unwrap();
+    assert!(after["metadataVersion"].as_u64() > routing["metadataVersion"].as_u64());
+    assert_eq!(after["shardCount"], json!(8));
+
+    // Errors: the spec's body.
+    let error = |status: u16, body: &str, code: &str, name: &str| {
+        let value: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(value["status"], name, "{body}");
+        assert_eq!(value["errorCode"], code, "{body}");
+        assert!(
+            value["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+        let _ = status;
+    };
+    let (status, _, body) = request(
+        "GET",
+        &format!("{base}/coord/v1/streams/nope/groups/{GROUP}/producer-routing"),
+        None,
+    );
+    assert_eq!(status, 404);
+    error(status, &body, "STREAM_NOT_FOUND", "NOT_FOUND");
+    let (status, _, body) = request("GET", &format!("{base}/coord/v1/elsewhere"), None);
+    assert_eq!(status, 404);
+    error(status, &body, "NOT_FOUND", "NOT_FOUND");
+
+    let hb_url = format!("{base}/coord/v1/streams/orders/groups/{GROUP}/members/py-m0/heartbeat");
+    // Malformed bodies.
+    let (status, _, body) = request("POST", &hb_url, Some(b"{not json"));
+    assert_eq!(status, 400);
+    error(status, &body, "MALFORMED_BODY", "BAD_REQUEST");
+    let big = vec![b' '; 8192];
+    let (status, _, body) = request("POST", &hb_url, Some(&big));
+    assert_eq!(status, 413, "{body}");
+    error(status, &body, "MALFORMED_BODY", "PAYLOAD_TOO_LARGE");
+
+    // Refusals are 200 with the request's epoch echoed (the Python client adopts it).
+    let heartbeat = |epoch: i64, protocol: i64, member: &str| {
+        json!({
+            "protocolVersion": protocol, "requestId": "r-1", "memberId": member, "memberEpoch": epoch,
+            "metadataVersion": 0,
+            "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+            "ownedShards": [{"shardIndex": 1}], "revokingShards": [], "shardProgress": []
+        })
+        .to_string()
+    };
+    for (body, expected) in [
+        (heartbeat(77, 2, "py-m0"), "UNSUPPORTED_PROTOCOL"),
+        (heartbeat(77, 1, "someone-else"), "INVALID_REQUEST"),
+        (
+            json!({"protocolVersion": 1, "memberEpoch": 77, "memberId": "py-m0"}).to_string(),
+            "INVALID_REQUEST",
+        ),
+    ] {
+        let (status, _, answer) = request("POST", &hb_url, Some(body.as_bytes()));
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["status"], expected, "{answer}");
+        assert_eq!(answer["memberEpoch"], 77, "{answer}");
+        assert!(answer["heartbeatIntervalMs"].as_i64().unwrap() > 0);
+    }
+    // A group without metadata: RETRY with a complete body, not an error status.
+    let missing = format!("{base}/coord/v1/streams/orders/groups/none/members/py-m0/heartbeat");
+    let (status, _, answer) = request("POST", &missing, Some(heartbeat(0, 1, "py-m0").as_bytes()));
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["status"], "RETRY", "{answer}");
+    for key in [
+        "memberId",
+        "memberEpoch",
+        "heartbeatIntervalMs",
+        "groupEpoch",
+        "assignmentEpoch",
+        "metadataVersion",
+    ] {
+        assert!(answer.get(key).is_some(), "{key} missing: {answer}");
+    }
+
+    // SIGTERM: a graceful exit.
+    let exit = server.terminate();
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_move_rust_to_http_and_back_with_revoke_before_assign() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "handoff";
+    create_group(&url, stream).await;
+    let server = serve(&url);
+    let log = Log::default();
+    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
+    let production = Production::start(&url, stream).await;
+    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
+    wait_until("the Rust member handles entries", WAIT, || {
+        log.members().contains("rust-a")
+    })
+    .await;
+
+    // An HTTP member joins, heartbeating at a fixed interval whatever the server says (Spring's 3 s,
+    // scaled as the group's timings are): the shards it gets are given up by the Rust member first.
+    let py = HttpMember::start(
+        &server.base(),
+        &url,
+        stream,
+        GROUP,
+        "jvm-m0",
+        Interval::Fixed(Duration::from_millis(300)),
+        log.clone(),
+    );
+    wait_until("the HTTP member reads half the shards", WAIT, || {
+        py.shared.first_read.lock().unwrap().len() == (SHARDS / 2) as usize
+    })
+    .await;
+    assert_eq!(py.died(), None);
+    let first_read = py.shared.first_read.lock().unwrap().clone();
+    let given_up = revoked.lock().unwrap().clone();
+    for (shard, read_at) in &first_read {
+        let revoked_at = given_up.get(shard).unwrap_or_else(|| {
+            panic!("shard {shard} read by the HTTP member but never revoked from the Rust member")
+        });
+        assert!(
+            read_at > revoked_at,
+            "shard {shard} read before the Rust member gave it up"
+        );
+        eprintln!(
+            "hand-off Rust -> HTTP of shard {shard}: {:?} from the Rust member's revoke to the HTTP member's first read",
+            read_at.duration_since(*revoked_at)
+        );
+    }
+    wait_until("the HTTP member handles entries", WAIT, || {
+        log.members().contains("jvm-m0")
+    })
+    .await;
+
+    // Spring's graceful leave gives every shard back to the Rust member.
+    let leaving_at = Instant::now();
+    py.stop(Stop::SpringLeave);
+    wait_until("the Rust member handles every shard again", WAIT, || {
+        log.entries()
+            .iter()
+            .filter(|h| h.member == "rust-a" && h.at > leaving_at)
+            .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
+            .collect::<BTreeSet<_>>()
+            .len()
+            == SHARDS as usize
+    })
+    .await;
+    let sent = production.stop().await;
+    assert_complete(&url, stream, &log, &sent).await;
+    assert_eq!(
+        log.duplicates(),
+        vec![],
+        "a clean hand-off handles nothing twice"
+    );
+    rust.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothing_lost() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "frozen";
+    create_group(&url, stream).await;
+    let server = serve(&url);
+    let log = Log::default();
+    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
+    let production = Production::start(&url, stream).await;
+    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
+    let py = HttpMember::start(
+        &server.base(),
+        &url,
+        stream,
+        GROUP,
+        "py-m0",
+        Interval::Server,
+        log.clone(),
+    );
+    wait_until("the HTTP member handles entries", WAIT, || {
+        log.members().contains("py-m0")
+    })
+    .await;
+    let py_shards = py.assigned();
+    assert!(!py_shards.is_empty());
+
+    // SIGSTOP-like, mid-batch: what it read last stays pending under its name.
+    py.shared.hold_acks.store(true, Ordering::SeqCst);
+    let heartbeats = py.shared.heartbeats.load(Ordering::SeqCst);
+    wait_until("it reads once more without acknowledging", WAIT, || {
+        py.shared.heartbeats.load(Ordering::SeqCst) > heartbeats
+    })
+    .await;
+    py.shared.frozen.store(true, Ordering::SeqCst);
+    // Its last heartbeat was sent no earlier than this: its lease ends at least a session later.
+    let frozen_at = Instant::now();
+    let earliest_free = frozen_at - Duration::from_millis(TIMING.heartbeat_interval_ms as u64 * 3)
+        + Duration::from_millis(TIMING.session_timeout_ms as u64 + HOLD_MS);
+
+    wait_until(
+        "the Rust member handles the frozen member's shards",
+        WAIT,
+        || {
+            let taken: BTreeSet<u32> = log
+                .entries()
+                .iter()
+                .filter(|h| h.member == "rust-a" && h.at > frozen_at)
+                .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
+                .collect();
+            py_shards.is_subset(&taken)
+        },
+    )
+    .await;
+    for h in log
+        .entries()
+        .iter()
+        .filter(|h| h.member == "rust-a" && h.at > frozen_at)
+    {
+        let shard = shard_for_key(h.order.key.as_bytes(), SHARDS);
+        if py_shards.contains(&shard) {
+            assert!(
+                h.at >= earliest_free,
+                "shard {shard} handled by the Rust member {:?} after the freeze, within the frozen member's lease and hold",
+                h.at.duration_since(frozen_at)
+            );
+        }
+    }
+    // SIGCONT: it heartbeats before it reads, is told to rejoin, and reads nothing of its old shards.
+    py.shared.hold_acks.store(false, Ordering::SeqCst);
+    py.shared.frozen.store(false, Ordering::SeqCst);
+    let resumed = py.shared.heartbeats.load(Ordering::SeqCst);
+    wait_until("it heartbeats again", WAIT, || {
+        py.shared.heartbeats.load(Ordering::SeqCst) > resumed + 2
+    })
+    .await;
+    assert_eq!(py.died(), None);
+    let sent = production.stop().await;
+    assert_complete(&url, stream, &log, &sent).await;
+    assert_eq!(log.duplicates(), vec![]);
+    drop(py);
+    rust.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_the_same_id_is_not_given_a_shard_with_pending_entries() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "restart";
+    create_group(&url, stream).await;
+    let server = serve(&url);
+    let log = Log::default();
+    // A key of shard 0 only.
+    let key = (0..)
+        .map(|i| format!("key{i}"))
+        .find(|k| shard_for_key(k.as_bytes(), SHARDS) == 0)
+        .unwrap();
+    let producer = Producer::connect_creating(&url, stream, SHARDS)
+        .await
+        .unwrap();
+    let send = |seqs: std::ops::Range<u32>| {
+        let (producer, key) = (&producer, key.clone());
+        async move {
+            let mut sent = Vec::new();
+            for seq in seqs {
+                let order = Order {
+                    key: key.clone(),
+                    seq,
+                };
+                producer.send(&key, &order).await.unwrap();
+                sent.push((key.clone(), order));
+            }
+            sent
+        }
+    };
+
+    // The first incarnation reads shard 0's entries and dies before acknowledging them.
+    let first = HttpMember::start(
+        &server.base(),
+        &url,
+        stream,
+        GROUP,
+        "py-m0",
+        Interval::Server,
+        log.clone(),
+    );
+    first.shared.hold_acks.store(true, Ordering::SeqCst);
+    wait_until("it owns every shard", WAIT, || {
+        first.assigned().len() == SHARDS as usize
+    })
+    .await;
+    let mut sent = send(0..5).await;
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let shard0 = format!("{stream}:0");
+    wait_until_async("its read leaves them pending", WAIT, || {
+        let mut conn = conn.clone();
+        let shard0 = shard0.clone();
+        async move { xpending_count(&mut conn, &shard0, GROUP).await == 5 }
+    })
+    .await;
+    first.stop(Stop::Kill);
+
+    // The restart: a new incarnation under the same memberId gets every shard but shard 0.
+    let second = HttpMember::start(
+        &server.base(),
+        &url,
+        stream,
+        GROUP,
+        "py-m0",
+        Interval::Server,
+        log.clone(),
+    );
+    wait_until(
+        "it is granted the shards without pending entries",
+        WAIT,
+        || second.assigned() == (1..SHARDS).collect(),
+    )
+    .await;
+    let beats = second.shared.heartbeats.load(Ordering::SeqCst);
+    wait_until("several heartbeats later", WAIT, || {
+        second.shared.heartbeats.load(Ordering::SeqCst) > beats + 5
+    })
+    .await;
+    assert!(
+        !second.assigned().contains(&0),
+        "shard 0 withheld while it has pending entries"
+    );
+    assert!(
+        second.pending().contains(&0),
+        "and listed as pending for it"
+    );
+    assert!(second.shared.first_read.lock().unwrap().get(&0).is_none());
+
+    // An operator handles the stuck entries (XCLAIM, handle, XACK): the shard is granted, in order.
+    let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+        .arg(&shard0)
+        .arg(GROUP)
+        .arg("operator")
+        .arg(0)
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // XAUTOCLAIM's reply: [next cursor, [[id, fields], ..], deleted ids].
+    let ids: Vec<Vec<u8>> = match claimed {
+        redis::Value::Array(parts) => match &parts[1] {
+            redis::Value::Array(entries) => entries
+                .iter()
+                .filter_map(|entry| match entry {
+                    redis::Value::Array(pair) => match &pair[0] {
+                        redis::Value::BulkString(id) => Some(id.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(ids.len(), 5);
+    for (_, order) in &sent {
+        log.push(order, "operator");
+    }
+    for id in ids {
+        let _: i64 = redis::cmd("XACK")
+            .arg(&shard0)
+            .arg(GROUP)
+            .arg(id)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    wait_until("shard 0 is granted once nothing is pending", WAIT, || {
+        second.assigned().contains(&0)
+    })
+    .await;
+    sent.extend(send(5..10).await);
+    assert_complete(&url, stream, &log, &sent).await;
+    assert_eq!(log.duplicates(), vec![]);
+    assert_eq!(second.died(), None);
+}
