@@ -211,6 +211,11 @@ enum Command {
         /// is fenced, in ms: these clients do not stop reading on their own when their lease passes.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..=86_400_000))]
         hold_after_lease_ms: i64,
+        /// A shard granted to an HTTP member with entries pending (an earlier owner's) is rewound so that
+        /// the member reads them first, delivering again at most this many entries; a shard that needs
+        /// more is not given to it (these clients never claim pending entries).
+        #[arg(long, default_value_t = 1_000)]
+        max_rewind: u64,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -465,6 +470,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
             shutdown_grace_ms,
             server_id,
             hold_after_lease_ms,
+            max_rewind,
         } => {
             let settings = serve::Settings {
                 listen,
@@ -473,6 +479,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 shutdown_grace: std::time::Duration::from_millis(shutdown_grace_ms),
                 server_id: server_id.unwrap_or_else(|| format!("serve-{}", std::process::id())),
                 hold_after_lease_ms,
+                max_rewind,
             };
             serve::run(&ctx, settings).await
         }

@@ -45,6 +45,9 @@ pub struct Settings {
     /// How long past its lease an HTTP member's shards stay in a fenced hold when it expires or is
     /// fenced (`holdAfterLeaseMs` on its join): these clients do not self-fence.
     pub hold_after_lease_ms: i64,
+    /// The most entries a grant to an HTTP member may deliver again to hand it a shard's pending entries
+    /// (see `grant.rs`); a shard that needs more is withheld.
+    pub max_rewind: u64,
 }
 
 /// What every request shares.

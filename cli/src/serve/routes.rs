@@ -168,8 +168,14 @@ async fn heartbeat(
     };
     let mut answer = adapt::response(&req, answer);
     let mut conn = state.conn.clone();
-    for withheld in grant::prepare(&mut conn, &stream, &group, &req, &mut answer).await {
-        tracing::warn!(member = %member, "shard withheld from the HTTP member: {withheld:?}");
+    let max_rewind = state.settings.max_rewind;
+    for done in grant::prepare(&mut conn, &stream, &group, max_rewind, &req, &mut answer).await {
+        match done {
+            grant::Prepared::Rewound { .. } => {
+                tracing::info!(member = %member, "pending entries delivered again to the HTTP member: {done:?}");
+            }
+            _ => tracing::warn!(member = %member, "shard withheld from the HTTP member: {done:?}"),
+        }
     }
     Ok(Json(answer))
 }

@@ -29,6 +29,8 @@ pub enum Stop {
     Kill,
     /// Spring's graceful leave, then stop.
     SpringLeave,
+    /// Our graceful leave: `memberEpoch` -1, nothing owned, every shard REVOKED.
+    Leave,
 }
 
 /// What the member thread shares with the test.
@@ -46,6 +48,8 @@ pub struct Shared {
     pub died: Mutex<Option<String>>,
     /// Heartbeats answered.
     pub heartbeats: std::sync::atomic::AtomicU64,
+    /// When the last heartbeat was sent: its lease ends no earlier than a session after.
+    pub last_sent: Mutex<Option<Instant>>,
     /// Set by the test to freeze it (SIGSTOP-like: no heartbeat, no read, nothing acknowledged).
     pub frozen: AtomicBool,
     /// Set by the test: leave (or die) now.
@@ -173,7 +177,8 @@ impl State {
             let stop = *self.shared.stop.lock().unwrap();
             match stop {
                 Some(Stop::Kill) => return Ok(()),
-                Some(Stop::SpringLeave) => return self.leave(),
+                Some(Stop::SpringLeave) => return self.leave(true),
+                Some(Stop::Leave) => return self.leave(false),
                 None => {}
             }
             if self.shared.frozen.load(Ordering::SeqCst) {
@@ -205,6 +210,7 @@ impl State {
 
     fn post(&mut self, body: &Value) -> Result<Value, String> {
         self.seq += 1;
+        *self.shared.last_sent.lock().unwrap() = Some(Instant::now());
         let mut response = self
             .agent
             .post(&self.url())
@@ -298,8 +304,9 @@ impl State {
         Ok(interval)
     }
 
-    /// Spring's `leaveOnce`: epoch -1, every shard in both lists, all REVOKED.
-    fn leave(&mut self) -> Result<(), String> {
+    /// A graceful leave: epoch -1, every shard REVOKED; listed in `ownedShards` too if `spring` (its
+    /// `leaveOnce`), else nothing owned (ours).
+    fn leave(&mut self, spring: bool) -> Result<(), String> {
         let owned = self.shared.assigned.lock().unwrap().clone();
         if self.epoch == 0 && owned.is_empty() {
             return Ok(());
@@ -316,7 +323,7 @@ impl State {
             "memberEpoch": -1,
             "metadataVersion": self.metadata_version,
             "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
-            "ownedShards": Self::shard_list(&owned),
+            "ownedShards": if spring { Self::shard_list(&owned) } else { vec![] },
             "revokingShards": revoking,
         });
         let r = self.post(&body)?;

@@ -155,11 +155,34 @@ impl Production {
 
 /// Waits until everything `sent` was handled, nothing is pending on any shard, and checks per-key order.
 async fn assert_complete(url: &str, stream: &str, log: &Log, sent: &[(String, Order)]) {
-    wait_until("every sent order is handled", WAIT, || {
-        log.missing(sent).is_empty()
-    })
-    .await;
     let mut conn = stream_listener_tests::connection(url).await;
+    let handled =
+        stream_listener_test_support::aio::poll_until(WAIT, Duration::from_millis(20), || {
+            let done = log.missing(sent).is_empty();
+            async move { done }
+        })
+        .await;
+    if !handled {
+        let mut pending = Vec::new();
+        for shard in 0..SHARDS {
+            let key = format!("{stream}:{shard}");
+            let detail: redis::Value = redis::cmd("XPENDING")
+                .arg(&key)
+                .arg(GROUP)
+                .arg("-")
+                .arg("+")
+                .arg(10)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            pending.push((key, detail));
+        }
+        panic!(
+            "{} sent orders never handled, e.g. {:?}; pending: {pending:?}",
+            log.missing(sent).len(),
+            log.missing(sent).first()
+        );
+    }
     for shard in 0..SHARDS {
         let key = format!("{stream}:{shard}");
         let pending = xpending_count(&mut conn, &key, GROUP).await;
@@ -366,11 +389,31 @@ async fn shards_move_rust_to_http_and_back_with_revoke_before_assign() {
     rust.stop().await.unwrap();
 }
 
+/// How an HTTP member is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    /// SIGSTOP, then SIGCONT once its shards moved on.
+    Frozen,
+    /// SIGKILL.
+    Killed,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothing_lost() {
+    lost_http_member(Lost::Frozen, "frozen").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_http_member_is_held_then_replaced_and_its_pending_entries_claimed() {
+    lost_http_member(Lost::Killed, "killed").await;
+}
+
+/// An HTTP member that read entries and is lost before it acknowledged them: nobody else reads its
+/// shards before its lease plus the hold; the Rust member then claims what it left pending; nothing is
+/// lost, handled twice or out of order.
+async fn lost_http_member(how: Lost, stream: &str) {
     let redis = RedisServer::start();
     let url = redis.url();
-    let stream = "frozen";
     create_group(&url, stream).await;
     let server = serve(&url);
     let log = Log::default();
@@ -392,6 +435,8 @@ async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothin
     .await;
     let py_shards = py.assigned();
     assert!(!py_shards.is_empty());
+    let last_sent = py.shared.clone();
+    let last_sent = &last_sent.last_sent;
 
     // SIGSTOP-like, mid-batch: what it read last stays pending under its name.
     py.shared.hold_acks.store(true, Ordering::SeqCst);
@@ -400,11 +445,31 @@ async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothin
         py.shared.heartbeats.load(Ordering::SeqCst) > heartbeats
     })
     .await;
-    py.shared.frozen.store(true, Ordering::SeqCst);
-    // Its last heartbeat was sent no earlier than this: its lease ends at least a session later.
     let frozen_at = Instant::now();
-    let earliest_free = frozen_at - Duration::from_millis(TIMING.heartbeat_interval_ms as u64 * 3)
-        + Duration::from_millis(TIMING.session_timeout_ms as u64 + HOLD_MS);
+    let py = match how {
+        Lost::Frozen => {
+            py.shared.frozen.store(true, Ordering::SeqCst);
+            Some(py)
+        }
+        Lost::Killed => {
+            let shared = py.shared.clone();
+            py.stop(Stop::Kill);
+            assert!(shared.first_read.lock().unwrap().len() == py_shards.len());
+            None
+        }
+    };
+    let pending = {
+        let mut conn = stream_listener_tests::connection(&url).await;
+        let mut n = 0;
+        for shard in &py_shards {
+            n += xpending_count(&mut conn, &format!("{stream}:{shard}"), GROUP).await;
+        }
+        n
+    };
+    // A heartbeat it sent later only moves its lease later: this bound stays below the real one.
+    let last_sent = last_sent.lock().unwrap().expect("it heartbeated");
+    let earliest_free =
+        last_sent + Duration::from_millis(TIMING.session_timeout_ms as u64 + HOLD_MS);
 
     wait_until(
         "the Rust member handles the frozen member's shards",
@@ -434,15 +499,20 @@ async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothin
             );
         }
     }
-    // SIGCONT: it heartbeats before it reads, is told to rejoin, and reads nothing of its old shards.
-    py.shared.hold_acks.store(false, Ordering::SeqCst);
-    py.shared.frozen.store(false, Ordering::SeqCst);
-    let resumed = py.shared.heartbeats.load(Ordering::SeqCst);
-    wait_until("it heartbeats again", WAIT, || {
-        py.shared.heartbeats.load(Ordering::SeqCst) > resumed + 2
-    })
-    .await;
-    assert_eq!(py.died(), None);
+    eprintln!(
+        "{how:?}: {pending} entries left pending by the HTTP member, claimed by the Rust member"
+    );
+    if let Some(py) = &py {
+        // SIGCONT: it heartbeats before it reads, is told to rejoin, and goes on in the group.
+        py.shared.hold_acks.store(false, Ordering::SeqCst);
+        py.shared.frozen.store(false, Ordering::SeqCst);
+        let resumed = py.shared.heartbeats.load(Ordering::SeqCst);
+        wait_until("it heartbeats again", WAIT, || {
+            py.shared.heartbeats.load(Ordering::SeqCst) > resumed + 2
+        })
+        .await;
+        assert_eq!(py.died(), None);
+    }
     let sent = production.stop().await;
     assert_complete(&url, stream, &log, &sent).await;
     assert_eq!(log.duplicates(), vec![]);
@@ -451,12 +521,29 @@ async fn a_frozen_http_member_past_its_session_is_held_then_replaced_with_nothin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_under_the_same_id_is_not_given_a_shard_with_pending_entries() {
+async fn a_restart_under_the_same_id_reads_what_its_earlier_incarnation_left_pending_first() {
+    restart_under_the_same_id(true, "restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_too_far_behind_to_rewind_is_withheld_until_its_pending_entries_are_handled() {
+    restart_under_the_same_id(false, "withheld").await;
+}
+
+/// An HTTP member reads shard 0's entries and is killed before it acknowledged them, then restarts under
+/// the same memberId in a group of HTTP members only. With `rewind`, the server hands the shard back
+/// with its group rewound, so the new incarnation handles them first; without (`--max-rewind 0`), the
+/// shard is withheld until an operator has handled them.
+async fn restart_under_the_same_id(rewind: bool, stream: &str) {
     let redis = RedisServer::start();
     let url = redis.url();
-    let stream = "restart";
     create_group(&url, stream).await;
-    let server = serve(&url);
+    let hold = HOLD_MS.to_string();
+    let max_rewind = if rewind { "1000" } else { "0" };
+    let server = Server::start(
+        &url,
+        &["--hold-after-lease-ms", &hold, "--max-rewind", max_rewind],
+    );
     let log = Log::default();
     // A key of shard 0 only.
     let key = (0..)
@@ -508,7 +595,7 @@ async fn a_restart_under_the_same_id_is_not_given_a_shard_with_pending_entries()
     .await;
     first.stop(Stop::Kill);
 
-    // The restart: a new incarnation under the same memberId gets every shard but shard 0.
+    // The restart: a new incarnation under the same memberId.
     let second = HttpMember::start(
         &server.base(),
         &url,
@@ -518,6 +605,24 @@ async fn a_restart_under_the_same_id_is_not_given_a_shard_with_pending_entries()
         Interval::Server,
         log.clone(),
     );
+    if rewind {
+        wait_until("it is granted every shard", WAIT, || {
+            second.assigned().len() == SHARDS as usize
+        })
+        .await;
+        sent.extend(send(5..10).await);
+        assert_complete(&url, stream, &log, &sent).await;
+        assert_eq!(log.duplicates(), vec![]);
+        let handled: Vec<u32> = log.entries().iter().map(|h| h.order.seq).collect();
+        assert_eq!(
+            handled,
+            (0..10).collect::<Vec<_>>(),
+            "the pending ones first"
+        );
+        assert_eq!(second.died(), None);
+        return;
+    }
+    // Withheld: it gets every shard but shard 0.
     wait_until(
         "it is granted the shards without pending entries",
         WAIT,
