@@ -136,13 +136,14 @@ impl HttpMember {
         self.shared.died.lock().unwrap().clone()
     }
 
-    /// Stops it as `how` and waits for its thread.
-    pub fn stop(mut self, how: Stop) {
+    /// Stops it as `how` and waits for its thread; why it died, if it did (a refused leave, say).
+    pub fn stop(mut self, how: Stop) -> Option<String> {
         *self.shared.stop.lock().unwrap() = Some(how);
         self.shared.frozen.store(false, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             thread.join().unwrap();
         }
+        self.died()
     }
 }
 

@@ -368,7 +368,11 @@ async fn shards_move_rust_to_http_and_back_with_revoke_before_assign() {
 
     // Spring's graceful leave gives every shard back to the Rust member.
     let leaving_at = Instant::now();
-    py.stop(Stop::SpringLeave);
+    assert_eq!(
+        py.stop(Stop::SpringLeave),
+        None,
+        "Spring's leave is answered OK"
+    );
     wait_until("the Rust member handles every shard again", WAIT, || {
         log.entries()
             .iter()
@@ -692,4 +696,66 @@ async fn restart_under_the_same_id(rewind: bool, stream: &str) {
     assert_complete(&url, stream, &log, &sent).await;
     assert_eq!(log.duplicates(), vec![]);
     assert_eq!(second.died(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_one_group_and_leaves_in_both_shapes_hand_everything_back() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "replicas";
+    create_group(&url, stream).await;
+    let (one, two) = (serve(&url), serve(&url));
+    let log = Log::default();
+    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
+    let production = Production::start(&url, stream).await;
+    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
+    let python = HttpMember::start(
+        &one.base(),
+        &url,
+        stream,
+        GROUP,
+        "py-a",
+        Interval::Server,
+        log.clone(),
+    );
+    let spring = HttpMember::start(
+        &two.base(),
+        &url,
+        stream,
+        GROUP,
+        "jvm-b",
+        Interval::Fixed(Duration::from_millis(300)),
+        log.clone(),
+    );
+    wait_until("all three members handle entries", WAIT, || {
+        let members = log.members();
+        ["rust-a", "py-a", "jvm-b"]
+            .iter()
+            .all(|m| members.contains(*m))
+    })
+    .await;
+    assert_eq!((python.died(), spring.died()), (None, None));
+
+    // Our leave shape through one replica, Spring's through the other.
+    let leaving_at = Instant::now();
+    assert_eq!(python.stop(Stop::Leave), None, "our leave is answered OK");
+    assert_eq!(
+        spring.stop(Stop::SpringLeave),
+        None,
+        "Spring's leave is answered OK"
+    );
+    wait_until("the Rust member handles every shard again", WAIT, || {
+        log.entries()
+            .iter()
+            .filter(|h| h.member == "rust-a" && h.at > leaving_at)
+            .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
+            .collect::<BTreeSet<_>>()
+            .len()
+            == SHARDS as usize
+    })
+    .await;
+    let sent = production.stop().await;
+    assert_complete(&url, stream, &log, &sent).await;
+    assert_eq!(log.duplicates(), vec![]);
+    rust.stop().await.unwrap();
 }
