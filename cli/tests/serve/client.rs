@@ -48,6 +48,8 @@ pub struct Shared {
     pub died: Mutex<Option<String>>,
     /// Heartbeats answered.
     pub heartbeats: std::sync::atomic::AtomicU64,
+    /// Heartbeats that failed (a Spring member goes on).
+    pub failed: std::sync::atomic::AtomicU64,
     /// When the last heartbeat was sent: its lease ends no earlier than a session after.
     pub last_sent: Mutex<Option<Instant>>,
     /// Set by the test to freeze it (SIGSTOP-like: no heartbeat, no read, nothing acknowledged).
@@ -69,9 +71,10 @@ pub struct HttpMember {
 /// How it heartbeats.
 #[derive(Debug, Clone, Copy)]
 pub enum Interval {
-    /// The server's `heartbeatIntervalMs` (Python).
+    /// The server's `heartbeatIntervalMs`, and it dies on any failure (Python).
     Server,
-    /// A fixed interval whatever the server says (Spring).
+    /// A fixed interval whatever the server says, and a failed heartbeat is only counted: it keeps its
+    /// assignment and goes on reading (Spring's `runCatching` around each heartbeat).
     Fixed(Duration),
 }
 
@@ -188,11 +191,14 @@ impl State {
             }
             let now = Instant::now();
             if now >= next_heartbeat {
-                let server_interval = self.heartbeat()?;
                 next_heartbeat = now
-                    + match interval {
-                        Interval::Server => server_interval,
-                        Interval::Fixed(fixed) => fixed,
+                    + match (interval, self.heartbeat()) {
+                        (Interval::Server, answered) => answered?,
+                        (Interval::Fixed(fixed), Ok(_)) => fixed,
+                        (Interval::Fixed(fixed), Err(_)) => {
+                            self.shared.failed.fetch_add(1, Ordering::SeqCst);
+                            fixed
+                        }
                     };
             }
             if !self.poll()? {

@@ -759,3 +759,60 @@ async fn two_replicas_serve_one_group_and_leaves_in_both_shapes_hand_everything_
     assert_eq!(log.duplicates(), vec![]);
     rust.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_mid_traffic_loses_nothing() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let stream = "restarted";
+    create_group(&url, stream).await;
+    let server = serve(&url);
+    let addr = server.addr.to_string();
+    let log = Log::default();
+    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
+    let production = Production::start(&url, stream).await;
+    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
+    let spring = HttpMember::start(
+        &server.base(),
+        &url,
+        stream,
+        GROUP,
+        "jvm-m0",
+        Interval::Fixed(Duration::from_millis(300)),
+        log.clone(),
+    );
+    wait_until("the HTTP member handles entries", WAIT, || {
+        log.members().contains("jvm-m0")
+    })
+    .await;
+
+    // SIGKILL of the server mid-traffic; the Spring member's heartbeats fail meanwhile.
+    drop(server);
+    wait_until("a heartbeat fails", WAIT, || {
+        spring.shared.failed.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let restarted = Server::start_at(
+        &url,
+        &addr,
+        &["--hold-after-lease-ms", &HOLD_MS.to_string()],
+    );
+    let back = spring.shared.heartbeats.load(Ordering::SeqCst);
+    let back_at = Instant::now();
+    wait_until("it heartbeats through the restarted server", WAIT, || {
+        spring.shared.heartbeats.load(Ordering::SeqCst) > back + 2
+    })
+    .await;
+    wait_until("it handles entries after the restart", WAIT, || {
+        log.entries()
+            .iter()
+            .any(|h| h.member == "jvm-m0" && h.at > back_at)
+    })
+    .await;
+    let sent = production.stop().await;
+    assert_complete(&url, stream, &log, &sent).await;
+    assert_eq!(log.duplicates(), vec![]);
+    assert_eq!(spring.stop(Stop::SpringLeave), None);
+    drop(restarted);
+    rust.stop().await.unwrap();
+}

@@ -24,8 +24,13 @@ impl Server {
     /// Starts `stream-listener --redis-url url serve --listen 127.0.0.1:0 args..` and waits (20 s at
     /// most) for the address it prints.
     pub fn start(url: &str, args: &[&str]) -> Self {
+        Self::start_at(url, "127.0.0.1:0", args)
+    }
+
+    /// [`start`](Self::start) on `listen` (a restart on the address of a server that is gone).
+    pub fn start_at(url: &str, listen: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_stream-listener"))
-            .args(["--redis-url", url, "serve", "--listen", "127.0.0.1:0"])
+            .args(["--redis-url", url, "serve", "--listen", listen])
             .args(args)
             .env_remove("REDIS_URL")
             .env("RUST_LOG", "warn")
