@@ -216,6 +216,22 @@ enum Command {
         /// more is not given to it (these clients never claim pending entries).
         #[arg(long, default_value_t = 1_000)]
         max_rewind: u64,
+        /// Users and roles, one `name:password:ROLE[,ROLE..]` per line (READ, WRITE, ADMIN, MONITOR,
+        /// MEMBER). Without users nothing is authenticated.
+        #[arg(long, value_name = "FILE", conflicts_with = "users")]
+        users_file: Option<std::path::PathBuf>,
+        /// The same lines, from the environment (whitespace separates entries too).
+        #[arg(long, env = "SL_SERVE_USERS", hide_env_values = true)]
+        users: Option<String>,
+        /// The key login tokens are signed with (at least 16 bytes; the same on every replica).
+        #[arg(long, env = "SL_SERVE_TOKEN_SECRET", hide_env_values = true)]
+        token_secret: Option<String>,
+        /// How long a login's token is valid, in seconds (the origin's default: 7 days).
+        #[arg(long, default_value_t = 604_800)]
+        token_ttl_secs: u64,
+        /// Heartbeats need the MEMBER role (the origin's `authenticateMemberApi`).
+        #[arg(long)]
+        authenticate_heartbeats: bool,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -471,6 +487,11 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
             server_id,
             hold_after_lease_ms,
             max_rewind,
+            users_file,
+            users,
+            token_secret,
+            token_ttl_secs,
+            authenticate_heartbeats,
         } => {
             let settings = serve::Settings {
                 listen,
@@ -481,7 +502,23 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 hold_after_lease_ms,
                 max_rewind,
             };
-            serve::run(&ctx, settings).await
+            let users = match users_file {
+                Some(path) => std::fs::read_to_string(&path).map_err(|e| {
+                    CliError::Refused(format!("cannot read {}: {e}", path.display()))
+                })?,
+                None => users
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            let auth = serve::AuthSettings {
+                users,
+                token_secret,
+                token_ttl: std::time::Duration::from_secs(token_ttl_secs),
+                authenticate_heartbeats,
+            };
+            serve::run(&ctx, settings, auth).await
         }
         Command::Reshard {
             stream,

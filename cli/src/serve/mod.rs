@@ -7,11 +7,13 @@
 //! group's timings as last seen).
 //!
 //! The files: this one (settings, state, the listener and graceful shutdown); `routes.rs` (the router,
-//! the endpoints, per-request span, access log and timeout); `adapt.rs` (what the HTTP clients send and
+//! the endpoints, per-request span, access log, timeout and authorization); `auth.rs` (users, roles,
+//! login tokens); `adapt.rs` (what the HTTP clients send and
 //! expect, translated); `grant.rs` (the Redis side of a grant to an HTTP member); `error.rs` (the error
 //! body).
 
 mod adapt;
+mod auth;
 mod error;
 mod grant;
 mod routes;
@@ -50,11 +52,25 @@ pub struct Settings {
     pub max_rewind: u64,
 }
 
+/// Who may call what: users, token secret and lifetime (see `auth.rs`).
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// `name:password:ROLE[,ROLE..]` lines; no user: nothing is authenticated.
+    pub users: String,
+    /// The HMAC key of login tokens, shared by every replica.
+    pub token_secret: Option<String>,
+    /// How long a login's token is valid.
+    pub token_ttl: Duration,
+    /// Heartbeats need the `MEMBER` role.
+    pub authenticate_heartbeats: bool,
+}
+
 /// What every request shares.
 #[derive(Debug)]
 pub struct AppState {
     conn: Connection,
     settings: Settings,
+    auth: Option<auth::Auth>,
     groups: Mutex<HashMap<(String, String), Arc<GroupHandles>>>,
 }
 
@@ -115,8 +131,20 @@ impl GroupHandles {
 
 /// Serves until SIGTERM or ctrl-c, then lets in-flight requests finish (up to the grace). Prints
 /// `listening on <addr>` (the bound address) once it accepts.
-pub async fn run(ctx: &Ctx, settings: Settings) -> Result<String, CliError> {
+pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<String, CliError> {
     init_logging();
+    let users = auth::parse_users(&auth.users).map_err(CliError::Refused)?;
+    let auth = if users.is_empty() {
+        None
+    } else {
+        let secret = auth.token_secret.as_deref().ok_or_else(|| {
+            CliError::Refused("users are configured: --token-secret is required".into())
+        })?;
+        Some(
+            auth::Auth::new(users, secret, auth.token_ttl, auth.authenticate_heartbeats)
+                .map_err(CliError::Refused)?,
+        )
+    };
     let listener = tokio::net::TcpListener::bind(&settings.listen)
         .await
         .map_err(|e| CliError::Refused(format!("cannot listen on {}: {e}", settings.listen)))?;
@@ -125,6 +153,7 @@ pub async fn run(ctx: &Ctx, settings: Settings) -> Result<String, CliError> {
     let state = Arc::new(AppState {
         conn: ctx.conn.clone(),
         settings,
+        auth,
         groups: Mutex::default(),
     });
     let app = routes::router(state);

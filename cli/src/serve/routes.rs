@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +22,7 @@ use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, grant, AppState};
+use super::{adapt, auth, grant, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -36,7 +37,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/coord/v1/streams/{stream}/groups/{group}/producer-routing",
             get(producer_routing),
         )
+        .route("/coord/v1/auth/login", post(login))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), around))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -72,6 +75,102 @@ async fn around(State(state): State<Arc<AppState>>, req: Request, next: Next) ->
         );
     });
     response
+}
+
+/// Unix seconds now (token expiry; the server's own clock).
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// 401 with an empty body and the challenges, as the origin answers.
+fn unauthorized() -> Response {
+    Response::builder()
+        .status(StatusCode::UNAUTHORIZED)
+        .header(WWW_AUTHENTICATE, r#"Basic realm="stream-listener""#)
+        .header(WWW_AUTHENTICATE, r#"Bearer realm="stream-listener""#)
+        .body(Body::empty())
+        .expect("a valid response")
+}
+
+/// The role check of `auth.rs` (nothing when no user is configured).
+async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(auth) = &state.auth else {
+        return next.run(req).await;
+    };
+    let Some(required) = auth::required_role(
+        req.uri().path(),
+        req.method().as_str(),
+        auth.authenticate_heartbeats,
+    ) else {
+        return next.run(req).await;
+    };
+    let header = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let Some(claims) = auth.authenticate(header, now_secs()) else {
+        return unauthorized();
+    };
+    if !claims.roles.iter().any(|r| r.grants(required)) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            format!("{} needs the role {required:?}", req.uri().path()),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// `POST /coord/v1/auth/login`: `{username, password}` (or Basic) -> a signed token.
+async fn login(
+    State(state): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(auth) = &state.auth else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "AUTH_DISABLED",
+            "no user is configured: nothing needs a login",
+        )
+        .into_response();
+    };
+    let now = now_secs();
+    let from_body = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
+        let name = v.get("username")?.as_str()?.to_string();
+        let password = v.get("password")?.as_str()?.to_string();
+        Some((name, password))
+    });
+    let user = match &from_body {
+        Some((name, password)) => auth.check_password(name, password).cloned(),
+        None => auth
+            .authenticate(
+                headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()),
+                now,
+            )
+            .filter(|_| {
+                headers
+                    .get(AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.to_ascii_lowercase().starts_with("basic "))
+            })
+            .and_then(|claims| auth.check_user(&claims.sub).cloned()),
+    };
+    let Some(user) = user else {
+        return unauthorized();
+    };
+    let (token, claims) = auth.issue(&user, now);
+    Json(serde_json::json!({
+        "accessToken": token,
+        "tokenType": "Bearer",
+        "expiresAt": auth::rfc3339(claims.exp),
+        "expiresInSeconds": claims.exp - now,
+        "roles": claims.roles,
+    }))
+    .into_response()
 }
 
 async fn not_found(req: Request<Body>) -> ApiError {

@@ -28,7 +28,7 @@ use stream_listener_tests::{test_runtime, Order, TIMING};
 
 use client::{HttpMember, Interval, Stop};
 use log::Log;
-use server::{request, Server};
+use server::{request, request_with, Server};
 
 const SHARDS: u32 = 4;
 const GROUP: &str = "g";
@@ -815,4 +815,121 @@ async fn a_server_restart_mid_traffic_loses_nothing() {
     assert_eq!(spring.stop(Stop::SpringLeave), None);
     drop(restarted);
     rust.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_refuses_the_unknown_and_the_unentitled_as_the_origin_does() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    create_group(&url, "secured").await;
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "alice:alice-pw:READ bob:bob-pw:MEMBER root:root-pw:ADMIN",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+            "--authenticate-heartbeats",
+        ],
+    );
+    let base = server.base();
+    let basic = |user: &str, password: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let routing = format!("{base}/coord/v1/streams/secured/groups/{GROUP}/producer-routing");
+    let get = |authorization: Option<&str>| request_with("GET", &routing, None, authorization);
+
+    // 401: an empty body and the challenge.
+    for authorization in [
+        None,
+        Some(basic("alice", "wrong")),
+        Some("Bearer v1.forged.token".to_string()),
+    ] {
+        let (status, headers, body) = get(authorization.as_deref());
+        assert_eq!(status, 401, "{authorization:?}");
+        assert_eq!(body, "", "{authorization:?}");
+        assert!(
+            headers
+                .iter()
+                .any(|(k, v)| k == "www-authenticate" && v.starts_with("Basic")),
+            "{headers:?}"
+        );
+    }
+    // 403: authenticated without the role, the error body.
+    let (status, _, body) = get(Some(&basic("bob", "bob-pw")));
+    assert_eq!(status, 403);
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (error["status"].as_str(), error["errorCode"].as_str()),
+        (Some("FORBIDDEN"), Some("FORBIDDEN"))
+    );
+    // Basic with the role, and a login's token.
+    assert_eq!(get(Some(&basic("alice", "alice-pw"))).0, 200);
+    let login = format!("{base}/coord/v1/auth/login");
+    let (status, _, body) = request(
+        "POST",
+        &login,
+        Some(
+            json!({"username": "alice", "password": "alice-pw"})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let issued: Value = serde_json::from_str(&body).unwrap();
+    let token = issued["accessToken"].as_str().unwrap().to_string();
+    assert_eq!(issued["tokenType"], "Bearer");
+    assert_eq!(issued["roles"], json!(["READ"]));
+    assert!(issued["expiresInSeconds"].as_u64().unwrap() > 0);
+    assert_eq!(get(Some(&format!("Bearer {token}"))).0, 200);
+    let mut tampered = token.clone();
+    tampered.pop();
+    assert_eq!(get(Some(&format!("Bearer {tampered}"))).0, 401);
+    let (status, _, body) = request(
+        "POST",
+        &login,
+        Some(
+            json!({"username": "alice", "password": "nope"})
+                .to_string()
+                .as_bytes(),
+        ),
+    );
+    assert_eq!((status, body.as_str()), (401, ""));
+
+    // Heartbeats need MEMBER here; health needs nothing.
+    let heartbeat =
+        format!("{base}/coord/v1/streams/secured/groups/{GROUP}/members/py-m0/heartbeat");
+    let body = json!({
+        "protocolVersion": 1, "requestId": "r-1", "memberId": "py-m0", "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+        "ownedShards": [], "revokingShards": [], "shardProgress": []
+    })
+    .to_string();
+    let (status, _, _) = request("POST", &heartbeat, Some(body.as_bytes()));
+    assert_eq!(status, 401);
+    let (status, _, _) = request_with(
+        "POST",
+        &heartbeat,
+        Some(body.as_bytes()),
+        Some(&format!("Bearer {token}")),
+    );
+    assert_eq!(status, 403, "READ is not MEMBER");
+    let (status, _, answer) = request_with(
+        "POST",
+        &heartbeat,
+        Some(body.as_bytes()),
+        Some(&basic("bob", "bob-pw")),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["status"], "OK", "{answer}");
+    let (status, _, _) = request("GET", &format!("{base}/coord/v1/monitoring/health"), None);
+    assert_eq!(status, 200);
+    // The admin holds every role.
+    assert_eq!(get(Some(&basic("root", "root-pw"))).0, 200);
 }

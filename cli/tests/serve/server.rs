@@ -80,18 +80,35 @@ pub fn request(
     url: &str,
     body: Option<&[u8]>,
 ) -> (u16, Vec<(String, String)>, String) {
+    request_with(method, url, body, None)
+}
+
+/// [`request`] with an `Authorization` header.
+pub fn request_with(
+    method: &str,
+    url: &str,
+    body: Option<&[u8]>,
+    authorization: Option<&str>,
+) -> (u16, Vec<(String, String)>, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
         .http_status_as_error(false)
         .build()
         .into();
+    let authorization = authorization.unwrap_or_default();
     let mut response = match (method, body) {
-        ("GET", _) => agent.get(url).call(),
-        (_, Some(body)) => agent
-            .post(url)
-            .header("content-type", "application/json")
-            .send(body),
-        (_, None) => agent.post(url).send_empty(),
+        ("GET", _) if authorization.is_empty() => agent.get(url).call(),
+        ("GET", _) => agent.get(url).header("authorization", authorization).call(),
+        (_, body) => {
+            let mut post = agent.post(url).header("content-type", "application/json");
+            if !authorization.is_empty() {
+                post = post.header("authorization", authorization);
+            }
+            match body {
+                Some(body) => post.send(body),
+                None => post.send_empty(),
+            }
+        }
     }
     .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
     let status = response.status().as_u16();
