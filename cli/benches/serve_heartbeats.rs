@@ -7,8 +7,8 @@
 //!
 //! Each phase: `members` members join one group of 64 shards and converge (epoch acknowledged, owning
 //! what they were granted), then each heartbeats back to back, closed loop, for the timed phase; only
-//! answers with status OK are counted. Library path: one tokio task and one `GroupStore` per member on a
-//! shared multiplexed connection. Server path: one thread and one keep-alive HTTP connection per member
+//! answers with status OK are counted. Library path: one tokio task, one `GroupStore` and one connection
+//! per member, as member processes have. Server path: one thread and one keep-alive HTTP connection per member
 //! (a blocking client, as the origin's Python client is), sending the origin's JSON body.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,30 +72,37 @@ async fn create_group(url: &str, stream: &str) -> stream_listener::Connection {
 
 /// The library path: `members` tasks calling `GroupStore::heartbeat`.
 async fn library(url: &str, members: u64, seconds: u64) -> f64 {
-    let conn = create_group(url, "lib").await;
+    let _conn = create_group(url, "lib").await;
     let stop = Arc::new(AtomicBool::new(false));
     let counted = Arc::new(AtomicU64::new(0));
     let converged = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for m in 0..members {
-        let (conn, stop, counted, converged) = (
-            conn.clone(),
-            stop.clone(),
-            counted.clone(),
-            converged.clone(),
-        );
+        let (stop, counted, converged) = (stop.clone(), counted.clone(), converged.clone());
+        let url = url.to_string();
         tasks.push(tokio::spawn(async move {
             let id = format!("lib-{m}");
+            // A connection of its own, as a member process has: the store blocks on it in Redis
+            // (BLPOP) while it waits for the writer lock.
+            let conn = RedisTarget::open(&url)
+                .unwrap()
+                .connect(Default::default())
+                .await
+                .unwrap();
             let mut store = GroupStore::open(conn, "lib", "g").unwrap();
             let (mut epoch, mut version, mut owned, mut seq) = (0, 0, Vec::new(), 0u64);
             let mut settled = false;
             let mut counting = false;
             while !stop.load(Ordering::Relaxed) {
-                seq += 1;
-                let r = store
+                // Contention while the members join at once: a member's loop sends the same request
+                // again (a new request id would be a new incarnation), so does this.
+                let Ok(r) = store
                     .heartbeat(&request(&id, seq, epoch, version, &owned))
                     .await
-                    .unwrap();
+                else {
+                    continue;
+                };
+                seq += 1;
                 if !r.status.is_accepted() {
                     epoch = 0;
                     owned.clear();
@@ -187,7 +194,6 @@ async fn server(url: &str, members: u64, seconds: u64) -> f64 {
             let (mut epoch, mut version, mut owned, mut seq) = (0i64, 0i64, Vec::<u64>::new(), 0u64);
             let (mut settled, mut counting) = (false, false);
             while !stop.load(Ordering::Relaxed) {
-                seq += 1;
                 let body = json!({
                     "protocolVersion": 1, "requestId": format!("{id}-{seq}"), "memberId": id,
                     "memberName": id, "memberEpoch": epoch, "metadataVersion": version,
@@ -203,6 +209,11 @@ async fn server(url: &str, members: u64, seconds: u64) -> f64 {
                     .read_json()
                     .unwrap();
                 let status = r["status"].as_str().unwrap_or_default();
+                if status == "RETRY" {
+                    // The same request again, as for the library path.
+                    continue;
+                }
+                seq += 1;
                 if status == "UNKNOWN_MEMBER_ID" || status == "FENCED_MEMBER_EPOCH" {
                     (epoch, owned) = (0, Vec::new());
                     continue;

@@ -9,13 +9,15 @@
 //! The files: this one (settings, state, the listener and graceful shutdown); `routes.rs` (the router,
 //! the endpoints, per-request span, access log, timeout and authorization); `auth.rs` (users, roles,
 //! login tokens); `adapt.rs` (what the HTTP clients send and
-//! expect, translated); `grant.rs` (the Redis side of a grant to an HTTP member); `error.rs` (the error
-//! body).
+//! expect, translated); `grant.rs` (the Redis side of a grant to an HTTP member); `monitor.rs` (the
+//! origin's monitoring views from our projection); `error.rs` (the error body); `openapi.json` (the
+//! document served at `/coord/v1/openapi.json`).
 
 mod adapt;
 mod auth;
 mod error;
 mod grant;
+mod monitor;
 mod routes;
 
 use std::collections::HashMap;
@@ -23,7 +25,7 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stream_listener::connection::Connection;
+use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::store::GroupStore;
 
 use crate::error::CliError;
@@ -69,6 +71,7 @@ pub struct AuthSettings {
 #[derive(Debug)]
 pub struct AppState {
     conn: Connection,
+    target: RedisTarget,
     settings: Settings,
     auth: Option<auth::Auth>,
     groups: Mutex<HashMap<(String, String), Arc<GroupHandles>>>,
@@ -82,8 +85,9 @@ struct GroupHandles {
     timings: Mutex<Option<Timings>>,
 }
 
-/// Idle handles kept per group; more concurrent heartbeats open more, and drop them afterwards.
-const IDLE_HANDLES: usize = 16;
+/// Idle handles kept per group (each with its own connection); more concurrent heartbeats open more,
+/// and drop them afterwards.
+const IDLE_HANDLES: usize = 64;
 
 impl AppState {
     fn handles(&self, stream: &str, group: &str) -> Arc<GroupHandles> {
@@ -97,17 +101,28 @@ impl AppState {
 
 impl GroupHandles {
     /// An idle handle, or a new one on the existing group (the server never creates a group: its shard
-    /// count and timings are the Rust members' or the operator's).
-    fn take(
+    /// count and timings are the Rust members' or the operator's) with a connection of its own: a store
+    /// waits for the group's writer in Redis (`BLPOP`), which would stall every other request on a
+    /// shared connection.
+    async fn take(
         &self,
-        conn: &Connection,
+        state: &AppState,
         stream: &str,
         group: &str,
     ) -> Result<GroupStore, stream_listener::store::StoreError> {
         if let Some(store) = self.idle.lock().expect("not poisoned").pop() {
             return Ok(store);
         }
-        GroupStore::open(conn.clone(), stream, group)
+        // Validate the names before connecting.
+        GroupStore::open(state.conn.clone(), stream, group)?;
+        let options = ConnectOptions {
+            connection_timeout: Some(Duration::from_secs(3)),
+            response_timeout: Some(state.settings.request_timeout / 2),
+            retries: Some(1),
+            ..Default::default()
+        };
+        let conn = state.target.connect(options).await?;
+        GroupStore::open(conn, stream, group)
     }
 
     fn put_back(&self, store: GroupStore) {
@@ -152,6 +167,7 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
     let grace = settings.shutdown_grace;
     let state = Arc::new(AppState {
         conn: ctx.conn.clone(),
+        target: ctx.target.clone(),
         settings,
         auth,
         groups: Mutex::default(),

@@ -17,12 +17,12 @@ use axum::{Json, Router};
 use serde_json::Value;
 use stream_listener::connection::slot_of;
 use stream_listener::coordinator::wire::HeartbeatResponse;
-use stream_listener::store::StoreError;
+use stream_listener::store::{GroupStore, StoreError};
 use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, auth, grant, AppState};
+use super::{adapt, auth, grant, monitor, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -38,6 +38,19 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(producer_routing),
         )
         .route("/coord/v1/auth/login", post(login))
+        .route("/coord/v1/openapi.json", get(openapi))
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}",
+            get(monitoring_group),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/members",
+            get(monitoring_members),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/assignments",
+            get(monitoring_assignments),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), around))
@@ -173,6 +186,65 @@ async fn login(
     .into_response()
 }
 
+/// The OpenAPI 3.1 document of what this server serves.
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
+}
+
+/// The group's monitoring projection, from a fresh load (an `open` handle: never creates the group).
+async fn projection(
+    state: &AppState,
+    stream: &str,
+    group: &str,
+) -> Result<stream_listener::coordinator::projection::GroupProjection, ApiError> {
+    let mut store = GroupStore::open(state.conn.clone(), stream, group)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_NAME", e.to_string()))?;
+    match store.projection().await {
+        Ok(Some(projection)) => Ok(projection),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "GROUP_NOT_FOUND",
+            format!("group {group:?} of stream {stream:?} has no metadata"),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORE_UNAVAILABLE",
+            e.to_string(),
+        )),
+    }
+}
+
+/// `GET /coord/v1/monitoring/streams/{stream}/groups/{group}`.
+async fn monitoring_group(
+    State(state): State<Arc<AppState>>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let p = projection(&state, &stream, &group).await?;
+    Ok(Json(monitor::group(&stream, &p)))
+}
+
+/// `GET .../members`.
+async fn monitoring_members(
+    State(state): State<Arc<AppState>>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let p = projection(&state, &stream, &group).await?;
+    Ok(Json(monitor::members(&p)))
+}
+
+/// `GET .../assignments`.
+async fn monitoring_assignments(
+    State(state): State<Arc<AppState>>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let p = projection(&state, &stream, &group).await?;
+    Ok(Json(monitor::assignments(&p)))
+}
+
 async fn not_found(req: Request<Body>) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -232,7 +304,7 @@ async fn heartbeat(
             return Ok(Json(adapt::refused(&refusal, &member, handles.timings())));
         }
     };
-    let mut store = match handles.take(&state.conn, &stream, &group) {
+    let mut store = match handles.take(&state, &stream, &group).await {
         Ok(store) => store,
         Err(StoreError::InvalidName(name)) => {
             return Err(ApiError::new(

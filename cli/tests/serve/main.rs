@@ -235,6 +235,40 @@ async fn endpoints_answer_in_the_spec_shapes() {
     assert!(after["metadataVersion"].as_u64() > routing["metadataVersion"].as_u64());
     assert_eq!(after["shardCount"], json!(8));
 
+    // Monitoring, from the library's projection, the origin's names; and the OpenAPI document.
+    let monitoring = format!("{base}/coord/v1/monitoring/streams/orders/groups/{GROUP}");
+    let (status, _, body) = request("GET", &monitoring, None);
+    assert_eq!(status, 200, "{body}");
+    let group: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(group["consumerGroup"], GROUP);
+    assert_eq!(group["state"], "EMPTY", "{group}");
+    let (status, _, body) = request("GET", &format!("{monitoring}/members"), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["members"].is_array());
+    let (status, _, body) = request("GET", &format!("{monitoring}/assignments"), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["invariantViolations"],
+        json!([])
+    );
+    let (status, _, body) = request(
+        "GET",
+        &format!("{base}/coord/v1/monitoring/streams/orders/groups/nobody"),
+        None,
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["errorCode"],
+        "GROUP_NOT_FOUND"
+    );
+    let (status, _, body) = request("GET", &format!("{base}/coord/v1/openapi.json"), None);
+    assert_eq!(status, 200);
+    let document: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(document["openapi"], "3.1.0");
+    assert!(document["paths"]
+        .get("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/members/{memberId}/heartbeat")
+        .is_some());
+
     // Errors: the spec's body.
     let error = |status: u16, body: &str, code: &str, name: &str| {
         let value: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
