@@ -8,6 +8,7 @@
 mod commands;
 mod error;
 mod redis_ctx;
+mod serve;
 mod snapshot;
 mod table;
 
@@ -187,6 +188,50 @@ enum Command {
         /// Visit at most about this many keys per discovery.
         #[arg(long, default_value_t = 100_000)]
         scan_limit: usize,
+    },
+    /// Serve the spec's HTTP API v1 (`/coord/v1/...`), so its Python and Spring clients join this
+    /// Redis's groups beside Rust members. Stateless: run as many replicas as you like.
+    Serve {
+        /// Where to listen (`host:port`; port 0 picks a free one, printed on stdout).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// The largest request body accepted, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        body_limit: usize,
+        /// How long one request may take, in ms (a heartbeat that runs out is answered `RETRY`).
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+        request_timeout_ms: u64,
+        /// How long in-flight requests get to finish after SIGTERM or ctrl-c, in ms.
+        #[arg(long, default_value_t = 10_000)]
+        shutdown_grace_ms: u64,
+        /// This replica's name in `/coord/v1/monitoring/health` [default: `serve-<pid>`].
+        #[arg(long)]
+        server_id: Option<String>,
+        /// How long past its lease an HTTP member's shards stay held from everyone after it expires or
+        /// is fenced, in ms: these clients do not stop reading on their own when their lease passes.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..=86_400_000))]
+        hold_after_lease_ms: i64,
+        /// A shard granted to an HTTP member with entries pending (an earlier owner's) is rewound so that
+        /// the member reads them first, delivering again at most this many entries; a shard that needs
+        /// more is not given to it (these clients never claim pending entries).
+        #[arg(long, default_value_t = 1_000)]
+        max_rewind: u64,
+        /// Users and roles, one `name:password:ROLE[,ROLE..]` per line (READ, WRITE, ADMIN, MONITOR,
+        /// MEMBER). Without users nothing is authenticated.
+        #[arg(long, value_name = "FILE", conflicts_with = "users")]
+        users_file: Option<std::path::PathBuf>,
+        /// The same lines, from the environment (whitespace separates entries too).
+        #[arg(long, env = "SL_SERVE_USERS", hide_env_values = true)]
+        users: Option<String>,
+        /// The key login tokens are signed with (at least 16 bytes; the same on every replica).
+        #[arg(long, env = "SL_SERVE_TOKEN_SECRET", hide_env_values = true)]
+        token_secret: Option<String>,
+        /// How long a login's token is valid, in seconds (the origin's default: 7 days).
+        #[arg(long, default_value_t = 604_800)]
+        token_ttl_secs: u64,
+        /// Heartbeats need the MEMBER role (the origin's `authenticateMemberApi`).
+        #[arg(long)]
+        authenticate_heartbeats: bool,
     },
     /// Change a stream's shard count; every group reading it follows within a few heartbeats.
     Reshard {
@@ -433,6 +478,47 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 scan_limit,
             };
             commands::exporter::run(&ctx, settings).await
+        }
+        Command::Serve {
+            listen,
+            body_limit,
+            request_timeout_ms,
+            shutdown_grace_ms,
+            server_id,
+            hold_after_lease_ms,
+            max_rewind,
+            users_file,
+            users,
+            token_secret,
+            token_ttl_secs,
+            authenticate_heartbeats,
+        } => {
+            let settings = serve::Settings {
+                listen,
+                body_limit,
+                request_timeout: std::time::Duration::from_millis(request_timeout_ms),
+                shutdown_grace: std::time::Duration::from_millis(shutdown_grace_ms),
+                server_id: server_id.unwrap_or_else(|| format!("serve-{}", std::process::id())),
+                hold_after_lease_ms,
+                max_rewind,
+            };
+            let users = match users_file {
+                Some(path) => std::fs::read_to_string(&path).map_err(|e| {
+                    CliError::Refused(format!("cannot read {}: {e}", path.display()))
+                })?,
+                None => users
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            let auth = serve::AuthSettings {
+                users,
+                token_secret,
+                token_ttl: std::time::Duration::from_secs(token_ttl_secs),
+                authenticate_heartbeats,
+            };
+            serve::run(&ctx, settings, auth).await
         }
         Command::Reshard {
             stream,

@@ -18,6 +18,9 @@ use crate::error::CliError;
 pub struct Ctx {
     /// The connection (cheap to clone).
     pub conn: Connection,
+    /// Where it goes, for a command that needs connections of its own (`serve`: one per store handle,
+    /// since a store waits in Redis with `BLPOP`, which would block a shared connection).
+    pub target: RedisTarget,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -60,7 +63,7 @@ impl Ctx {
             ..Default::default()
         };
         let conn = target.connect(options).await.map_err(connect_error)?;
-        Ok(Self { conn })
+        Ok(Self { conn, target })
     }
 
     /// Redis time in milliseconds: the clock leases are measured with.

@@ -160,9 +160,20 @@ pub struct MemberRecord {
     /// (see [`HeartbeatRequest::restarting`](super::wire::HeartbeatRequest::restarting)).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restarting: bool,
+    /// How long past its lease its shards stay held when it expires or is fenced: a member that does
+    /// not self-fence (see [`HeartbeatRequest::hold_after_lease_ms`](super::wire::HeartbeatRequest::hold_after_lease_ms)).
+    #[serde(default, skip_serializing_if = "super::wire::is_zero")]
+    pub hold_after_lease_ms: i64,
 }
 
 impl MemberRecord {
+    /// Until when nobody else may read its shards once it is removed: its lease, plus its
+    /// `hold_after_lease_ms` for a member that does not self-fence.
+    pub fn reads_until_ms(&self) -> i64 {
+        self.lease_deadline_ms
+            .saturating_add(self.hold_after_lease_ms)
+    }
+
     /// The record as stored beside the header: without its lease, which lives in the store's lease set (so
     /// a renewal never makes a record look changed).
     pub fn to_stored_json(&self) -> Vec<u8> {
@@ -526,6 +537,7 @@ mod tests {
                     rejoins: vec![3],
                     duplicate_suspected: false,
                     restarting: false,
+                    hold_after_lease_ms: 0,
                 },
             );
         }

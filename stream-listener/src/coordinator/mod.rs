@@ -29,7 +29,7 @@ use metadata::{
 };
 use wire::{
     Assignment, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardId,
-    JOIN_EPOCH, LEAVE_EPOCH, PROTOCOL_VERSION,
+    JOIN_EPOCH, LEAVE_EPOCH, MAX_HOLD_AFTER_LEASE_MS, PROTOCOL_VERSION,
 };
 
 /// Rejoins of one memberId within this many session timeouts that mark it as probably duplicated.
@@ -562,6 +562,7 @@ impl Coordinator {
                 rejoins,
                 duplicate_suspected,
                 restarting: false,
+                hold_after_lease_ms: req.hold_after_lease_ms,
             },
         );
         bump(&mut self.meta.group_epoch);
@@ -790,7 +791,9 @@ impl Coordinator {
                 member_epoch: member.member_epoch,
                 lease_deadline_ms: member.lease_deadline_ms,
             });
-            // Its lease has passed, so it has stopped reading: its shards are free at once.
+            // Its lease has passed, so a member of ours has stopped reading and its shards are free at
+            // once; one that does not self-fence keeps them held a while longer.
+            self.hold(&member_id, &member, now);
             self.bury(
                 member_id,
                 member,
@@ -832,6 +835,24 @@ impl Coordinator {
         }
     }
 
+    /// Keeps the shards a removed member may still read from anyone else until
+    /// [`MemberRecord::reads_until_ms`].
+    fn hold(&mut self, member_id: &str, member: &MemberRecord, now: i64) {
+        let until = member.reads_until_ms();
+        if until > now {
+            for shard in member.assigned_or_revoking() {
+                self.meta.holds.insert(
+                    shard,
+                    FencedHold {
+                        member_id: member_id.to_string(),
+                        member_epoch: member.member_epoch,
+                        until_ms: until,
+                    },
+                );
+            }
+        }
+    }
+
     /// Removes a live member and keeps its shards from anyone else until its lease has passed.
     fn fence(&mut self, member_id: &str, now: i64, reason: &str, effects: &mut Effects) {
         let Some(member) = self.meta.members.remove(member_id) else {
@@ -842,18 +863,7 @@ impl Coordinator {
             .lease_checks
             .push((member_id.to_string(), member.lease_deadline_ms));
         effects.writes.removed.push(member_id.to_string());
-        if member.lease_deadline_ms > now {
-            for shard in member.assigned_or_revoking() {
-                self.meta.holds.insert(
-                    shard,
-                    FencedHold {
-                        member_id: member_id.to_string(),
-                        member_epoch: member.member_epoch,
-                        until_ms: member.lease_deadline_ms,
-                    },
-                );
-            }
-        }
+        self.hold(member_id, &member, now);
         effects.event(AuditEvent::MemberFenced {
             member_id: member_id.to_string(),
             member_epoch: member.member_epoch,
@@ -1253,6 +1263,9 @@ fn is_well_formed(req: &HeartbeatRequest) -> bool {
         return false;
     }
     if req.request_id.is_empty() || req.weight == Some(0) {
+        return false;
+    }
+    if !(0..=MAX_HOLD_AFTER_LEASE_MS).contains(&req.hold_after_lease_ms) {
         return false;
     }
     if req.restarting && req.member_epoch != LEAVE_EPOCH {

@@ -33,6 +33,7 @@ fn req(member: &str, epoch: i64, request_id: &str) -> HeartbeatRequest {
         shard_progress: vec![],
         weight: None,
         restarting: false,
+        hold_after_lease_ms: 0,
     }
 }
 
@@ -959,6 +960,131 @@ fn expiry_fences_member_and_frees_its_shards() {
             .status,
         HeartbeatStatus::FencedMemberEpoch
     );
+}
+
+/// A member of the HTTP server: it does not self-fence, so its shards are held `hold` past its lease.
+fn unfenced(mut r: HeartbeatRequest, hold: i64) -> HeartbeatRequest {
+    r.hold_after_lease_ms = hold;
+    r
+}
+
+/// Joins `member` as [`unfenced`] with `hold` and confirms its first assignment; returns its epoch.
+fn join_unfenced_and_settle(c: &mut Coordinator, member: &str, hold: i64, now: i64) -> i64 {
+    let r = c
+        .heartbeat(
+            &unfenced(req(member, 0, &format!("{member}-join")), hold),
+            StoreMillis(now),
+        )
+        .response;
+    assert_eq!(r.status, HeartbeatStatus::Ok);
+    let assigned = shards(&r.assignment.assigned_shards);
+    let r2 = c.heartbeat(
+        &owned(
+            req(member, r.member_epoch, &format!("{member}-c")),
+            &assigned,
+        ),
+        StoreMillis(now),
+    );
+    assert!(r2.response.status.is_accepted(), "{:?}", r2.response.status);
+    assert_eq!(member_hold(c, member), hold);
+    r2.response.member_epoch
+}
+
+fn member_hold(c: &Coordinator, id: &str) -> i64 {
+    member(c, id).hold_after_lease_ms
+}
+
+#[test]
+fn expiry_of_a_member_that_does_not_self_fence_holds_its_shards_past_its_lease() {
+    const GRACE: i64 = 5_000;
+    let mut c = group(4);
+    join_unfenced_and_settle(&mut c, "http", GRACE, 0);
+    let held: Vec<u32> = member(&c, "http").assigned_or_revoking().collect();
+    assert_eq!(held.len(), 4, "alone in the group, it has every shard");
+    let eb = join_and_settle(&mut c, "rust", 0);
+    // Only the Rust member heartbeats from now on; the HTTP member's lease passes at SESSION.
+    let mut t = HB;
+    while t < SESSION + GRACE {
+        let b = c
+            .heartbeat(&req("rust", eb, &format!("b{t}")), StoreMillis(t))
+            .response;
+        let eb_now = b.member_epoch;
+        let b_has: Vec<u32> = shards(&b.assignment.assigned_shards);
+        assert!(
+            b_has.iter().all(|s| !held.contains(s)),
+            "at {t}: granted {b_has:?}, still held for the HTTP member {held:?}"
+        );
+        if t >= SESSION {
+            assert!(!c.metadata().members.contains_key("http"), "expired at {t}");
+            assert!(held
+                .iter()
+                .all(|s| c.metadata().holds[s].until_ms == SESSION + GRACE));
+        }
+        assert_eq!(eb_now, member(&c, "rust").member_epoch);
+        t += HB;
+    }
+    let b = c
+        .heartbeat(
+            &req("rust", member(&c, "rust").member_epoch, "b-end"),
+            StoreMillis(SESSION + GRACE),
+        )
+        .response;
+    assert!(c.metadata().holds.is_empty(), "released at lease + grace");
+    assert_eq!(
+        b.assignment.assigned_shards.len() + b.assignment.pending_shards.len(),
+        4
+    );
+    assert!(c.invariant_violations().is_empty());
+}
+
+#[test]
+fn a_fenced_member_that_does_not_self_fence_is_held_past_its_lease() {
+    const GRACE: i64 = 7_000;
+    let mut c = group(2);
+    join_unfenced_and_settle(&mut c, "http", GRACE, 0);
+    let held: Vec<u32> = member(&c, "http").assigned_or_revoking().collect();
+    // A restart under the same memberId: the old incarnation is fenced and may still be reading.
+    let r = c
+        .heartbeat(
+            &unfenced(req("http", 0, "http-again"), GRACE),
+            StoreMillis(HB),
+        )
+        .response;
+    assert_eq!(r.status, HeartbeatStatus::Ok);
+    assert!(r.assignment.assigned_shards.is_empty());
+    for s in &held {
+        assert_eq!(c.metadata().holds[s].until_ms, SESSION + GRACE, "shard {s}");
+    }
+    // Past the old lease but within the grace: still nothing.
+    let r = c
+        .heartbeat(
+            &owned(req("http", r.member_epoch, "h1"), &[]),
+            StoreMillis(SESSION + 1),
+        )
+        .response;
+    assert!(r.assignment.assigned_shards.is_empty(), "{r:?}");
+    // A member of ours fenced the same way is held only until its lease.
+    let mut plain = group(2);
+    join_and_settle(&mut plain, "rust", 0);
+    let _ = plain.heartbeat(&req("rust", 0, "rust-again"), StoreMillis(HB));
+    assert!(plain
+        .metadata()
+        .holds
+        .values()
+        .all(|h| h.until_ms == SESSION));
+}
+
+#[test]
+fn a_hold_after_lease_out_of_range_is_refused_and_changes_nothing() {
+    for hold in [-1, wire::MAX_HOLD_AFTER_LEASE_MS + 1] {
+        let mut c = group(2);
+        let before = c.metadata().clone();
+        let r = c
+            .heartbeat(&unfenced(req("http", 0, "j"), hold), StoreMillis(0))
+            .response;
+        assert_eq!(r.status, HeartbeatStatus::InvalidRequest, "{hold}");
+        assert_eq!(c.metadata(), &before);
+    }
 }
 
 #[test]

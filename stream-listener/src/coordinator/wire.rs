@@ -71,6 +71,20 @@ pub struct HeartbeatRequest {
     /// shards away and back. It still gives every shard back (REVOKED) before it goes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restarting: bool,
+    /// Ours, set on a join by the HTTP server (`stream-listener serve`) for the spec's Python and Spring
+    /// clients, which do not self-fence and read without our Redis-side fences: such a member may still
+    /// read after its lease passed, so when it expires or is fenced its shards stay in a fenced hold for
+    /// this long past its lease. 0 (a member of this library): free when the lease passes. At most
+    /// [`MAX_HOLD_AFTER_LEASE_MS`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hold_after_lease_ms: i64,
+}
+
+/// The longest [`HeartbeatRequest::hold_after_lease_ms`] accepted: one day.
+pub const MAX_HOLD_AFTER_LEASE_MS: i64 = 86_400_000;
+
+pub(crate) fn is_zero(value: &i64) -> bool {
+    *value == 0
 }
 
 /// Local worker capacity of a member.
@@ -247,6 +261,7 @@ mod tests {
             shard_progress: vec![],
             weight: None,
             restarting: false,
+            hold_after_lease_ms: 0,
         };
         let json = serde_json::to_value(&req).unwrap();
         assert_eq!(

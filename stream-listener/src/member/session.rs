@@ -259,6 +259,8 @@ impl MemberSession {
             shard_progress: self.progress.values().cloned().collect(),
             weight: Some(self.identity.weight),
             restarting: self.restarting && matches!(self.phase, Phase::Leaving | Phase::Left),
+            // A member of this library self-fences within its lease and reads through its fences.
+            hold_after_lease_ms: 0,
         }
     }
 

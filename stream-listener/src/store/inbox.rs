@@ -81,6 +81,7 @@ mod tests {
             shard_progress: Vec::new(),
             weight: None,
             restarting: false,
+            hold_after_lease_ms: 0,
         }
     }
 

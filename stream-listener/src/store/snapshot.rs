@@ -340,6 +340,7 @@ pub(super) mod tests {
             shard_progress: vec![],
             weight: None,
             restarting: false,
+            hold_after_lease_ms: 0,
         }
     }
 

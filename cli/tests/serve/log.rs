@@ -1,0 +1,99 @@
+//! What every member of a test handled, in handling order, and the guarantees checked from it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use stream_listener_tests::Order;
+
+/// One handled entry.
+#[derive(Debug, Clone)]
+pub struct Handled {
+    /// Its order.
+    pub order: Order,
+    /// Who handled it.
+    pub member: String,
+    /// When.
+    pub at: Instant,
+}
+
+/// The shared record of handled entries.
+#[derive(Debug, Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<Handled>>>);
+
+impl Log {
+    /// Records `order` as handled by `member`, now.
+    pub fn push(&self, order: &Order, member: &str) {
+        self.0.lock().unwrap().push(Handled {
+            order: order.clone(),
+            member: member.to_string(),
+            at: Instant::now(),
+        });
+    }
+
+    /// Everything so far.
+    pub fn entries(&self) -> Vec<Handled> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// Who handled anything.
+    pub fn members(&self) -> BTreeSet<String> {
+        self.entries().into_iter().map(|h| h.member).collect()
+    }
+
+    /// `(key, seq)` of `expected` that nobody handled.
+    pub fn missing(&self, expected: &[(String, Order)]) -> Vec<(String, u32)> {
+        let seen: BTreeSet<(String, u32)> = self
+            .entries()
+            .iter()
+            .map(|h| (h.order.key.clone(), h.order.seq))
+            .collect();
+        expected
+            .iter()
+            .map(|(k, o)| (k.clone(), o.seq))
+            .filter(|x| !seen.contains(x))
+            .collect()
+    }
+
+    /// Entries handled more than once.
+    pub fn duplicates(&self) -> Vec<(String, u32, Vec<String>)> {
+        let mut by: BTreeMap<(String, u32), Vec<String>> = BTreeMap::new();
+        for h in self.entries() {
+            by.entry((h.order.key.clone(), h.order.seq))
+                .or_default()
+                .push(h.member);
+        }
+        by.into_iter()
+            .filter(|(_, who)| who.len() > 1)
+            .map(|((k, s), who)| (k, s, who))
+            .collect()
+    }
+
+    /// Per-key order: within each key, the first handling of each seq comes after the first handling of
+    /// every smaller seq. Returns the violations (`key`, seq handled first, the smaller seq after it).
+    pub fn order_violations(&self) -> Vec<(String, u32, u32)> {
+        let mut first: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut seen: BTreeSet<(String, u32)> = BTreeSet::new();
+        for h in self.entries() {
+            if seen.insert((h.order.key.clone(), h.order.seq)) {
+                first
+                    .entry(h.order.key.clone())
+                    .or_default()
+                    .push(h.order.seq);
+            }
+        }
+        let mut violations = Vec::new();
+        for (key, seqs) in first {
+            let mut max = None;
+            for seq in seqs {
+                if let Some(m) = max {
+                    if seq < m {
+                        violations.push((key.clone(), m, seq));
+                    }
+                }
+                max = max.max(Some(seq));
+            }
+        }
+        violations
+    }
+}
