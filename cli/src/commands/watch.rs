@@ -259,6 +259,7 @@ mod tests {
                     length: Some(read[i] + lag[i]),
                     has_group: true,
                     lag: Some(lag[i]),
+                    lag_exact: true,
                     pending: Some(1),
                     last_delivered_id: Some(format!("1700000000000-{}", read[i])),
                     entries_read: Some(read[i]),
