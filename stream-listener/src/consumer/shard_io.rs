@@ -143,7 +143,7 @@ impl ShardIo {
     /// before it was made.
     pub(crate) async fn blocking_connection(
         &self,
-    ) -> RedisResult<super::wait_spec::WaitConnection> {
+    ) -> RedisResult<(MultiplexedConnection, i64, u64)> {
         let switches = self.client.master_switches();
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
         let config = AsyncConnectionConfig::new()
