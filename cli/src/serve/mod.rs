@@ -14,6 +14,7 @@
 //! document served at `/coord/v1/openapi.json`).
 
 mod adapt;
+mod admin;
 mod auth;
 mod error;
 mod grant;

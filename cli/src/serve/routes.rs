@@ -22,7 +22,7 @@ use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, auth, grant, monitor, AppState};
+use super::{adapt, admin, auth, grant, monitor, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -50,6 +50,33 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/coord/v1/monitoring/streams/{stream}/groups/{group}/assignments",
             get(monitoring_assignments),
+        )
+        .route("/coord/v1/streams/{stream}", post(admin::create_stream))
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}",
+            post(admin::create_group)
+                .get(admin::get_group)
+                .delete(admin::delete_group),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/scale",
+            post(admin::scale_stream),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/scale",
+            post(admin::scale_group),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/migrations/{id}",
+            get(admin::get_migration),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/migrations/{id}/rollback",
+            post(admin::rollback),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/migrations",
+            get(admin::list_migrations),
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
