@@ -19,6 +19,7 @@ mod auth;
 mod error;
 mod grant;
 mod monitor;
+mod offsets;
 mod routes;
 
 use std::collections::HashMap;
@@ -76,6 +77,18 @@ pub struct AppState {
     settings: Settings,
     auth: Option<auth::Auth>,
     groups: Mutex<HashMap<(String, String), Arc<GroupHandles>>>,
+    /// Renders the process's metrics (the library's and the server's own) at `/metrics`, in the
+    /// Prometheus text format; `None` if another recorder was installed first.
+    metrics: Option<Render>,
+}
+
+/// Renders the metrics page.
+struct Render(Box<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for Render {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Render")
+    }
 }
 
 /// Idle store handles of one group (each keeps its cached snapshot, so a steady heartbeat is one
@@ -172,6 +185,13 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
         settings,
         auth,
         groups: Mutex::default(),
+        metrics: match stream_listener::metrics::install_prometheus_recorder() {
+            Ok(handle) => Some(Render(Box::new(move || handle.render()))),
+            Err(e) => {
+                tracing::warn!("no /metrics: {e}");
+                None
+            }
+        },
     });
     let app = routes::router(state);
     let mut stdout = std::io::stdout();

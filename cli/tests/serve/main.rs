@@ -1513,3 +1513,181 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
     let (status, _) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
     assert_eq!(status, 200, "the group is still there");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_and_metrics_report_what_redis_and_the_server_hold() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    create_group(&url, "obs").await;
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let mut ids = Vec::new();
+    for (shard, n) in [(0, 3), (1, 2)] {
+        for i in 0..n {
+            let id: String = redis::cmd("XADD")
+                .arg(format!("obs:{shard}"))
+                .arg("*")
+                .arg("k")
+                .arg(i)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            ids.push((shard, id));
+        }
+    }
+    // Two of shard 0's three entries delivered, not acknowledged.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("c")
+        .arg("COUNT")
+        .arg(2)
+        .arg("STREAMS")
+        .arg("obs:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "reader:reader-pw:READ member:member-pw:MEMBER",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+        ],
+    );
+    let base = server.base();
+    let basic = |user: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
+        )
+    };
+    let offsets = format!("{base}/coord/v1/monitoring/streams/obs/groups/{GROUP}/offsets");
+    assert_eq!(request("GET", &offsets, None).0, 401);
+    let (status, _, body) = request_with("GET", &offsets, None, Some(&basic("member")));
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = request_with("GET", &offsets, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&view["streamPrefix"], &view["consumerGroup"]),
+        (&json!("obs"), &json!(GROUP))
+    );
+    assert_eq!(view["totalStreamLength"], 5, "{view}");
+    assert_eq!(view["totalPendingCount"], 2, "{view}");
+    assert_eq!(view["totalLag"], 3, "{view}");
+    let shards = view["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), SHARDS as usize);
+    let zero = &shards[0];
+    let shard0: Vec<&String> = ids
+        .iter()
+        .filter(|(s, _)| *s == 0)
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(zero["shard"]["shardIndex"], 0);
+    assert_eq!(zero["streamKey"], "obs:0");
+    assert_eq!(
+        zero["redisSlot"],
+        json!(stream_listener::connection::slot_of(b"obs:0"))
+    );
+    assert_eq!(zero["streamLength"], 3);
+    assert_eq!(zero["firstRecordId"], json!(shard0[0]));
+    assert_eq!(zero["lastRecordId"], json!(shard0[2]));
+    assert_eq!(zero["groupLastDeliveredId"], json!(shard0[1]));
+    assert_eq!(
+        (&zero["pendingCount"], &zero["lag"]),
+        (&json!(2), &json!(1))
+    );
+    assert!(zero["memoryUsageBytes"].as_u64().unwrap() > 0, "{zero}");
+    assert_eq!(zero["ownerMemberIds"], json!([]), "the creator left");
+    assert_eq!(
+        (&shards[1]["lag"], &shards[1]["pendingCount"]),
+        (&json!(2), &json!(0))
+    );
+    assert_eq!(
+        (&shards[3]["streamLength"], &shards[3]["firstRecordId"]),
+        (&json!(0), &Value::Null)
+    );
+    assert_eq!(view["memoryUsageKnown"], true);
+    for (path, code) in [
+        ("obs/groups/none".to_string(), "GROUP_NOT_FOUND"),
+        (format!("nowhere/groups/{GROUP}"), "STREAM_NOT_FOUND"),
+    ] {
+        let (status, _, body) = request_with(
+            "GET",
+            &format!("{base}/coord/v1/monitoring/streams/{path}/offsets"),
+            None,
+            Some(&basic("reader")),
+        );
+        assert_eq!(status, 404, "{body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error["errorCode"], code, "{body}");
+    }
+
+    // /metrics: READ; the per-route counters (route templates, not paths) and the library's store
+    // totals.
+    let metrics = format!("{base}/metrics");
+    assert_eq!(request("GET", &metrics, None).0, 401);
+    assert_eq!(
+        request_with("GET", &metrics, None, Some(&basic("member"))).0,
+        403
+    );
+    let heartbeat = format!("{base}/coord/v1/streams/obs/groups/{GROUP}/members/py-0/heartbeat");
+    let join = json!({
+        "protocolVersion": 1, "requestId": "r-1", "memberId": "py-0", "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+        "ownedShards": [], "revokingShards": [], "shardProgress": []
+    })
+    .to_string();
+    let (status, _, body) = request("POST", &heartbeat, Some(join.as_bytes()));
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, page) = request_with("GET", &metrics, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.starts_with("text/plain")),
+        "{headers:?}"
+    );
+    let sample = |name: &str, labels: &str| -> Option<f64> {
+        page.lines()
+            .find(|l| l.starts_with(name) && labels.split(',').all(|label| l.contains(label)))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let offsets_route = r#"route="/coord/v1/monitoring/streams/{stream}/groups/{group}/offsets""#;
+    assert_eq!(
+        sample(
+            "stream_listener_serve_requests_total",
+            &format!(r#"{offsets_route},status="200""#)
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            "stream_listener_serve_requests_total",
+            &format!(r#"{offsets_route},status="404""#)
+        ),
+        Some(2.0),
+        "{page}"
+    );
+    assert!(
+        sample(
+            "stream_listener_serve_request_duration_seconds_count",
+            offsets_route
+        )
+        .is_some_and(|n| n >= 3.0),
+        "{page}"
+    );
+    assert!(
+        !page.contains("obs/groups"),
+        "paths are never labels: {page}"
+    );
+    assert!(
+        sample("stream_listener_store_commits_total", "").is_some_and(|n| n >= 1.0),
+        "the join committed: {page}"
+    );
+}
