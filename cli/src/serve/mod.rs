@@ -8,10 +8,11 @@
 //!
 //! The files: this one (settings, state, the listener and graceful shutdown); `routes.rs` (the router,
 //! the endpoints, per-request span, access log, timeout and authorization); `auth.rs` (users, roles,
-//! login tokens); `adapt.rs` (what the HTTP clients send and
-//! expect, translated); `grant.rs` (the Redis side of a grant to an HTTP member); `monitor.rs` (the
-//! origin's monitoring views from our projection); `error.rs` (the error body); `openapi.json` (the
-//! document served at `/coord/v1/openapi.json`).
+//! login tokens); `adapt.rs` (what the HTTP clients send and expect, translated); `grant.rs` (the
+//! Redis side of a grant to an HTTP member); `monitor.rs` (the origin's monitoring views from our
+//! projection); `admin.rs` (group create / get / delete, scale, migrations, rollback on the topology);
+//! `offsets.rs` (the monitoring offsets); `error.rs` (the error body); `openapi.json` (the document
+//! served at `/coord/v1/openapi.json`).
 
 mod adapt;
 mod admin;
@@ -114,7 +115,7 @@ impl AppState {
 }
 
 impl GroupHandles {
-    /// An idle handle, or a new one on the existing group (the server never creates a group: its shard
+    /// An idle handle, or a new one on the existing group (a heartbeat never creates a group: its shard
     /// count and timings are the Rust members' or the operator's) with a connection of its own: a store
     /// waits for the group's writer in Redis (`BLPOP`), which would stall every other request on a
     /// shared connection.

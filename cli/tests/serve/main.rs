@@ -1512,6 +1512,39 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
     );
     let (status, _) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
     assert_eq!(status, 200, "the group is still there");
+
+    // The served document lists every admin operation.
+    let (_, document) = json_of(call("GET", "/openapi.json", None, Some(&reader)));
+    for (path, method) in [
+        ("/coord/v1/streams/{streamPrefix}", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "get"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "delete"),
+        ("/coord/v1/streams/{streamPrefix}/scale", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/scale", "post"),
+        (
+            "/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/migrations/{reshardingId}",
+            "get",
+        ),
+        (
+            "/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/migrations/{reshardingId}/rollback",
+            "post",
+        ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/migrations",
+            "get",
+        ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/offsets",
+            "get",
+        ),
+        ("/metrics", "get"),
+    ] {
+        assert!(
+            document["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
