@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::coordinator::wire::{HeartbeatRequest, RuntimeConsumerCapacity};
 use stream_listener::store::GroupStore;
-use stream_listener::topology::{ResizeEvent, ResizeKind, StartFrom, Topology, TopologyError};
+use stream_listener::topology::{ResizeEvent, StartFrom, Topology, TopologyError};
 
 use super::error::ApiError;
 use super::{auth, monitor, AppState};
@@ -626,10 +626,7 @@ pub async fn rollback(
     let Some(event) = history.iter().find(|e| e.version == version).cloned() else {
         return Err(migration_id("-").unwrap_err());
     };
-    let latest = topology.version() == version
-        && topology
-            .migration()
-            .is_some_and(|m| m.kind == ResizeKind::Resize || m.kind == ResizeKind::Rollback);
+    let latest = topology.version() == version && topology.migration().is_some();
     if !latest {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

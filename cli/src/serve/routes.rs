@@ -83,6 +83,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/coord/v1/monitoring/streams/{stream}/groups/{group}/offsets",
             get(offsets::offsets),
         )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/consumption",
+            get(offsets::consumption),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), around))

@@ -1538,6 +1538,10 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
             "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/offsets",
             "get",
         ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/consumption",
+            "get",
+        ),
         ("/metrics", "get"),
     ] {
         assert!(
@@ -1723,4 +1727,108 @@ async fn offsets_and_metrics_report_what_redis_and_the_server_hold() {
         sample("stream_listener_store_commits_total", "").is_some_and(|n| n >= 1.0),
         "the join committed: {page}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumption_names_each_shards_owner_and_the_groups_position() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    create_group(&url, "prog").await;
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let mut last = BTreeMap::new();
+    for shard in 0..SHARDS {
+        let id: String = redis::cmd("XADD")
+            .arg(format!("prog:{shard}"))
+            .arg("*")
+            .arg("p")
+            .arg(json!({"key": format!("k{shard}"), "seq": 0}).to_string())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        last.insert(shard, id);
+    }
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "reader:reader-pw:READ member:member-pw:MEMBER",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+        ],
+    );
+    let basic = |user: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
+        )
+    };
+    let consumption = format!(
+        "{}/coord/v1/monitoring/streams/prog/groups/{GROUP}/consumption",
+        server.base()
+    );
+    assert_eq!(request("GET", &consumption, None).0, 401);
+    assert_eq!(
+        request_with("GET", &consumption, None, Some(&basic("member"))).0,
+        403
+    );
+    let (status, _, body) = request_with("GET", &consumption, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["progress"],
+        json!([]),
+        "nobody owns a shard yet"
+    );
+    let log = Log::default();
+    let py = HttpMember::start(
+        &server.base(),
+        &url,
+        "prog",
+        GROUP,
+        "py-0",
+        Interval::Server,
+        log.clone(),
+    );
+    let rows = Arc::new(Mutex::new(Value::Null));
+    wait_until(
+        "every shard owned by py-0 and read to its end",
+        WAIT,
+        || {
+            let (status, _, body) = request_with("GET", &consumption, None, Some(&basic("reader")));
+            let view: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let done = status == 200
+                && view["progress"].as_array().is_some_and(|rows| {
+                    rows.len() == SHARDS as usize
+                        && rows.iter().all(|row| {
+                            let shard = row["shard"]["shardIndex"].as_u64().unwrap_or(99) as u32;
+                            row["memberId"] == "py-0"
+                                && row["lastDeliveredId"] == json!(last.get(&shard))
+                                && row["pendingCount"] == 0
+                        })
+                });
+            *rows.lock().unwrap() = view;
+            done
+        },
+    )
+    .await;
+    let view = rows.lock().unwrap().clone();
+    let row = &view["progress"][0];
+    assert_eq!(row["memberState"], "ACTIVE", "{view}");
+    assert_eq!(row["streamKey"], "prog:0", "{view}");
+    assert_eq!(
+        (&row["lastAckedId"], &row["updatedAt"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(py.died(), None);
+    let (status, _, body) = request_with(
+        "GET",
+        &format!(
+            "{}/coord/v1/monitoring/streams/prog/groups/none/consumption",
+            server.base()
+        ),
+        None,
+        Some(&basic("reader")),
+    );
+    assert_eq!(status, 404, "{body}");
+    py.stop(Stop::Leave);
 }
