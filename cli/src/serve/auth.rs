@@ -386,6 +386,17 @@ mod tests {
             None
         );
         assert_eq!(required_role("/coord/v1/auth/login", "POST", true), None);
+        // The admin endpoints: changes WRITE (ADMIN grants it), reads READ; /metrics READ.
+        let group = "/coord/v1/streams/s/groups/g";
+        assert_eq!(required_role(group, "DELETE", false), Some(Role::Write));
+        assert_eq!(required_role(group, "POST", false), Some(Role::Write));
+        assert_eq!(required_role(group, "GET", false), Some(Role::Read));
+        assert_eq!(
+            required_role(&format!("{group}/migrations/7/rollback"), "POST", false),
+            Some(Role::Write)
+        );
+        assert_eq!(required_role("/metrics", "GET", false), Some(Role::Read));
+        assert!(Role::Admin.grants(Role::Write) && !Role::Read.grants(Role::Write));
     }
 
     #[test]

@@ -8,16 +8,19 @@
 //!
 //! The files: this one (settings, state, the listener and graceful shutdown); `routes.rs` (the router,
 //! the endpoints, per-request span, access log, timeout and authorization); `auth.rs` (users, roles,
-//! login tokens); `adapt.rs` (what the HTTP clients send and
-//! expect, translated); `grant.rs` (the Redis side of a grant to an HTTP member); `monitor.rs` (the
-//! origin's monitoring views from our projection); `error.rs` (the error body); `openapi.json` (the
-//! document served at `/coord/v1/openapi.json`).
+//! login tokens); `adapt.rs` (what the HTTP clients send and expect, translated); `grant.rs` (the
+//! Redis side of a grant to an HTTP member); `monitor.rs` (the origin's monitoring views from our
+//! projection); `admin.rs` (group create / get / delete, scale, migrations, rollback on the topology);
+//! `offsets.rs` (the monitoring offsets and consumption); `error.rs` (the error body); `openapi.json` (the document
+//! served at `/coord/v1/openapi.json`).
 
 mod adapt;
+mod admin;
 mod auth;
 mod error;
 mod grant;
 mod monitor;
+mod offsets;
 mod routes;
 
 use std::collections::HashMap;
@@ -75,6 +78,18 @@ pub struct AppState {
     settings: Settings,
     auth: Option<auth::Auth>,
     groups: Mutex<HashMap<(String, String), Arc<GroupHandles>>>,
+    /// Renders the process's metrics (the library's and the server's own) at `/metrics`, in the
+    /// Prometheus text format; `None` if another recorder was installed first.
+    metrics: Option<Render>,
+}
+
+/// Renders the metrics page.
+struct Render(Box<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for Render {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Render")
+    }
 }
 
 /// Idle store handles of one group (each keeps its cached snapshot, so a steady heartbeat is one
@@ -100,7 +115,7 @@ impl AppState {
 }
 
 impl GroupHandles {
-    /// An idle handle, or a new one on the existing group (the server never creates a group: its shard
+    /// An idle handle, or a new one on the existing group (a heartbeat never creates a group: its shard
     /// count and timings are the Rust members' or the operator's) with a connection of its own: a store
     /// waits for the group's writer in Redis (`BLPOP`), which would stall every other request on a
     /// shared connection.
@@ -171,6 +186,13 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
         settings,
         auth,
         groups: Mutex::default(),
+        metrics: match stream_listener::metrics::install_prometheus_recorder() {
+            Ok(handle) => Some(Render(Box::new(move || handle.render()))),
+            Err(e) => {
+                tracing::warn!("no /metrics: {e}");
+                None
+            }
+        },
     });
     let app = routes::router(state);
     let mut stdout = std::io::stdout();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -22,7 +22,7 @@ use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, auth, grant, monitor, AppState};
+use super::{adapt, admin, auth, grant, monitor, offsets, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -39,6 +39,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/coord/v1/auth/login", post(login))
         .route("/coord/v1/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .route(
             "/coord/v1/monitoring/streams/{stream}/groups/{group}",
             get(monitoring_group),
@@ -50,6 +51,41 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/coord/v1/monitoring/streams/{stream}/groups/{group}/assignments",
             get(monitoring_assignments),
+        )
+        .route("/coord/v1/streams/{stream}", post(admin::create_stream))
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}",
+            post(admin::create_group)
+                .get(admin::get_group)
+                .delete(admin::delete_group),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/scale",
+            post(admin::scale_stream),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/scale",
+            post(admin::scale_group),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/migrations/{id}",
+            get(admin::get_migration),
+        )
+        .route(
+            "/coord/v1/streams/{stream}/groups/{group}/migrations/{id}/rollback",
+            post(admin::rollback),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/migrations",
+            get(admin::list_migrations),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/offsets",
+            get(offsets::offsets),
+        )
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/consumption",
+            get(offsets::consumption),
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -63,6 +99,11 @@ async fn around(State(state): State<Arc<AppState>>, req: Request, next: Next) ->
     let method = req.method().clone();
     // The path only: a query string could carry a token.
     let path = req.uri().path().to_string();
+    // The route's template for the metrics' label (bounded: never the path itself).
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
     let span = tracing::info_span!("request", %method, path = %path);
     let started = Instant::now();
     let timeout = state.settings.request_timeout;
@@ -79,6 +120,18 @@ async fn around(State(state): State<Arc<AppState>>, req: Request, next: Next) ->
     }
     .instrument(span.clone())
     .await;
+    let status = response.status().as_u16().to_string();
+    let labels = [
+        ("method", method.to_string()),
+        ("route", route),
+        ("status", status),
+    ];
+    metrics::counter!("stream_listener_serve_requests_total", &labels).increment(1);
+    metrics::histogram!(
+        "stream_listener_serve_request_duration_seconds",
+        &labels[..2]
+    )
+    .record(started.elapsed().as_secs_f64());
     span.in_scope(|| {
         tracing::info!(
             target: "stream_listener::serve::access",
@@ -193,6 +246,37 @@ async fn openapi() -> Response {
         include_str!("openapi.json"),
     )
         .into_response()
+}
+
+/// `GET /metrics`: the library's metrics (those of the code it runs: the store's totals, the topology's
+/// stale writes) and the server's own (`stream_listener_serve_requests_total`
+/// by method, route template and status; `stream_listener_serve_request_duration_seconds` by method and
+/// route), Prometheus text. `READ` when users are configured (Prometheus scrapes with Basic).
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    // The library's store totals of this process (every heartbeat and admin write goes through a
+    // `GroupStore`), as a member's runtime publishes them.
+    use stream_listener::metrics as m;
+    let stats = stream_listener::store::stats();
+    metrics::counter!(m::STORE_COMMITS).absolute(stats.commits);
+    metrics::counter!(m::STORE_CONFLICTS).absolute(stats.conflicts);
+    metrics::counter!(m::STORE_LOADS).absolute(stats.loads);
+    metrics::counter!(m::STORE_LOCK_WAITS).absolute(stats.lock_waits);
+    match &state.metrics {
+        Some(render) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            (render.0)(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "METRICS_UNAVAILABLE",
+            "no metrics recorder could be installed in this process",
+        )
+        .into_response(),
+    }
 }
 
 /// The group's monitoring projection, from a fresh load (an `open` handle: never creates the group).

@@ -967,3 +967,868 @@ async fn auth_refuses_the_unknown_and_the_unentitled_as_the_origin_does() {
     // The admin holds every role.
     assert_eq!(get(Some(&basic("root", "root-pw"))).0, 200);
 }
+
+/// The error body's `errorCode` (and that it is the origin's error body).
+fn error_code(status_and_body: (u16, Vec<(String, String)>, String)) -> (u16, String) {
+    let (status, _, body) = status_and_body;
+    let error: Value =
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{status} {body}: {e}"));
+    assert!(
+        error["status"].is_string() && error["message"].is_string(),
+        "{body}"
+    );
+    (
+        status,
+        error["errorCode"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// The consumer groups on one shard stream.
+async fn groups_on(url: &str, key: &str) -> Vec<String> {
+    let mut conn = stream_listener_tests::connection(url).await;
+    let groups: redis::Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    stream_listener::reply::xinfo_groups(&groups)
+        .unwrap()
+        .into_iter()
+        .map(|g| g.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "reader:reader-pw:READ writer:writer-pw:WRITE root:root-pw:ADMIN",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+        ],
+    );
+    let base = server.base();
+    let basic = |user: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
+        )
+    };
+    let (reader, writer, root) = (basic("reader"), basic("writer"), basic("root"));
+    let call = |method: &str, path: &str, body: Option<Value>, who: Option<&str>| {
+        let body = body.map(|b| b.to_string());
+        request_with(
+            method,
+            &format!("{base}/coord/v1{path}"),
+            body.as_deref().map(str::as_bytes),
+            who,
+        )
+    };
+    let json_of = |(status, _, body): (u16, Vec<(String, String)>, String)| -> (u16, Value) {
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    };
+    let create = json!({"initialShardCount": 2, "requestedBy": "op@example.com", "reason": "test"});
+
+    // Stream create: 401 without credentials, 403 with READ only, 201 with WRITE, then 409.
+    let (status, _, body) = call("POST", "/streams/adm", Some(create.clone()), None);
+    assert_eq!((status, body.as_str()), (401, ""));
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm",
+            Some(create.clone()),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    for (bad, why) in [
+        (json!("not an object"), "not an object"),
+        (json!({"initialShardCount": 2}), "no requestedBy"),
+        (
+            json!({"initialShardCount": 2, "requestedBy": " "}),
+            "blank requestedBy",
+        ),
+        (
+            json!({"initialShardCount": 0, "requestedBy": "op"}),
+            "zero shards",
+        ),
+        (json!({"requestedBy": "op"}), "no shard count"),
+    ] {
+        assert_eq!(
+            error_code(call("POST", "/streams/adm", Some(bad), Some(&writer))),
+            (400, "MALFORMED_BODY".into()),
+            "{why}"
+        );
+    }
+    let (status, _, body) = request_with(
+        "POST",
+        &format!("{base}/coord/v1/streams/adm"),
+        Some(b"{not json"),
+        Some(&writer),
+    );
+    assert_eq!(status, 400, "{body}");
+    let (status, created) = json_of(call(
+        "POST",
+        "/streams/adm",
+        Some(create.clone()),
+        Some(&writer),
+    ));
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["streamPrefix"], "adm");
+    assert_eq!(created["shardCount"], 2);
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let topology = Topology::load(&mut conn, "adm").await.unwrap();
+    assert_eq!(created["metadataVersion"], json!(topology.version()));
+    assert_eq!(topology.shard_count(), 2);
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm",
+            Some(create.clone()),
+            Some(&writer)
+        )),
+        (409, "STREAM_EXISTS".into())
+    );
+
+    // Group create: the consumer group on every shard and the group's metadata (an HTTP member can
+    // join at once), 409 the second time, 409 for another shard count than the stream's.
+    let group_body = json!({"requestedBy": "op@example.com"});
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1",
+            Some(group_body.clone()),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1",
+            Some(json!({"reason": "x"})),
+            Some(&root)
+        )),
+        (400, "MALFORMED_BODY".into())
+    );
+    let (status, group) = json_of(call(
+        "POST",
+        "/streams/adm/groups/g1",
+        Some(group_body.clone()),
+        Some(&root),
+    ));
+    assert_eq!(status, 201, "{group}");
+    assert_eq!(
+        (
+            &group["streamPrefix"],
+            &group["consumerGroup"],
+            &group["shardCount"],
+            &group["state"]
+        ),
+        (&json!("adm"), &json!("g1"), &json!(2), &json!("EMPTY")),
+        "{group}"
+    );
+    assert!(
+        group["groupEpoch"].is_i64() && group["metadataVersion"].is_i64(),
+        "{group}"
+    );
+    for shard in 0..2 {
+        assert_eq!(
+            groups_on(&url, &format!("adm:{shard}")).await,
+            vec!["g1".to_string()]
+        );
+    }
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1",
+            Some(group_body.clone()),
+            Some(&root)
+        )),
+        (409, "GROUP_EXISTS".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g2",
+            Some(json!({"initialShardCount": 3, "requestedBy": "op"})),
+            Some(&root)
+        )),
+        (409, "SHARD_COUNT_MISMATCH".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/nowhere/groups/g",
+            Some(group_body.clone()),
+            Some(&root)
+        )),
+        (400, "MALFORMED_BODY".into()),
+        "a group of a stream without topology needs initialShardCount"
+    );
+    let (status, answer) = json_of(call(
+        "POST",
+        "/streams/adm/groups/g1/members/py-0/heartbeat",
+        Some(json!({
+            "protocolVersion": 1, "requestId": "r-1", "memberId": "py-0", "memberEpoch": 0,
+            "metadataVersion": 0,
+            "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+            "ownedShards": [], "revokingShards": [], "shardProgress": []
+        })),
+        None,
+    ));
+    assert_eq!((status, &answer["status"]), (200, &json!("OK")), "{answer}");
+    assert!(answer["memberEpoch"].as_i64().unwrap() > 0, "{answer}");
+
+    // Group get: READ suffices; 401, 404.
+    assert_eq!(call("GET", "/streams/adm/groups/g1", None, None).0, 401);
+    let (status, got) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        (&got["consumerGroup"], &got["shardCount"]),
+        (&json!("g1"), &json!(2))
+    );
+    assert_eq!(got["activeMigration"], Value::Null);
+    assert_eq!(
+        error_code(call("GET", "/streams/adm/groups/none", None, Some(&reader))),
+        (404, "GROUP_NOT_FOUND".into())
+    );
+
+    // Group scale (the group is the stream's only one): the stream's resize, 202 Migration.
+    let scale = |to: u32| json!({"targetShardCount": to, "requestedBy": "op", "reason": "load"});
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1/scale",
+            Some(scale(3)),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1/scale",
+            Some(json!({"targetShardCount": 3, "requestedBy": "op"})),
+            Some(&writer)
+        )),
+        (400, "MALFORMED_BODY".into()),
+        "no reason"
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1/scale",
+            Some(scale(0)),
+            Some(&writer)
+        )),
+        (501, "SCALE_TO_ZERO_UNSUPPORTED".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1/scale",
+            Some(scale(2)),
+            Some(&writer)
+        )),
+        (409, "SHARD_COUNT_UNCHANGED".into())
+    );
+    let (status, migration) = json_of(call(
+        "POST",
+        "/streams/adm/groups/g1/scale",
+        Some(scale(3)),
+        Some(&writer),
+    ));
+    assert_eq!(status, 202, "{migration}");
+    let topology = Topology::load(&mut conn, "adm").await.unwrap();
+    assert_eq!(topology.shard_count(), 3);
+    let id = migration["reshardingId"].as_str().unwrap().to_string();
+    assert_eq!(id, topology.version().to_string());
+    assert_eq!(
+        (
+            &migration["fromShardCount"],
+            &migration["toShardCount"],
+            &migration["state"]
+        ),
+        (&json!(2), &json!(3), &json!("ACTIVE")),
+        "{migration}"
+    );
+    assert_eq!(
+        groups_on(&url, "adm:2").await,
+        vec!["g1".to_string()],
+        "the new shard is read"
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/adm/groups/g1/scale",
+            Some(scale(4)),
+            Some(&writer)
+        )),
+        (409, "MIGRATION_IN_PROGRESS".into()),
+        "the library refuses a resize while the last one migrates"
+    );
+    let (_, got) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
+    assert_eq!(got["activeMigration"]["reshardingId"], json!(id), "{got}");
+
+    // Migrations: one, by id; the monitoring list.
+    let (status, one) = json_of(call(
+        "GET",
+        &format!("/streams/adm/groups/g1/migrations/{id}"),
+        None,
+        Some(&reader),
+    ));
+    assert_eq!((status, &one["toShardCount"]), (200, &json!(3)), "{one}");
+    assert_eq!(
+        call(
+            "GET",
+            &format!("/streams/adm/groups/g1/migrations/{id}"),
+            None,
+            None
+        )
+        .0,
+        401
+    );
+    for unknown in ["999", "1", "abc"] {
+        assert_eq!(
+            error_code(call(
+                "GET",
+                &format!("/streams/adm/groups/g1/migrations/{unknown}"),
+                None,
+                Some(&reader)
+            )),
+            (404, "MIGRATION_NOT_FOUND".into()),
+            "{unknown}"
+        );
+    }
+    let (status, list) = json_of(call(
+        "GET",
+        "/monitoring/streams/adm/groups/g1/migrations",
+        None,
+        Some(&reader),
+    ));
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["migrations"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["activeReshardingId"], json!(id), "{list}");
+
+    // Rollback: auth and body first; refused while the resize migrates; then 202, back to 2 shards.
+    let audited = json!({"requestedBy": "op", "reason": "undo"});
+    let rollback = format!("/streams/adm/groups/g1/migrations/{id}/rollback");
+    assert_eq!(call("POST", &rollback, Some(audited.clone()), None).0, 401);
+    assert_eq!(
+        error_code(call(
+            "POST",
+            &rollback,
+            Some(audited.clone()),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            &rollback,
+            Some(json!({"requestedBy": "op"})),
+            Some(&writer)
+        )),
+        (400, "MALFORMED_BODY".into())
+    );
+    let deadline = Instant::now() + WAIT;
+    let (status, rolled) = loop {
+        let (status, body) = json_of(call(
+            "POST",
+            &rollback,
+            Some(audited.clone()),
+            Some(&writer),
+        ));
+        if status == 409
+            && body["errorCode"] == "MIGRATION_IN_PROGRESS"
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        break (status, body);
+    };
+    assert_eq!(status, 202, "{rolled}");
+    assert_eq!(rolled["state"], "ROLLING_BACK", "{rolled}");
+    let topology = Topology::load(&mut conn, "adm").await.unwrap();
+    assert_eq!(topology.shard_count(), 2);
+    assert_eq!(
+        rolled["rollbackReshardingId"],
+        json!(topology.version().to_string())
+    );
+    let (_, one) = json_of(call(
+        "GET",
+        &format!("/streams/adm/groups/g1/migrations/{id}"),
+        None,
+        Some(&reader),
+    ));
+    assert_eq!(one["state"], "ROLLED_BACK", "{one}");
+    assert_eq!(
+        error_code(call(
+            "POST",
+            &rollback,
+            Some(audited.clone()),
+            Some(&writer)
+        )),
+        (409, "NOT_LATEST_MIGRATION".into())
+    );
+
+    // A second group: the group scale is refused (the shard count is the stream's), the stream scale
+    // resizes for both.
+    let (status, _, body) = call(
+        "POST",
+        "/streams/solo/groups/a",
+        Some(json!({"initialShardCount": 1, "requestedBy": "op"})),
+        Some(&root),
+    );
+    assert_eq!(status, 201, "{body}");
+    let (status, _, body) = call(
+        "POST",
+        "/streams/solo/groups/b",
+        Some(group_body.clone()),
+        Some(&root),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/solo/groups/a/scale",
+            Some(scale(2)),
+            Some(&writer)
+        )),
+        (409, "SCALE_IS_PER_STREAM".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/nowhere/scale",
+            Some(scale(2)),
+            Some(&writer)
+        )),
+        (404, "STREAM_NOT_FOUND".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/solo/scale",
+            Some(json!({"targetShardCount": "two"})),
+            Some(&writer)
+        )),
+        (400, "MALFORMED_BODY".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "POST",
+            "/streams/solo/scale",
+            Some(scale(2)),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    let (status, scaled) = json_of(call(
+        "POST",
+        "/streams/solo/scale",
+        Some(scale(2)),
+        Some(&writer),
+    ));
+    assert_eq!(status, 202, "{scaled}");
+    assert_eq!(scaled["targetShardCount"], 2);
+    assert_eq!(
+        scaled["affectedConsumerGroups"],
+        json!(["a", "b"]),
+        "{scaled}"
+    );
+    let migrations = scaled["migrations"].as_array().unwrap();
+    assert_eq!(migrations.len(), 2);
+    assert!(migrations
+        .iter()
+        .all(|m| m["fromShardCount"] == 1 && m["toShardCount"] == 2));
+    assert_eq!(
+        Topology::load(&mut conn, "solo")
+            .await
+            .unwrap()
+            .shard_count(),
+        2
+    );
+    let mut on_new = groups_on(&url, "solo:1").await;
+    on_new.sort();
+    assert_eq!(on_new, vec!["a".to_string(), "b".to_string()]);
+
+    // Delete: no safe equivalent, 501 with the error body (after auth, body and existence).
+    let delete = json!({"requestedBy": "op", "reason": "gone", "force": false});
+    assert_eq!(
+        call(
+            "DELETE",
+            "/streams/adm/groups/g1",
+            Some(delete.clone()),
+            None
+        )
+        .0,
+        401
+    );
+    assert_eq!(
+        error_code(call(
+            "DELETE",
+            "/streams/adm/groups/g1",
+            Some(delete.clone()),
+            Some(&reader)
+        )),
+        (403, "FORBIDDEN".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "DELETE",
+            "/streams/adm/groups/g1",
+            Some(json!({"requestedBy": "op"})),
+            Some(&writer)
+        )),
+        (400, "MALFORMED_BODY".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "DELETE",
+            "/streams/adm/groups/none",
+            Some(delete.clone()),
+            Some(&writer)
+        )),
+        (404, "GROUP_NOT_FOUND".into())
+    );
+    assert_eq!(
+        error_code(call(
+            "DELETE",
+            "/streams/adm/groups/g1",
+            Some(delete.clone()),
+            Some(&root)
+        )),
+        (501, "GROUP_DELETE_UNSUPPORTED".into())
+    );
+    let (status, _) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
+    assert_eq!(status, 200, "the group is still there");
+
+    // The served document lists every admin operation.
+    let (_, document) = json_of(call("GET", "/openapi.json", None, Some(&reader)));
+    for (path, method) in [
+        ("/coord/v1/streams/{streamPrefix}", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "get"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}", "delete"),
+        ("/coord/v1/streams/{streamPrefix}/scale", "post"),
+        ("/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/scale", "post"),
+        (
+            "/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/migrations/{reshardingId}",
+            "get",
+        ),
+        (
+            "/coord/v1/streams/{streamPrefix}/groups/{consumerGroup}/migrations/{reshardingId}/rollback",
+            "post",
+        ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/migrations",
+            "get",
+        ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/offsets",
+            "get",
+        ),
+        (
+            "/coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/consumption",
+            "get",
+        ),
+        ("/metrics", "get"),
+    ] {
+        assert!(
+            document["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_and_metrics_report_what_redis_and_the_server_hold() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    create_group(&url, "obs").await;
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let mut ids = Vec::new();
+    for (shard, n) in [(0, 3), (1, 2)] {
+        for i in 0..n {
+            let id: String = redis::cmd("XADD")
+                .arg(format!("obs:{shard}"))
+                .arg("*")
+                .arg("k")
+                .arg(i)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            ids.push((shard, id));
+        }
+    }
+    // Two of shard 0's three entries delivered, not acknowledged.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("c")
+        .arg("COUNT")
+        .arg(2)
+        .arg("STREAMS")
+        .arg("obs:0")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "reader:reader-pw:READ member:member-pw:MEMBER",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+        ],
+    );
+    let base = server.base();
+    let basic = |user: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
+        )
+    };
+    let offsets = format!("{base}/coord/v1/monitoring/streams/obs/groups/{GROUP}/offsets");
+    assert_eq!(request("GET", &offsets, None).0, 401);
+    let (status, _, body) = request_with("GET", &offsets, None, Some(&basic("member")));
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = request_with("GET", &offsets, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&view["streamPrefix"], &view["consumerGroup"]),
+        (&json!("obs"), &json!(GROUP))
+    );
+    assert_eq!(view["totalStreamLength"], 5, "{view}");
+    assert_eq!(view["totalPendingCount"], 2, "{view}");
+    assert_eq!(view["totalLag"], 3, "{view}");
+    let shards = view["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), SHARDS as usize);
+    let zero = &shards[0];
+    let shard0: Vec<&String> = ids
+        .iter()
+        .filter(|(s, _)| *s == 0)
+        .map(|(_, id)| id)
+        .collect();
+    assert_eq!(zero["shard"]["shardIndex"], 0);
+    assert_eq!(zero["streamKey"], "obs:0");
+    assert_eq!(
+        zero["redisSlot"],
+        json!(stream_listener::connection::slot_of(b"obs:0"))
+    );
+    assert_eq!(zero["streamLength"], 3);
+    assert_eq!(zero["firstRecordId"], json!(shard0[0]));
+    assert_eq!(zero["lastRecordId"], json!(shard0[2]));
+    assert_eq!(zero["groupLastDeliveredId"], json!(shard0[1]));
+    assert_eq!(
+        (&zero["pendingCount"], &zero["lag"]),
+        (&json!(2), &json!(1))
+    );
+    assert!(zero["memoryUsageBytes"].as_u64().unwrap() > 0, "{zero}");
+    assert_eq!(zero["ownerMemberIds"], json!([]), "the creator left");
+    assert_eq!(
+        (&shards[1]["lag"], &shards[1]["pendingCount"]),
+        (&json!(2), &json!(0))
+    );
+    assert_eq!(
+        (&shards[3]["streamLength"], &shards[3]["firstRecordId"]),
+        (&json!(0), &Value::Null)
+    );
+    assert_eq!(view["memoryUsageKnown"], true);
+    for (path, code) in [
+        ("obs/groups/none".to_string(), "GROUP_NOT_FOUND"),
+        (format!("nowhere/groups/{GROUP}"), "STREAM_NOT_FOUND"),
+    ] {
+        let (status, _, body) = request_with(
+            "GET",
+            &format!("{base}/coord/v1/monitoring/streams/{path}/offsets"),
+            None,
+            Some(&basic("reader")),
+        );
+        assert_eq!(status, 404, "{body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error["errorCode"], code, "{body}");
+    }
+
+    // /metrics: READ; the per-route counters (route templates, not paths) and the library's store
+    // totals.
+    let metrics = format!("{base}/metrics");
+    assert_eq!(request("GET", &metrics, None).0, 401);
+    assert_eq!(
+        request_with("GET", &metrics, None, Some(&basic("member"))).0,
+        403
+    );
+    let heartbeat = format!("{base}/coord/v1/streams/obs/groups/{GROUP}/members/py-0/heartbeat");
+    let join = json!({
+        "protocolVersion": 1, "requestId": "r-1", "memberId": "py-0", "memberEpoch": 0,
+        "metadataVersion": 0,
+        "runtimeConsumerCapacity": {"runtimeMaxConcurrency": 1, "availableConcurrency": 1},
+        "ownedShards": [], "revokingShards": [], "shardProgress": []
+    })
+    .to_string();
+    let (status, _, body) = request("POST", &heartbeat, Some(join.as_bytes()));
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, page) = request_with("GET", &metrics, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.starts_with("text/plain")),
+        "{headers:?}"
+    );
+    let sample = |name: &str, labels: &str| -> Option<f64> {
+        page.lines()
+            .find(|l| l.starts_with(name) && labels.split(',').all(|label| l.contains(label)))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let offsets_route = r#"route="/coord/v1/monitoring/streams/{stream}/groups/{group}/offsets""#;
+    assert_eq!(
+        sample(
+            "stream_listener_serve_requests_total",
+            &format!(r#"{offsets_route},status="200""#)
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            "stream_listener_serve_requests_total",
+            &format!(r#"{offsets_route},status="404""#)
+        ),
+        Some(2.0),
+        "{page}"
+    );
+    assert!(
+        sample(
+            "stream_listener_serve_request_duration_seconds_count",
+            offsets_route
+        )
+        .is_some_and(|n| n >= 3.0),
+        "{page}"
+    );
+    assert!(
+        !page.contains("obs/groups"),
+        "paths are never labels: {page}"
+    );
+    assert!(
+        sample("stream_listener_store_commits_total", "").is_some_and(|n| n >= 1.0),
+        "the join committed: {page}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumption_names_each_shards_owner_and_the_groups_position() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    create_group(&url, "prog").await;
+    let mut conn = stream_listener_tests::connection(&url).await;
+    let mut last = BTreeMap::new();
+    for shard in 0..SHARDS {
+        let id: String = redis::cmd("XADD")
+            .arg(format!("prog:{shard}"))
+            .arg("*")
+            .arg("p")
+            .arg(json!({"key": format!("k{shard}"), "seq": 0}).to_string())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        last.insert(shard, id);
+    }
+    let server = Server::start(
+        &url,
+        &[
+            "--users",
+            "reader:reader-pw:READ member:member-pw:MEMBER",
+            "--token-secret",
+            "a-secret-of-at-least-16-bytes",
+        ],
+    );
+    let basic = |user: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
+        )
+    };
+    let consumption = format!(
+        "{}/coord/v1/monitoring/streams/prog/groups/{GROUP}/consumption",
+        server.base()
+    );
+    assert_eq!(request("GET", &consumption, None).0, 401);
+    assert_eq!(
+        request_with("GET", &consumption, None, Some(&basic("member"))).0,
+        403
+    );
+    let (status, _, body) = request_with("GET", &consumption, None, Some(&basic("reader")));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["progress"],
+        json!([]),
+        "nobody owns a shard yet"
+    );
+    let log = Log::default();
+    let py = HttpMember::start(
+        &server.base(),
+        &url,
+        "prog",
+        GROUP,
+        "py-0",
+        Interval::Server,
+        log.clone(),
+    );
+    let rows = Arc::new(Mutex::new(Value::Null));
+    wait_until(
+        "every shard owned by py-0 and read to its end",
+        WAIT,
+        || {
+            let (status, _, body) = request_with("GET", &consumption, None, Some(&basic("reader")));
+            let view: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let done = status == 200
+                && view["progress"].as_array().is_some_and(|rows| {
+                    rows.len() == SHARDS as usize
+                        && rows.iter().all(|row| {
+                            let shard = row["shard"]["shardIndex"].as_u64().unwrap_or(99) as u32;
+                            row["memberId"] == "py-0"
+                                && row["lastDeliveredId"] == json!(last.get(&shard))
+                                && row["pendingCount"] == 0
+                        })
+                });
+            *rows.lock().unwrap() = view;
+            done
+        },
+    )
+    .await;
+    let view = rows.lock().unwrap().clone();
+    let row = &view["progress"][0];
+    assert_eq!(row["memberState"], "ACTIVE", "{view}");
+    assert_eq!(row["streamKey"], "prog:0", "{view}");
+    assert_eq!(
+        (&row["lastAckedId"], &row["updatedAt"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(py.died(), None);
+    let (status, _, body) = request_with(
+        "GET",
+        &format!(
+            "{}/coord/v1/monitoring/streams/prog/groups/none/consumption",
+            server.base()
+        ),
+        None,
+        Some(&basic("reader")),
+    );
+    assert_eq!(status, 404, "{body}");
+    py.stop(Stop::Leave);
+}

@@ -99,6 +99,16 @@ pub fn request_with(
     let mut response = match (method, body) {
         ("GET", _) if authorization.is_empty() => agent.get(url).call(),
         ("GET", _) => agent.get(url).header("authorization", authorization).call(),
+        ("DELETE", body) => {
+            let mut delete = agent
+                .delete(url)
+                .force_send_body()
+                .header("content-type", "application/json");
+            if !authorization.is_empty() {
+                delete = delete.header("authorization", authorization);
+            }
+            delete.send(body.unwrap_or_default())
+        }
         (_, body) => {
             let mut post = agent.post(url).header("content-type", "application/json");
             if !authorization.is_empty() {
