@@ -216,6 +216,10 @@ enum Command {
         /// more is not given to it (these clients never claim pending entries).
         #[arg(long, default_value_t = 1_000)]
         max_rewind: u64,
+        /// How long producers may keep writing the old layout after a scale or rollback, in ms (the
+        /// resize's grace: at least every producer's topology refresh interval, 1 s by default).
+        #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+        resize_grace_ms: u64,
         /// Users and roles, one `name:password:ROLE[,ROLE..]` per line (READ, WRITE, ADMIN, MONITOR,
         /// MEMBER). Without users nothing is authenticated.
         #[arg(long, value_name = "FILE", conflicts_with = "users")]
@@ -487,6 +491,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
             server_id,
             hold_after_lease_ms,
             max_rewind,
+            resize_grace_ms,
             users_file,
             users,
             token_secret,
@@ -501,6 +506,7 @@ async fn run(cli: Cli, url_origin: &'static str) -> Result<String, CliError> {
                 server_id: server_id.unwrap_or_else(|| format!("serve-{}", std::process::id())),
                 hold_after_lease_ms,
                 max_rewind,
+                resize_grace: std::time::Duration::from_millis(resize_grace_ms),
             };
             let users = match users_file {
                 Some(path) => std::fs::read_to_string(&path).map_err(|e| {

@@ -474,9 +474,14 @@ async fn scale(
         ));
     }
     let groups = consumer_groups(&mut conn, &current).await?;
-    let topology = Topology::resize(&mut conn, stream, req.target_shard_count)
-        .await
-        .map_err(topology_error)?;
+    let topology = Topology::resize_with_grace(
+        &mut conn,
+        stream,
+        req.target_shard_count,
+        state.settings.resize_grace,
+    )
+    .await
+    .map_err(topology_error)?;
     tracing::info!(
         stream = %stream, from = current.shard_count(), to = topology.shard_count(),
         requested_by = %req.requested_by, reason = %req.reason, "stream resized"
@@ -637,7 +642,7 @@ pub async fn rollback(
             ),
         ));
     }
-    let after = Topology::rollback(&mut conn, &stream)
+    let after = Topology::rollback_with_grace(&mut conn, &stream, state.settings.resize_grace)
         .await
         .map_err(topology_error)?;
     tracing::info!(

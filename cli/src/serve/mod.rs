@@ -55,6 +55,9 @@ pub struct Settings {
     /// The most entries a grant to an HTTP member may deliver again to hand it a shard's pending entries
     /// (see `grant.rs`); a shard that needs more is withheld.
     pub max_rewind: u64,
+    /// The grace of the resizes the admin endpoints make (scale, rollback; see
+    /// `Topology::resize_with_grace`).
+    pub resize_grace: Duration,
 }
 
 /// Who may call what: users, token secret and lifetime (see `auth.rs`).

@@ -1010,8 +1010,14 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
             "reader:reader-pw:READ writer:writer-pw:WRITE root:root-pw:ADMIN",
             "--token-secret",
             "a-secret-of-at-least-16-bytes",
+            // A resize migrates for this long: the checks of a migration under way run well inside it.
+            "--resize-grace-ms",
+            "10000",
         ],
     );
+    // Checks that need the resize still migrating run only while it surely is (half the grace since
+    // the scale was asked for), so a stalled machine skips them instead of failing.
+    let migrating = |since: Instant| since.elapsed() < Duration::from_secs(5);
     let base = server.base();
     let basic = |user: &str| {
         use base64::Engine as _;
@@ -1239,6 +1245,7 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
         )),
         (409, "SHARD_COUNT_UNCHANGED".into())
     );
+    let scaled = Instant::now();
     let (status, migration) = json_of(call(
         "POST",
         "/streams/adm/groups/g1/scale",
@@ -1251,31 +1258,37 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
     let id = migration["reshardingId"].as_str().unwrap().to_string();
     assert_eq!(id, topology.version().to_string());
     assert_eq!(
-        (
-            &migration["fromShardCount"],
-            &migration["toShardCount"],
-            &migration["state"]
-        ),
-        (&json!(2), &json!(3), &json!("ACTIVE")),
+        (&migration["fromShardCount"], &migration["toShardCount"]),
+        (&json!(2), &json!(3)),
         "{migration}"
     );
+    // Answered within the grace (10 s) of the resize it made: still migrating.
+    if migrating(scaled) {
+        assert_eq!(migration["state"], "ACTIVE", "{migration}");
+    }
     assert_eq!(
         groups_on(&url, "adm:2").await,
         vec!["g1".to_string()],
         "the new shard is read"
     );
-    assert_eq!(
-        error_code(call(
-            "POST",
-            "/streams/adm/groups/g1/scale",
-            Some(scale(4)),
-            Some(&writer)
-        )),
-        (409, "MIGRATION_IN_PROGRESS".into()),
-        "the library refuses a resize while the last one migrates"
-    );
+    if migrating(scaled) {
+        assert_eq!(
+            error_code(call(
+                "POST",
+                "/streams/adm/groups/g1/scale",
+                Some(scale(4)),
+                Some(&writer)
+            )),
+            (409, "MIGRATION_IN_PROGRESS".into()),
+            "the library refuses a resize while the last one migrates"
+        );
+    } else {
+        eprintln!("skipped the in-migration checks: the machine took over 5 s");
+    }
     let (_, got) = json_of(call("GET", "/streams/adm/groups/g1", None, Some(&reader)));
-    assert_eq!(got["activeMigration"]["reshardingId"], json!(id), "{got}");
+    if migrating(scaled) {
+        assert_eq!(got["activeMigration"]["reshardingId"], json!(id), "{got}");
+    }
 
     // Migrations: one, by id; the monitoring list.
     let (status, one) = json_of(call(
@@ -1315,7 +1328,9 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
     ));
     assert_eq!(status, 200, "{list}");
     assert_eq!(list["migrations"].as_array().unwrap().len(), 1, "{list}");
-    assert_eq!(list["activeReshardingId"], json!(id), "{list}");
+    if migrating(scaled) {
+        assert_eq!(list["activeReshardingId"], json!(id), "{list}");
+    }
 
     // Rollback: auth and body first; refused while the resize migrates; then 202, back to 2 shards.
     let audited = json!({"requestedBy": "op", "reason": "undo"});
