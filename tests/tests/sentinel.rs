@@ -55,6 +55,17 @@ fn start(
     member: &str,
     seen: Seen,
 ) -> impl std::future::Future<Output = RunningRuntime> {
+    start_with_tls(url, TlsFiles::default(), stream, member, seen)
+}
+
+/// A runtime with one consumer of `stream` that records every message it handles in `seen`.
+fn start_with_tls(
+    url: &str,
+    tls: TlsFiles,
+    stream: &str,
+    member: &str,
+    seen: Seen,
+) -> impl std::future::Future<Output = RunningRuntime> {
     // Nothing trimmed: what the new master lacks was lost, not handled and trimmed.
     let builder = ConsumerBuilder::new(stream, "g")
         .member_id(member)
@@ -79,6 +90,7 @@ fn start(
         .without_default_logging()
         .without_annotated_listeners()
         .group_config(TIMING)
+        .tls(tls)
         .consumer(builder);
     async move { runtime.start().await.unwrap() }
 }
@@ -217,22 +229,7 @@ async fn an_idle_groups_waits_and_wake_ups_move_to_the_new_master() {
     let seen: Seen = Arc::default();
     let a = start(&url, stream, "a", seen.clone()).await;
     let producer = Producer::connect(&url, stream).await.unwrap();
-    for seq in 0..4 {
-        producer
-            .send(
-                "k0",
-                &Order {
-                    key: "k0".into(),
-                    seq,
-                },
-            )
-            .await
-            .unwrap();
-    }
-    wait_until("the first entries handled", Duration::from_secs(30), || {
-        handled(&seen).len() == 4
-    })
-    .await;
+    send_and_handle(&producer, &seen, 0..4, "the first entries").await;
     let old = sentinels.master_port();
     let old_conn =
         stream_listener_test_support::aio::connect(&format!("redis://127.0.0.1:{old}")).await;
@@ -284,20 +281,11 @@ async fn an_idle_groups_waits_and_wake_ups_move_to_the_new_master() {
     );
     // The failover killed the producer's connection too: a send on it fails (it is never sent twice),
     // the next one goes to the new master.
-    for seq in 4..8 {
-        send_retrying(
-            &producer,
-            &Order {
-                key: "k0".into(),
-                seq,
-            },
-        )
-        .await;
-    }
-    wait_until(
-        "the entries sent after the failover handled",
-        Duration::from_secs(30),
-        || handled(&seen).len() == 8,
+    send_and_handle(
+        &producer,
+        &seen,
+        4..8,
+        "the entries sent after the failover",
     )
     .await;
     a.stop().await.unwrap();
@@ -336,6 +324,23 @@ async fn settled(conn: Connection, stream: &str, members: usize) -> bool {
             .members
             .iter()
             .all(|m| !m.owned.is_empty() && m.pending.is_empty() && m.revoking.is_empty())
+}
+
+/// Sends `k0`'s orders `seqs` (retrying through a failover), then waits until every order up to
+/// `seqs.end` was handled.
+async fn send_and_handle(producer: &Producer, seen: &Seen, seqs: std::ops::Range<u32>, what: &str) {
+    let all = seqs.end as usize;
+    for seq in seqs {
+        send_retrying(
+            producer,
+            &Order {
+                key: "k0".into(),
+                seq,
+            },
+        )
+        .await;
+    }
+    wait_until(what, Duration::from_secs(30), || handled(seen).len() == all).await;
 }
 
 /// The producer's bound: rounds of one order per key.
@@ -595,63 +600,20 @@ async fn rediss_sentinel_reaches_a_tls_deployment_and_follows_its_failover() {
         .await
         .unwrap();
     let seen: Seen = Arc::default();
-    let builder = ConsumerBuilder::new(stream, "g").member_id("a").handler({
-        let seen = seen.clone();
-        move |msg: Message<Order>| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push((
-                    msg.payload.key.clone(),
-                    msg.payload.seq,
-                    msg.shard,
-                    msg.token.member_id.to_string(),
-                    msg.token.member_epoch,
-                    Instant::now(),
-                ));
-                Ok::<(), String>(())
-            }
-        }
-    });
-    let running = Runtime::new(&url)
-        .without_default_logging()
-        .without_annotated_listeners()
-        .group_config(TIMING)
-        .tls(files.clone())
-        .consumer(builder)
-        .start()
-        .await
-        .unwrap();
-    for seq in 0..4 {
-        send_retrying(
-            &producer,
-            &Order {
-                key: "k0".into(),
-                seq,
-            },
-        )
-        .await;
-    }
-    wait_until(
-        "the entries sent before the failover handled",
-        Duration::from_secs(30),
-        || handled(&seen).len() == 4,
+    let running = start_with_tls(&url, files.clone(), stream, "a", seen.clone()).await;
+    send_and_handle(
+        &producer,
+        &seen,
+        0..4,
+        "the entries sent before the failover",
     )
     .await;
     let new = tokio::task::block_in_place(|| sentinels.failover()).unwrap();
-    for seq in 4..8 {
-        send_retrying(
-            &producer,
-            &Order {
-                key: "k0".into(),
-                seq,
-            },
-        )
-        .await;
-    }
-    wait_until(
-        "the entries sent after the failover handled",
-        Duration::from_secs(30),
-        || handled(&seen).len() == 8,
+    send_and_handle(
+        &producer,
+        &seen,
+        4..8,
+        "the entries sent after the failover",
     )
     .await;
     wait_until_async(

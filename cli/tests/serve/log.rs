@@ -36,6 +36,15 @@ impl Log {
         self.0.lock().unwrap().clone()
     }
 
+    /// The shards (of `shards`) whose entries `member` handled after `since`.
+    pub fn shards_handled_by(&self, member: &str, since: Instant, shards: u32) -> BTreeSet<u32> {
+        self.entries()
+            .iter()
+            .filter(|h| h.member == member && h.at > since)
+            .map(|h| stream_listener::routing::shard_for_key(h.order.key.as_bytes(), shards))
+            .collect()
+    }
+
     /// Who handled anything.
     pub fn members(&self) -> BTreeSet<String> {
         self.entries().into_iter().map(|h| h.member).collect()

@@ -11,7 +11,7 @@ mod client;
 mod log;
 mod server;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -408,13 +408,7 @@ async fn shards_move_rust_to_http_and_back_with_revoke_before_assign() {
         "Spring's leave is answered OK"
     );
     wait_until("the Rust member handles every shard again", WAIT, || {
-        log.entries()
-            .iter()
-            .filter(|h| h.member == "rust-a" && h.at > leaving_at)
-            .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
-            .collect::<BTreeSet<_>>()
-            .len()
-            == SHARDS as usize
+        log.shards_handled_by("rust-a", leaving_at, SHARDS).len() == SHARDS as usize
     })
     .await;
     let sent = production.stop().await;
@@ -512,15 +506,7 @@ async fn lost_http_member(how: Lost, stream: &str) {
     wait_until(
         "the Rust member handles the frozen member's shards",
         WAIT,
-        || {
-            let taken: BTreeSet<u32> = log
-                .entries()
-                .iter()
-                .filter(|h| h.member == "rust-a" && h.at > frozen_at)
-                .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
-                .collect();
-            py_shards.is_subset(&taken)
-        },
+        || py_shards.is_subset(&log.shards_handled_by("rust-a", frozen_at, SHARDS)),
     )
     .await;
     for h in log
@@ -779,13 +765,7 @@ async fn two_replicas_serve_one_group_and_leaves_in_both_shapes_hand_everything_
         "Spring's leave is answered OK"
     );
     wait_until("the Rust member handles every shard again", WAIT, || {
-        log.entries()
-            .iter()
-            .filter(|h| h.member == "rust-a" && h.at > leaving_at)
-            .map(|h| shard_for_key(h.order.key.as_bytes(), SHARDS))
-            .collect::<BTreeSet<_>>()
-            .len()
-            == SHARDS as usize
+        log.shards_handled_by("rust-a", leaving_at, SHARDS).len() == SHARDS as usize
     })
     .await;
     let sent = production.stop().await;
