@@ -21,6 +21,35 @@ use crate::redact::RedisUrl;
 /// counted.
 pub const MINIMUM_VERSION: (u32, u32) = (6, 2);
 
+/// The command rules of a least-privilege ACL user for everything stream-listener runs (members,
+/// producers, the lag exporter, `serve`, the CLI's reads), to give with its keys (`~<stream>:*`,
+/// `~sl:*`) and channels (`&sl:*`): `ACL SETUSER <user> on ><password> ~sl:* ~orders:* &sl:* <these>`.
+/// `CONFIG GET` (the eviction check) and `MEMORY USAGE` (`serve`'s offsets) are optional: without them
+/// that check or number is skipped. The serve conformance tests run a mixed group as such a user.
+pub const ACL_COMMANDS: &[&str] = &[
+    "-@all",
+    "+@stream",
+    "+@scripting",
+    "+@sortedset",
+    "+@hash",
+    "+@string",
+    "+@list",
+    "+@pubsub",
+    "+del",
+    "+exists",
+    "+type",
+    "+pexpire",
+    "+scan",
+    "+info",
+    "+time",
+    "+ping",
+    "+client",
+    "+role",
+    "+cluster|slots",
+    "+config|get",
+    "+memory|usage",
+];
+
 /// How long one attempt of [`check`] (connect, authenticate, `INFO server`) may take.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -111,8 +140,9 @@ impl fmt::Display for Refusal {
             ),
             Self::Permission => f.write_str(
                 "the ACL user may not run a command stream-listener needs: give it the stream, script, \
-                 sorted set, hash, string and pub/sub commands plus INFO, TIME, PING and CLIENT on its keys \
-                 (ACL SETUSER <user> +@all ~* &* allows everything)",
+                 sorted set, hash, string, list and pub/sub commands plus DEL, EXISTS, TYPE, PEXPIRE, SCAN, \
+                 INFO, TIME, PING, CLIENT and ROLE on its keys (`preflight::ACL_COMMANDS` lists them; \
+                 ACL SETUSER <user> +@all ~* &* allows everything)",
             ),
             Self::DatabaseIndex => f.write_str(
                 "the database index in the URL (`/<db>`) is out of range: the server has fewer databases \

@@ -102,10 +102,7 @@ impl HttpMember {
                 .http_status_as_error(false)
                 .build()
                 .into(),
-            redis: redis::Client::open(redis_url)
-                .unwrap()
-                .get_connection()
-                .unwrap(),
+            redis: DataConnection::open(redis_url),
             shared: shared.clone(),
             log,
             seq: 0,
@@ -168,7 +165,7 @@ struct State {
     epoch: i64,
     metadata_version: i64,
     agent: ureq::Agent,
-    redis: redis::Connection,
+    redis: DataConnection,
     shared: Arc<Shared>,
     log: Log,
     seq: u64,
@@ -355,24 +352,30 @@ impl State {
             .iter()
             .map(|s| format!("{}:{s}", self.stream))
             .collect();
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.group)
-            .arg(&self.id)
-            .arg("COUNT")
-            .arg(10)
-            .arg("BLOCK")
-            .arg(50)
-            .arg("STREAMS")
-            .arg(&keys);
-        for _ in &keys {
-            cmd.arg(">");
+        let mut replies = Vec::new();
+        match &mut self.redis {
+            // The Python client's one read of every assigned shard.
+            DataConnection::Node(conn) => {
+                replies.push(read_group(&self.group, &self.id, &keys, Some(50)).query(conn));
+            }
+            // The shards' streams hash to different slots: a read each (Spring's one container per
+            // shard), without blocking so that one idle shard does not hold up the others.
+            DataConnection::Cluster(conn) => {
+                for key in &keys {
+                    replies.push(
+                        read_group(&self.group, &self.id, std::slice::from_ref(key), None)
+                            .query(conn),
+                    );
+                }
+            }
         }
-        let reply: redis::Value = cmd
-            .query(&mut self.redis)
-            .map_err(|e| format!("XREADGROUP: {e}"))?;
+        let mut entries = Vec::new();
+        for reply in replies {
+            let reply: redis::Value = reply.map_err(|e| format!("XREADGROUP: {e}"))?;
+            entries.extend(parse_read(reply));
+        }
         let mut any = false;
-        for (key, entry_list) in parse_read(reply) {
+        for (key, entry_list) in entries {
             let shard: u32 = key.rsplit(':').next().unwrap().parse().unwrap();
             self.shared
                 .first_read
@@ -389,16 +392,54 @@ impl State {
                 }
                 let order: Order = serde_json::from_slice(&fields).map_err(|e| e.to_string())?;
                 self.log.push(&order, &self.id);
-                let _: i64 = redis::cmd("XACK")
-                    .arg(&key)
-                    .arg(&self.group)
-                    .arg(&id)
-                    .query(&mut self.redis)
-                    .map_err(|e| format!("XACK: {e}"))?;
+                let mut xack = redis::cmd("XACK");
+                xack.arg(&key).arg(&self.group).arg(&id);
+                let _: i64 = self.redis.query(&xack).map_err(|e| format!("XACK: {e}"))?;
             }
         }
         Ok(any)
     }
+}
+
+/// Where an HTTP member reads and acknowledges: one node, or a Redis Cluster (a
+/// `redis+cluster://h:p,h:p` URL, as the library takes it) through redis-rs's cluster client.
+enum DataConnection {
+    Node(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+impl DataConnection {
+    fn open(url: &str) -> Self {
+        match url.strip_prefix("redis+cluster://") {
+            Some(hosts) => {
+                let seeds: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
+                let client = redis::cluster::ClusterClient::new(seeds).unwrap();
+                Self::Cluster(Box::new(client.get_connection().unwrap()))
+            }
+            None => Self::Node(redis::Client::open(url).unwrap().get_connection().unwrap()),
+        }
+    }
+
+    fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Self::Node(conn) => cmd.query(conn),
+            Self::Cluster(conn) => cmd.query(conn),
+        }
+    }
+}
+
+/// `XREADGROUP GROUP group id COUNT 10 [BLOCK ms] STREAMS keys.. >..`.
+fn read_group(group: &str, id: &str, keys: &[String], block_ms: Option<u64>) -> redis::Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP").arg(group).arg(id).arg("COUNT").arg(10);
+    if let Some(ms) = block_ms {
+        cmd.arg("BLOCK").arg(ms);
+    }
+    cmd.arg("STREAMS").arg(keys);
+    for _ in keys {
+        cmd.arg(">");
+    }
+    cmd
 }
 
 /// One stream's entries in a read: `(entry id, payload)`.

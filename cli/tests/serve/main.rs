@@ -8,6 +8,7 @@
 //! condition with a deadline.
 
 mod client;
+mod deployments;
 mod log;
 mod server;
 
