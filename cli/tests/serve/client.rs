@@ -58,6 +58,10 @@ pub struct Shared {
     stop: Mutex<Option<Stop>>,
     /// Set by the test: read entries but do not acknowledge them (a handler that never finishes).
     pub hold_acks: AtomicBool,
+    /// Set by the test: freeze right after the next read that returns entries, before handling them (a
+    /// SIGSTOP with a read in flight); the test ends the freeze. How many entries that read returned.
+    pub freeze_after_read: AtomicBool,
+    pub in_flight: std::sync::atomic::AtomicUsize,
 }
 
 /// A running HTTP member.
@@ -375,6 +379,14 @@ impl State {
             entries.extend(parse_read(reply));
         }
         let mut any = false;
+        let read: usize = entries.iter().map(|(_, list)| list.len()).sum();
+        if read > 0 && self.shared.freeze_after_read.swap(false, Ordering::SeqCst) {
+            self.shared.in_flight.store(read, Ordering::SeqCst);
+            self.shared.frozen.store(true, Ordering::SeqCst);
+            while self.shared.frozen.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         for (key, entry_list) in entries {
             let shard: u32 = key.rsplit(':').next().unwrap().parse().unwrap();
             self.shared

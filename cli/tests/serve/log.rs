@@ -106,3 +106,74 @@ impl Log {
         violations
     }
 }
+
+impl Log {
+    /// Two owners of one shard at once: per shard (of `shards`), a member's handling that comes between
+    /// two of another member's less than `window` apart. A real hand-off and back takes two
+    /// heartbeat rounds; two members reading one shard with `>` at the same time alternate at once.
+    pub fn overlaps(&self, shards: u32, window: std::time::Duration) -> Vec<(u32, String, String)> {
+        let mut by_shard: BTreeMap<u32, Vec<Handled>> = BTreeMap::new();
+        for h in self.entries() {
+            let shard = stream_listener::routing::shard_for_key(h.order.key.as_bytes(), shards);
+            by_shard.entry(shard).or_default().push(h);
+        }
+        let mut found = Vec::new();
+        for (shard, handled) in by_shard {
+            // Runs of one member: (member, first at, last at).
+            let mut runs: Vec<(String, Instant, Instant)> = Vec::new();
+            for h in handled {
+                match runs.last_mut() {
+                    Some((member, _, last)) if *member == h.member => *last = h.at,
+                    _ => runs.push((h.member.clone(), h.at, h.at)),
+                }
+            }
+            for three in runs.windows(3) {
+                let [(before, _, before_end), (between, _, _), (after, after_start, _)] = three
+                else {
+                    unreachable!()
+                };
+                if before == after && after_start.duration_since(*before_end) < window {
+                    found.push((shard, before.clone(), between.clone()));
+                }
+            }
+        }
+        found
+    }
+}
+
+#[test]
+fn overlaps_are_found_only_where_two_members_alternate_on_one_shard() {
+    use std::time::Duration;
+    let order = |seq| Order {
+        key: "k0".into(),
+        seq,
+    };
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let log = |steps: &[(&str, u64)]| {
+        let log = Log::default();
+        for (i, (member, ms)) in steps.iter().enumerate() {
+            log.0.lock().unwrap().push(Handled {
+                order: order(i as u32),
+                member: (*member).into(),
+                at: at(*ms),
+            });
+        }
+        log
+    };
+    let shard = stream_listener::routing::shard_for_key(b"k0", 4);
+    let window = Duration::from_millis(50);
+    // A hand-off and back, each a heartbeat round apart: one owner at a time.
+    assert_eq!(
+        log(&[("a", 0), ("a", 10), ("b", 120), ("a", 250)]).overlaps(4, window),
+        vec![]
+    );
+    // Two readers of one shard at once.
+    assert_eq!(
+        log(&[("a", 0), ("b", 2), ("a", 4), ("b", 6)]).overlaps(4, window),
+        vec![
+            (shard, "a".into(), "b".into()),
+            (shard, "b".into(), "a".into())
+        ]
+    );
+}

@@ -7,8 +7,10 @@
 //! Timings are the runtime tests' (`TIMING`: heartbeats every 100 ms, session 1.5 s); every wait is on a
 //! condition with a deadline.
 
+mod chaos;
 mod client;
 mod deployments;
+mod limits;
 mod log;
 mod server;
 
