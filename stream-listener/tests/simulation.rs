@@ -22,30 +22,12 @@ use stream_listener::coordinator::wire::HeartbeatResponse;
 use stream_listener::coordinator::{AdminCommand, Coordinator, Creation};
 use stream_listener::member::lifecycle::ShardCommand;
 use stream_listener::member::session::{MemberIdentity, MemberSession, Phase};
+use stream_listener_test_support::rng::SplitMix64 as Rng;
 
 const HB: i64 = 1_000;
 const SESSION: i64 = 6_000;
 const REBALANCE: i64 = 8_000;
 const STEP: i64 = 100;
-
-/// SplitMix64: tiny, portable, seedable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 /// One simulated process: the session plus a model of its consumption layer.
 struct Process {
@@ -174,7 +156,7 @@ impl World {
         if (self.processes.len() as u64) < self.max_members && r.chance(80) {
             let id = format!("m{}", r.below(self.id_pool));
             // A new process, or a restart of a crashed one under the same memberId.
-            let incarnation = r.next();
+            let incarnation = r.next_u64();
             self.processes
                 .entry(id.clone())
                 .or_insert_with(|| Process::new(&id, self.now, incarnation));

@@ -37,6 +37,7 @@ pub mod http;
 pub mod monitor;
 #[cfg(feature = "aio")]
 pub mod proxy;
+pub mod rng;
 mod sentinel;
 pub mod tls;
 pub use cluster::{RedisCluster, CLUSTER_TIMEOUT, REDIS_CLI_BIN_ENV};

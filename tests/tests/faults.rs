@@ -81,6 +81,7 @@ use stream_listener::Producer;
 use stream_listener_test_support::aio::poll_until;
 use stream_listener_test_support::monitor::parse_quoted;
 use stream_listener_test_support::proxy::FaultProxy;
+use stream_listener_test_support::rng::SplitMix64 as Rng;
 use stream_listener_test_support::{RedisCluster, RedisServer};
 use stream_listener_tests::{on_every_target, Target};
 use tokio::process::{Child, Command};
@@ -244,29 +245,6 @@ struct Scenario {
     drain_deadline: Duration,
 }
 
-/// SplitMix64: a small seeded generator, so a seed replays the same schedule.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [lo, hi].
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
 /// One fault of the schedule, fixed by the seed before the run.
 #[derive(Debug, Clone)]
 struct PlannedFault {
@@ -282,7 +260,7 @@ fn schedule(s: &Scenario) -> Vec<PlannedFault> {
     let mut rng = Rng(s.seed);
     let mut kinds = s.kinds.clone();
     for i in (1..kinds.len()).rev() {
-        kinds.swap(i, rng.below(i + 1));
+        kinds.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let mut plan = Vec::new();
     let mut total = Duration::ZERO;
@@ -290,11 +268,11 @@ fn schedule(s: &Scenario) -> Vec<PlannedFault> {
         let kind = if i < kinds.len() {
             kinds[i]
         } else {
-            s.kinds[rng.below(s.kinds.len())]
+            s.kinds[rng.below(s.kinds.len() as u64) as usize]
         };
         let gap = Duration::from_millis(rng.range(s.gap_ms.0, s.gap_ms.1));
         let pause_pct = rng.range(130, 180);
-        let victim = rng.below(s.procs);
+        let victim = rng.below(s.procs as u64) as usize;
         let busy = kind.busy(s.timing.session_timeout_ms as u64, pause_pct);
         if i >= kinds.len() && total + gap > s.fault_for {
             break;

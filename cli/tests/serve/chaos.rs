@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use stream_listener_test_support::rng::SplitMix64 as Rng;
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::TIMING;
 
@@ -42,25 +43,9 @@ const KINDS: [&str; 5] = [
     "leave-http",
 ];
 
-/// SplitMix64: the schedule's numbers, from the seed alone.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn millis(&mut self, from: u64, to: u64) -> Duration {
-        Duration::from_millis(from + self.below(to - from + 1))
-    }
+/// Milliseconds uniform in `[from, to]`.
+fn millis(rng: &mut Rng, from: u64, to: u64) -> Duration {
+    Duration::from_millis(rng.range(from, to))
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -175,7 +160,7 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
                 if let Some(member) = group.http[victim].take() {
                     member.stop(Stop::Kill);
                 }
-                tokio::time::sleep(rng.millis(0, 500)).await;
+                tokio::time::sleep(millis(&mut rng, 0, 500)).await;
                 group.start_http(victim);
             }
             "freeze-http" => {
@@ -194,12 +179,12 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
             }
             "kill-server" => {
                 drop(group.server.take());
-                tokio::time::sleep(rng.millis(100, 800)).await;
+                tokio::time::sleep(millis(&mut rng, 100, 800)).await;
                 group.restart_server();
             }
             "restart-rust" => {
                 rust.take().unwrap().stop().await.unwrap();
-                tokio::time::sleep(rng.millis(0, 500)).await;
+                tokio::time::sleep(millis(&mut rng, 0, 500)).await;
                 rust = Some(rust_member(&url, stream, "rust-a", &group.log, &revoked).await);
             }
             "leave-http" => {
@@ -211,7 +196,7 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
                     };
                     assert_eq!(member.stop(how), None, "the leave is answered OK");
                 }
-                tokio::time::sleep(rng.millis(0, 500)).await;
+                tokio::time::sleep(millis(&mut rng, 0, 500)).await;
                 group.start_http(victim);
             }
             _ => unreachable!(),
@@ -245,7 +230,7 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
             since.duration_since(at),
             since.elapsed()
         );
-        tokio::time::sleep(rng.millis(200, 1_000)).await;
+        tokio::time::sleep(millis(&mut rng, 200, 1_000)).await;
     }
 
     let sent = production.stop().await;
