@@ -170,11 +170,23 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
     let auth = if users.is_empty() {
         None
     } else {
-        let secret = auth.token_secret.as_deref().ok_or_else(|| {
-            CliError::Refused("users are configured: --token-secret is required".into())
-        })?;
+        // A blank secret is none, as the origin's `token-secret` is.
+        let secret = match auth
+            .token_secret
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        {
+            Some(secret) => secret.to_string(),
+            None => auth::fallback_secret(&users).ok_or_else(|| {
+                CliError::Refused(
+                    "users are configured: --token-secret is required (or an ADMIN user, whose \
+                     name and password make the origin's fallback secret)"
+                        .into(),
+                )
+            })?,
+        };
         Some(
-            auth::Auth::new(users, secret, auth.token_ttl, auth.authenticate_heartbeats)
+            auth::Auth::new(users, &secret, auth.token_ttl, auth.authenticate_heartbeats)
                 .map_err(CliError::Refused)?,
         )
     };
