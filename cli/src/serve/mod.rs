@@ -11,7 +11,7 @@
 //! login tokens); `adapt.rs` (what the HTTP clients send and expect, translated); `grant.rs` (the
 //! Redis side of a grant to an HTTP member); `monitor.rs` (the origin's monitoring views from our
 //! projection); `admin.rs` (group create / get / delete, scale, migrations, rollback on the topology);
-//! `offsets.rs` (the monitoring offsets and consumption); `error.rs` (the error body); `openapi.json` (the document
+//! `offsets.rs` (the monitoring offsets and consumption); `origin.rs` (session, compatibility, every group, a shard's messages); `error.rs` (the error body); `openapi.json` (the document
 //! served at `/coord/v1/openapi.json`).
 
 mod adapt;
@@ -21,6 +21,7 @@ mod error;
 mod grant;
 mod monitor;
 mod offsets;
+mod origin;
 mod routes;
 
 use std::collections::HashMap;

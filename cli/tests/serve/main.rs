@@ -9,6 +9,7 @@
 
 mod client;
 mod log;
+mod origin;
 mod server;
 
 use std::collections::BTreeMap;
