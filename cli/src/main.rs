@@ -227,7 +227,10 @@ enum Command {
         /// The same lines, from the environment (whitespace separates entries too).
         #[arg(long, env = "SL_SERVE_USERS", hide_env_values = true)]
         users: Option<String>,
-        /// The key login tokens are signed with (at least 16 bytes; the same on every replica).
+        /// The key login tokens are signed with (at least 16 bytes; the same on every replica): the
+        /// origin's `coordinator.api.token-secret`, so tokens pass between it and us. Unset or blank:
+        /// the origin's fallback, `<admin>:<password>:redis-stream-coordinator-token` of the first
+        /// ADMIN user.
         #[arg(long, env = "SL_SERVE_TOKEN_SECRET", hide_env_values = true)]
         token_secret: Option<String>,
         /// How long a login's token is valid, in seconds (the origin's default: 7 days).

@@ -77,6 +77,17 @@ fn malformed(message: impl Into<String>) -> ApiError {
 
 /// The body as `T`: 400 `MALFORMED_BODY` when it is not JSON, misses a required field or has a blank
 /// `requestedBy`/`reason`.
+/// A `CreateStreamRequest` / `CreateCoordinatorGroupRequest` and its `initialShardCount`, refused when 0.
+fn parse_create(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(CreateRequest, Option<u32>), ApiError> {
+    let req: CreateRequest = parse(body)?;
+    match req.initial_shard_count {
+        Some(0) => Err(malformed("initialShardCount must be at least 1")),
+        count => Ok((req, count)),
+    }
+}
+
 fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
     let body = body.map_err(|e| ApiError::new(e.status(), "MALFORMED_BODY", e.body_text()))?;
     let value: Value = serde_json::from_slice(&body)
@@ -290,13 +301,10 @@ pub async fn create_stream(
     Path(stream): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CreateRequest = parse(body)?;
-    let count = req.initial_shard_count.ok_or_else(|| {
+    let (req, count) = parse_create(body)?;
+    let count = count.ok_or_else(|| {
         malformed("initialShardCount is required: this server has no default shard count")
     })?;
-    if count == 0 {
-        return Err(malformed("initialShardCount must be at least 1"));
-    }
     let mut conn = state.conn.clone();
     if let Some(t) = topology_of(&mut conn, &stream).await? {
         return Err(ApiError::new(
@@ -335,10 +343,7 @@ pub async fn create_group(
     Path((stream, group)): Path<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CreateRequest = parse(body)?;
-    if req.initial_shard_count == Some(0) {
-        return Err(malformed("initialShardCount must be at least 1"));
-    }
+    let (req, initial_shard_count) = parse_create(body)?;
     let mut open = GroupStore::open(state.conn.clone(), &stream, &group).map_err(invalid_name)?;
     if open.projection().await.map_err(redis_error)?.is_some() {
         return Err(ApiError::new(
@@ -349,7 +354,7 @@ pub async fn create_group(
     }
     let mut conn = state.conn.clone();
     // The stream's topology, created here when it has none.
-    match (topology_of(&mut conn, &stream).await?, req.initial_shard_count) {
+    match (topology_of(&mut conn, &stream).await?, initial_shard_count) {
         (Some(t), Some(n)) if t.shard_count() != n => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,

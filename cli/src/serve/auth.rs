@@ -5,9 +5,13 @@
 //!   (`#` starts a comment). Roles: `READ`, `WRITE`, `ADMIN`, `MONITOR`, `MEMBER`, granting as the
 //!   origin's do (`ADMIN` everything, `WRITE` and `MONITOR` also `READ`).
 //! * A request authenticates with `Authorization: Basic` or `Authorization: Bearer <token>` from
-//!   `POST /coord/v1/auth/login`. A token is `v1.<claims>.<signature>`: base64url of the JSON claims
-//!   (`sub`, `roles`, `exp` in seconds) and of their HMAC-SHA256 under `--token-secret`, so every replica
-//!   sharing the secret accepts every replica's tokens and none stores them.
+//!   `POST /coord/v1/auth/login`. A token is the origin's (`CoordinatorApiTokenCodec`):
+//!   `base64url(payload).base64url(HMAC-SHA256(secret, base64url(payload)))`, no padding, with the
+//!   payload `v1\n<username>\n<expiresAt epoch seconds>\n<roles sorted, comma-joined>`, so every
+//!   replica sharing the secret (and an origin coordinator configured with it as
+//!   `coordinator.api.token-secret`) accepts every replica's tokens and none stores them. Without
+//!   `--token-secret` the secret is the origin's fallback, `<admin>:<password>:redis-stream-coordinator-token`,
+//!   of the first `ADMIN` user (the origin's `admin-username`/`admin-password`).
 //! * Required roles: producer routing and other reads `READ`, mutations `WRITE`, monitoring `READ`
 //!   (health needs none: probes), heartbeats `MEMBER` only with `--authenticate-heartbeats` (the
 //!   origin's `authenticateMemberApi`), login none.
@@ -52,6 +56,30 @@ impl Role {
             Role::Read => required == Role::Read,
             Role::Member => required == Role::Member,
         }
+    }
+
+    /// The origin's `ApiRole` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Read => "READ",
+            Role::Write => "WRITE",
+            Role::Admin => "ADMIN",
+            Role::Monitor => "MONITOR",
+            Role::Member => "MEMBER",
+        }
+    }
+
+    /// The role of exactly this name (`ApiRole.valueOf`: case-sensitive).
+    fn from_name(name: &str) -> Option<Self> {
+        [
+            Role::Read,
+            Role::Write,
+            Role::Admin,
+            Role::Monitor,
+            Role::Member,
+        ]
+        .into_iter()
+        .find(|r| r.name() == name)
     }
 
     fn parse(name: &str) -> Option<Self> {
@@ -110,6 +138,17 @@ pub fn parse_users(text: &str) -> Result<Vec<User>, String> {
         });
     }
     Ok(users)
+}
+
+/// The origin's token secret when none is configured (`CoordinatorApiTokenCodec.tokenSecret`):
+/// `<adminUsername>:<adminPassword>:redis-stream-coordinator-token`, with the first `ADMIN` user as the
+/// origin's admin.
+pub fn fallback_secret(users: &[User]) -> Option<String> {
+    let admin = users.iter().find(|u| u.roles.contains(&Role::Admin))?;
+    Some(format!(
+        "{}:{}:redis-stream-coordinator-token",
+        admin.name, admin.password
+    ))
 }
 
 /// The claims a token carries.
@@ -191,29 +230,63 @@ impl Auth {
         self.users.iter().find(|u| u.name == name)
     }
 
-    /// A signed token for `user`, valid until `now_secs + token_ttl`.
+    /// A signed token for `user`, valid until `now_secs + token_ttl`, in the origin's format
+    /// (`CoordinatorApiTokenCodec`): base64url (no padding) of the payload
+    /// `v1\n<username>\n<expiresAt epoch seconds>\n<roles sorted, comma-joined>`, a dot, and base64url
+    /// (no padding) of the HMAC-SHA256 of that base64url text under the secret. A token the origin
+    /// issues with the same secret verifies here, and one issued here verifies there.
     pub fn issue(&self, user: &User, now_secs: u64) -> (String, Claims) {
         let claims = Claims {
             sub: user.name.clone(),
             roles: user.roles.clone(),
             exp: now_secs.saturating_add(self.token_ttl.as_secs()),
         };
-        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("claims serialize"));
-        let signature = self.mac(&[b"v1.", body.as_bytes()]).finalize().into_bytes();
-        let token = format!("v1.{body}.{}", URL_SAFE_NO_PAD.encode(signature));
+        let mut names: Vec<&'static str> = claims.roles.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        let payload = format!("v1\n{}\n{}\n{}", claims.sub, claims.exp, names.join(","));
+        let payload = URL_SAFE_NO_PAD.encode(payload.as_bytes());
+        let signature = self.mac(&[payload.as_bytes()]).finalize().into_bytes();
+        let token = format!("{payload}.{}", URL_SAFE_NO_PAD.encode(signature));
         (token, claims)
     }
 
-    /// The claims of a token signed with our secret and not expired at `now_secs`.
+    /// The claims of a token signed with our secret and not expired at `now_secs` (the origin's
+    /// `decode`: four payload lines, version `v1`, unknown roles dropped, at least one role).
     pub fn verify(&self, token: &str, now_secs: u64) -> Option<Claims> {
-        let rest = token.strip_prefix("v1.")?;
-        let (body, signature) = rest.split_once('.')?;
-        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-        self.mac(&[b"v1.", body.as_bytes()])
+        let (payload, signature) = token.split_once('.')?;
+        if payload.trim().is_empty() || signature.trim().is_empty() {
+            return None;
+        }
+        // The origin's decoder accepts padded base64url too.
+        let signature = URL_SAFE_NO_PAD
+            .decode(signature.trim_end_matches('='))
+            .ok()?;
+        self.mac(&[payload.as_bytes()])
             .verify_slice(&signature)
             .ok()?;
-        let claims: Claims = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()?;
-        (claims.exp > now_secs).then_some(claims)
+        let text =
+            String::from_utf8(URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?).ok()?;
+        let fields: Vec<&str> = text.split('\n').collect();
+        let [version, sub, exp, roles] = fields[..] else {
+            return None;
+        };
+        if version != "v1" {
+            return None;
+        }
+        let exp: u64 = exp.parse().ok()?;
+        let roles: BTreeSet<Role> = roles
+            .split(',')
+            .filter(|r| !r.trim().is_empty())
+            .filter_map(Role::from_name)
+            .collect();
+        if roles.is_empty() || exp <= now_secs {
+            return None;
+        }
+        Some(Claims {
+            sub: sub.to_string(),
+            roles,
+            exp,
+        })
     }
 
     /// The roles of an `Authorization` header's caller: Basic (a known user) or Bearer (a valid token).
@@ -327,12 +400,49 @@ mod tests {
         assert_eq!(auth.verify(&token, 1_060), None, "expired");
         let mut forged = token.clone();
         forged.insert(5, 'x');
+        assert!(!token.starts_with("v1."), "the origin's format: {token}");
         assert_eq!(auth.verify(&forged, 1_000), None);
         let other =
             Auth::new(vec![], "another-secret-16b", Duration::from_secs(60), false).unwrap();
         assert_eq!(other.verify(&token, 1_000), None, "another secret");
         assert!(auth.check_password("bob", "wrong").is_none());
         assert!(auth.check_password("nobody", "pw").is_none());
+    }
+
+    /// A token computed by hand per the origin's `CoordinatorApiTokenCodec` (payload
+    /// `v1\nadmin\n2000000000\nADMIN,MONITOR`, base64url without padding, HMAC-SHA256 of that text
+    /// under the origin's fallback secret for admin `admin` / `changeit`): we issue exactly it and accept it.
+    #[test]
+    fn tokens_are_the_origins_known_vector() {
+        const ORIGIN: &str = "djEKYWRtaW4KMjAwMDAwMDAwMApBRE1JTixNT05JVE9S.\
+                              bq5EaACr4k3aG2pR97Yu6SWWM7DBNEM9CjTYtr0RwqM";
+        let users = parse_users("admin:changeit:MONITOR,ADMIN").unwrap();
+        let secret = fallback_secret(&users).unwrap();
+        assert_eq!(secret, "admin:changeit:redis-stream-coordinator-token");
+        let auth = Auth::new(users.clone(), &secret, Duration::from_secs(1_000), false).unwrap();
+        let (token, claims) = auth.issue(&users[0], 1_999_999_000);
+        assert_eq!(token, ORIGIN);
+        assert_eq!(claims.exp, 2_000_000_000);
+        let verified = auth.verify(ORIGIN, 1_999_999_999).unwrap();
+        assert_eq!(verified.sub, "admin");
+        assert_eq!(verified.roles, [Role::Admin, Role::Monitor].into());
+        assert_eq!(auth.verify(ORIGIN, 2_000_000_000), None, "expired");
+        // Roles are case-sensitive names, as `ApiRole.valueOf`; none known: refused.
+        let sign = |payload: &str| {
+            let payload = URL_SAFE_NO_PAD.encode(payload);
+            let sig = auth.mac(&[payload.as_bytes()]).finalize().into_bytes();
+            format!("{payload}.{}", URL_SAFE_NO_PAD.encode(sig))
+        };
+        assert_eq!(auth.verify(&sign("v1\nadmin\n2000000000\nadmin"), 5), None);
+        assert_eq!(auth.verify(&sign("v2\nadmin\n2000000000\nREAD"), 5), None);
+        assert_eq!(auth.verify(&sign("v1\nadmin\n2000000000"), 5), None);
+        assert_eq!(
+            auth.verify(&sign("v1\nx\n2000000000\nREAD,BOGUS"), 5)
+                .unwrap()
+                .roles,
+            [Role::Read].into()
+        );
+        assert!(fallback_secret(&parse_users("r:p:READ").unwrap()).is_none());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! login tokens); `adapt.rs` (what the HTTP clients send and expect, translated); `grant.rs` (the
 //! Redis side of a grant to an HTTP member); `monitor.rs` (the origin's monitoring views from our
 //! projection); `admin.rs` (group create / get / delete, scale, migrations, rollback on the topology);
-//! `offsets.rs` (the monitoring offsets and consumption); `error.rs` (the error body); `openapi.json` (the document
+//! `offsets.rs` (the monitoring offsets and consumption); `origin.rs` (session, compatibility, every group, a shard's messages); `error.rs` (the error body); `openapi.json` (the document
 //! served at `/coord/v1/openapi.json`).
 
 mod adapt;
@@ -21,6 +21,7 @@ mod error;
 mod grant;
 mod monitor;
 mod offsets;
+mod origin;
 mod routes;
 
 use std::collections::HashMap;
@@ -170,11 +171,23 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
     let auth = if users.is_empty() {
         None
     } else {
-        let secret = auth.token_secret.as_deref().ok_or_else(|| {
-            CliError::Refused("users are configured: --token-secret is required".into())
-        })?;
+        // A blank secret is none, as the origin's `token-secret` is.
+        let secret = match auth
+            .token_secret
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        {
+            Some(secret) => secret.to_string(),
+            None => auth::fallback_secret(&users).ok_or_else(|| {
+                CliError::Refused(
+                    "users are configured: --token-secret is required (or an ADMIN user, whose \
+                     name and password make the origin's fallback secret)"
+                        .into(),
+                )
+            })?,
+        };
         Some(
-            auth::Auth::new(users, secret, auth.token_ttl, auth.authenticate_heartbeats)
+            auth::Auth::new(users, &secret, auth.token_ttl, auth.authenticate_heartbeats)
                 .map_err(CliError::Refused)?,
         )
     };

@@ -17,7 +17,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 use stream_listener::connection::slot_of;
-use stream_listener::lag::{read_group, LagError, LagOptions, LagSource};
+use stream_listener::coordinator::projection::GroupProjection;
+use stream_listener::lag::{read_group, GroupLag, LagError, LagOptions, LagSource};
 use stream_listener::store::GroupStore;
 
 use super::error::ApiError;
@@ -49,16 +50,18 @@ fn first_id(reply: &redis::Value) -> Option<String> {
     }
 }
 
-/// `StreamShardOffsetsResponse`.
-pub async fn offsets(
-    State(state): State<Arc<AppState>>,
-    Path((stream, group)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+/// The group's shards as `lag::read_group` reads them and its monitoring projection (`None`: no
+/// metadata yet), what both endpoints here start from.
+async fn lag_and_projection(
+    state: &AppState,
+    stream: &str,
+    group: &str,
+) -> Result<(GroupLag, Option<GroupProjection>), ApiError> {
     let mut conn = state.conn.clone();
-    let lag = read_group(&mut conn, &stream, &group, &LagOptions::default())
+    let lag = read_group(&mut conn, stream, group, &LagOptions::default())
         .await
         .map_err(lag_error)?;
-    let mut store = GroupStore::open(state.conn.clone(), &stream, &group)
+    let mut store = GroupStore::open(state.conn.clone(), stream, group)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_NAME", e.to_string()))?;
     let projection = store.projection().await.map_err(|e| {
         ApiError::new(
@@ -67,6 +70,16 @@ pub async fn offsets(
             e.to_string(),
         )
     })?;
+    Ok((lag, projection))
+}
+
+/// `StreamShardOffsetsResponse`.
+pub async fn offsets(
+    State(state): State<Arc<AppState>>,
+    Path((stream, group)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let (lag, projection) = lag_and_projection(&state, &stream, &group).await?;
+    let mut conn = state.conn.clone();
     let owner = |shard: u32| -> Vec<String> {
         projection
             .as_ref()
@@ -149,20 +162,9 @@ pub async fn consumption(
     State(state): State<Arc<AppState>>,
     Path((stream, group)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    let (lag, projection) = lag_and_projection(&state, &stream, &group).await?;
     let mut conn = state.conn.clone();
-    let lag = read_group(&mut conn, &stream, &group, &LagOptions::default())
-        .await
-        .map_err(lag_error)?;
-    let mut store = GroupStore::open(state.conn.clone(), &stream, &group)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_NAME", e.to_string()))?;
-    let Some(projection) = store.projection().await.map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "STORE_UNAVAILABLE",
-            e.to_string(),
-        )
-    })?
-    else {
+    let Some(projection) = projection else {
         return Ok(Json(json!({ "progress": [] })));
     };
     let mut progress = Vec::new();

@@ -22,7 +22,7 @@ use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, admin, auth, grant, monitor, offsets, AppState};
+use super::{adapt, admin, auth, grant, monitor, offsets, origin, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -86,6 +86,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/coord/v1/monitoring/streams/{stream}/groups/{group}/consumption",
             get(offsets::consumption),
+        )
+        .route("/coord/v1/monitoring/session", get(origin::session))
+        .route(
+            "/coord/v1/monitoring/compatibility",
+            get(origin::compatibility),
+        )
+        .route("/coord/v1/monitoring/groups", get(origin::groups))
+        .route(
+            "/coord/v1/monitoring/streams/{stream}/groups/{group}/shards/{shard}/messages",
+            get(origin::messages),
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -161,7 +171,7 @@ fn unauthorized() -> Response {
 }
 
 /// The role check of `auth.rs` (nothing when no user is configured).
-async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+async fn authorize(State(state): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
     let Some(auth) = &state.auth else {
         return next.run(req).await;
     };
@@ -187,6 +197,8 @@ async fn authorize(State(state): State<Arc<AppState>>, req: Request, next: Next)
         )
         .into_response();
     }
+    // Who is calling, for `/monitoring/session`.
+    req.extensions_mut().insert(claims);
     next.run(req).await
 }
 
@@ -280,7 +292,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// The group's monitoring projection, from a fresh load (an `open` handle: never creates the group).
-async fn projection(
+pub(super) async fn projection(
     state: &AppState,
     stream: &str,
     group: &str,

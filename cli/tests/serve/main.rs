@@ -12,6 +12,7 @@ mod client;
 mod deployments;
 mod limits;
 mod log;
+mod origin;
 mod server;
 
 use std::collections::BTreeMap;
