@@ -278,6 +278,9 @@ impl RedisCluster {
                     ok = false;
                 }
             }
+            if ok && !self.views_agree()? {
+                ok = false;
+            }
             if ok {
                 return Ok(());
             }
@@ -291,6 +294,35 @@ impl RedisCluster {
         }
     }
 
+    /// Whether every running node sees every running node with the role and master that node gives
+    /// itself. Gossip spreads a replica's attachment late: until it has, a master looks replica-less
+    /// to the others, and they would not vote its replica in.
+    fn views_agree(&self) -> io::Result<bool> {
+        let running: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|n| n.ping())
+            .map(|n| n.port())
+            .collect();
+        let mut views = Vec::new();
+        for &port in &running {
+            views.push((port, self.topology_at(port)?));
+        }
+        let role = |flags: &str| flags.contains("slave");
+        for (port, view) in &views {
+            let Some(own) = view.iter().find(|l| l.2.contains("myself")) else {
+                return Ok(false);
+            };
+            for (_, other) in &views {
+                let seen = other.iter().find(|l| l.1 == *port);
+                if !matches!(seen, Some(l) if role(&l.2) == role(&own.2) && l.3 == own.3) {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// `CLUSTER NODES` lines as seen by a running node: `(id, port, flags, master id, slots)`.
     fn topology(&self) -> io::Result<Vec<NodeLine>> {
         let node = self
@@ -298,7 +330,12 @@ impl RedisCluster {
             .iter()
             .find(|n| n.ping())
             .ok_or_else(|| io::Error::other("no node runs"))?;
-        let text = self.cli(node.port(), &["CLUSTER", "NODES"])?;
+        self.topology_at(node.port())
+    }
+
+    /// `CLUSTER NODES` lines as the node at `port` sees them.
+    fn topology_at(&self, port: u16) -> io::Result<Vec<NodeLine>> {
+        let text = self.cli(port, &["CLUSTER", "NODES"])?;
         Ok(text
             .lines()
             .filter_map(|line| {
