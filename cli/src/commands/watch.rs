@@ -209,6 +209,7 @@ mod tests {
             lease_deadline_ms: lease,
             weight: 1,
             runtime_max_concurrency: 2,
+            available_concurrency: 1,
             assigned: shards.to_vec(),
             pending: vec![],
             owned: shards.to_vec(),
@@ -228,6 +229,7 @@ mod tests {
             assignment_epoch: 3,
             metadata_version: 9,
             at_ms: now_ms,
+            session_timeout_ms: 10_000,
             members: vec![
                 member("a", MemberState::Stable, 5, now_ms + 9_500, &[0]),
                 member("b", MemberState::Stable, 6, now_ms + 8_000, &[1]),

@@ -18,10 +18,13 @@ mod adapt;
 mod admin;
 mod auth;
 mod error;
+mod grafana;
 mod grant;
+mod messages;
 mod monitor;
 mod offsets;
 mod origin;
+mod query;
 mod routes;
 
 use std::collections::HashMap;
@@ -82,6 +85,8 @@ pub struct AppState {
     settings: Settings,
     auth: Option<auth::Auth>,
     groups: Mutex<HashMap<(String, String), Arc<GroupHandles>>>,
+    /// Shard rates as this server observed them, for the Grafana rows.
+    rates: grafana::Rates,
     /// Renders the process's metrics (the library's and the server's own) at `/metrics`, in the
     /// Prometheus text format; `None` if another recorder was installed first.
     metrics: Option<Render>,
@@ -202,6 +207,7 @@ pub async fn run(ctx: &Ctx, settings: Settings, auth: AuthSettings) -> Result<St
         settings,
         auth,
         groups: Mutex::default(),
+        rates: grafana::Rates::default(),
         metrics: match stream_listener::metrics::install_prometheus_recorder() {
             Ok(handle) => Some(Render(Box::new(move || handle.render()))),
             Err(e) => {

@@ -1,27 +1,22 @@
-//! The origin's remaining monitoring endpoints: the session (who is calling), the protocol
-//! compatibility, every group, and one shard's messages (its `MonitoringSystemController`,
-//! `MonitoringGroupController.listGroups` and `MonitoringStreamController.messages`), in its JSON shapes.
+//! The origin's system monitoring endpoints: the session (who is calling), the protocol compatibility
+//! and every group (its `MonitoringSystemController` and `MonitoringGroupController.listGroups`), in
+//! its JSON shapes; and what they share with the Grafana rows (the group listing, Java's time formats).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde_json::{json, Value};
-use stream_listener::routing::shard_stream_key;
 
 use super::auth::Claims;
 use super::error::ApiError;
 use super::{adapt, monitor, routes, AppState};
 
-/// The most records one page returns (the origin's `MAX_MESSAGE_PAGE_SIZE`).
-pub const MAX_MESSAGE_PAGE_SIZE: i64 = 1_000;
-
 /// The most keys the group listing's `SCAN` visits.
 const GROUPS_SCAN_LIMIT: usize = 1_000_000;
 
-fn invalid(message: impl Into<String>) -> ApiError {
+pub(super) fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "INVALID_REQUEST", message)
 }
 
@@ -96,213 +91,52 @@ pub async fn compatibility() -> Json<Value> {
     }))
 }
 
-/// `GET /coord/v1/monitoring/groups`: `GroupsResponse`, every group with metadata on this Redis (a
-/// bounded `SCAN` of every master), sorted by stream then group.
-pub async fn groups(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+pub(super) fn unavailable(e: redis::RedisError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "REDIS_UNAVAILABLE",
+        format!("redis: {e}"),
+    )
+}
+
+/// Every `(stream, group)` with metadata on this Redis (a bounded `SCAN` of every master), sorted.
+pub(super) async fn all_groups(state: &AppState) -> Result<Vec<(String, String)>, ApiError> {
     let mut conn = state.conn.clone();
     let found = stream_listener::lag::scan_namespace(&mut conn, GROUPS_SCAN_LIMIT)
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "REDIS_UNAVAILABLE",
-                format!("redis: {e}"),
-            )
-        })?;
+        .map_err(unavailable)?;
     if found.truncated {
-        tracing::warn!("monitoring/groups: the scan stopped at {GROUPS_SCAN_LIMIT} keys");
+        tracing::warn!("listing groups: the scan stopped at {GROUPS_SCAN_LIMIT} keys");
     }
+    Ok(found
+        .streams
+        .into_iter()
+        .flat_map(|(stream, groups)| groups.into_iter().map(move |g| (stream.clone(), g)))
+        .collect())
+}
+
+/// `GET /coord/v1/monitoring/groups`: `GroupsResponse`, every group with metadata, sorted by stream
+/// then group.
+pub async fn groups(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let mut groups = Vec::new();
-    for (stream, names) in &found.streams {
-        for group in names {
-            match routes::projection(&state, stream, group).await {
-                Ok(p) => groups.push(monitor::group(stream, &p)),
-                // Deleted between the scan and the load.
-                Err(e) if e.status == StatusCode::NOT_FOUND => {}
-                Err(e) => return Err(e),
-            }
+    for (stream, group) in all_groups(&state).await? {
+        match routes::projection(&state, &stream, &group).await {
+            Ok(p) => groups.push(monitor::group(&stream, &p)),
+            // Deleted between the scan and the load.
+            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(Json(json!({ "groups": groups })))
 }
 
-/// The query of a messages page.
-#[derive(Debug, Default)]
-struct PageQuery {
-    direction: Option<String>,
-    cursor: Option<String>,
-    limit: Option<String>,
-}
-
-/// `application/x-www-form-urlencoded` decoding of one query component.
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = &bytes[i + 1..i + 3];
-                match std::str::from_utf8(hex)
-                    .ok()
-                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-impl PageQuery {
-    /// The known parameters (the first of each; others ignored, as Spring does).
-    fn parse(raw: Option<&str>) -> Self {
-        let mut q = Self::default();
-        for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let slot = match decode(name).as_str() {
-                "direction" => &mut q.direction,
-                "cursor" => &mut q.cursor,
-                "limit" => &mut q.limit,
-                _ => continue,
-            };
-            slot.get_or_insert_with(|| decode(value));
-        }
-        q
-    }
-}
-
-/// Epoch milliseconds of a stream id (`<ms>-<seq>`).
-fn id_ms(id: &str) -> Option<i64> {
-    id.split_once('-').map_or(id, |(ms, _)| ms).parse().ok()
-}
-
 /// Java's `Instant.toString` of epoch milliseconds.
-fn instant(ms: i64) -> String {
+pub(super) fn instant(ms: i64) -> String {
     let secs = super::auth::rfc3339(u64::try_from(ms.div_euclid(1000)).unwrap_or(0));
     match ms.rem_euclid(1000) {
         0 => secs,
         millis => format!("{}.{millis:03}Z", secs.trim_end_matches('Z')),
     }
-}
-
-/// `GET /coord/v1/monitoring/streams/{streamPrefix}/groups/{consumerGroup}/shards/{shardIndex}/messages`:
-/// `StreamMessagesPageResponse`, read with `XRANGE` (`FORWARD`, from the cursor) or `XREVRANGE`
-/// (`BACKWARD`, the default, newest first), `limit` (default 25) clamped to 1..=1000; the cursor
-/// record itself is left out and `nextCursor` is the last record's id when more follow. Nothing
-/// changes in the consumer group.
-pub async fn messages(
-    State(state): State<Arc<AppState>>,
-    Path((stream, group, shard)): Path<(String, String, String)>,
-    RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
-    let query = PageQuery::parse(raw.as_deref());
-    let shard: i64 = shard
-        .parse()
-        .map_err(|_| invalid(format!("shardIndex must be an integer, not {shard:?}")))?;
-    let direction = match query.direction.as_deref().unwrap_or("BACKWARD") {
-        "BACKWARD" => "BACKWARD",
-        "FORWARD" => "FORWARD",
-        other => {
-            return Err(invalid(format!(
-                "direction must be FORWARD or BACKWARD, not {other:?}"
-            )))
-        }
-    };
-    let limit: i64 = match query.limit.as_deref() {
-        None => 25,
-        Some(l) => l
-            .parse()
-            .map_err(|_| invalid(format!("limit must be an integer, not {l:?}")))?,
-    };
-    let p = routes::projection(&state, &stream, &group).await?;
-    if !(0..i64::from(p.shard_count)).contains(&shard) {
-        return Err(invalid(format!(
-            "shardIndex must be between 0 and {}",
-            i64::from(p.shard_count) - 1
-        )));
-    }
-    let shard = u32::try_from(shard).expect("checked above");
-    let key = shard_stream_key(&stream, shard);
-    let limit = limit.clamp(1, MAX_MESSAGE_PAGE_SIZE);
-    let cursor = query.cursor.filter(|c| !c.trim().is_empty());
-    let fetch = limit + if cursor.is_none() { 1 } else { 2 };
-    let mut cmd = if direction == "FORWARD" {
-        let mut c = redis::cmd("XRANGE");
-        c.arg(&key).arg(cursor.as_deref().unwrap_or("-")).arg("+");
-        c
-    } else {
-        let mut c = redis::cmd("XREVRANGE");
-        c.arg(&key).arg(cursor.as_deref().unwrap_or("+")).arg("-");
-        c
-    };
-    cmd.arg("COUNT").arg(fetch);
-    let mut conn = state.conn.clone();
-    let fetched: Vec<(String, Vec<String>)> = cmd.query_async(&mut conn).await.map_err(|e| {
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "REDIS_UNAVAILABLE",
-                format!("redis: {e}"),
-            )
-        } else {
-            // An invalid cursor id (`ERR Invalid stream ID`).
-            invalid(format!("cursor {cursor:?}: {e}"))
-        }
-    })?;
-    let fetched: Vec<_> = fetched
-        .into_iter()
-        .filter(|(id, _)| cursor.as_deref() != Some(id.as_str()))
-        .collect();
-    let more = fetched.len() > usize::try_from(limit).expect("at most 1000");
-    let page = &fetched[..fetched
-        .len()
-        .min(usize::try_from(limit).expect("at most 1000"))];
-    let records: Vec<Value> = page
-        .iter()
-        .map(|(id, flat)| {
-            let fields: BTreeMap<&str, &str> = flat
-                .chunks(2)
-                .filter_map(|kv| Some((kv.first()?.as_str(), kv.get(1)?.as_str())))
-                .collect();
-            let ms = id_ms(id);
-            json!({
-                "streamPrefix": stream,
-                "consumerGroup": group,
-                "shard": { "shardIndex": shard },
-                "streamKey": key,
-                "recordId": id,
-                "fields": fields,
-                "payload": fields.get("payload"),
-                "recordTimestampMs": ms,
-                "recordTime": ms.map(instant),
-            })
-        })
-        .collect();
-    let next = if more {
-        page.last().map(|(id, _)| id.clone())
-    } else {
-        None
-    };
-    Ok(Json(json!({
-        "streamPrefix": stream,
-        "consumerGroup": group,
-        "shard": { "shardIndex": shard },
-        "streamKey": key,
-        "direction": direction,
-        "limit": limit,
-        "records": records,
-        "nextCursor": next,
-    })))
 }
 
 #[cfg(test)]
@@ -318,17 +152,5 @@ mod tests {
         assert_eq!(iso_duration(0), "PT0S");
         assert_eq!(instant(0), "1970-01-01T00:00:00Z");
         assert_eq!(instant(1_001), "1970-01-01T00:00:01.001Z");
-        assert_eq!(id_ms("1700000000123-4"), Some(1_700_000_000_123));
-        let q = PageQuery::parse(Some("limit=2&cursor=1-0%2B&direction=FORWARD&limit=9&x=1"));
-        assert_eq!(
-            (
-                q.limit.as_deref(),
-                q.cursor.as_deref(),
-                q.direction.as_deref()
-            ),
-            (Some("2"), Some("1-0+"), Some("FORWARD"))
-        );
-        assert_eq!(decode("a%2"), "a%2");
-        assert_eq!(decode("%+1%é"), "% 1%é");
     }
 }

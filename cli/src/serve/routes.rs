@@ -22,7 +22,7 @@ use stream_listener::topology::{Topology, TopologyError};
 use tracing::Instrument as _;
 
 use super::error::ApiError;
-use super::{adapt, admin, auth, grant, monitor, offsets, origin, AppState};
+use super::{adapt, admin, auth, grafana, grant, messages, monitor, offsets, origin, AppState};
 
 /// Every route of the API this server speaks.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -95,7 +95,33 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/coord/v1/monitoring/groups", get(origin::groups))
         .route(
             "/coord/v1/monitoring/streams/{stream}/groups/{group}/shards/{shard}/messages",
-            get(origin::messages),
+            get(messages::shard_page),
+        )
+        .route("/coord/v1/monitoring/grafana/groups", get(grafana::groups))
+        .route(
+            "/coord/v1/monitoring/grafana/options/streams",
+            get(grafana::stream_options),
+        )
+        .route(
+            "/coord/v1/monitoring/grafana/options/consumer-groups",
+            get(grafana::consumer_group_options),
+        )
+        .route(
+            "/coord/v1/monitoring/grafana/options/shards",
+            get(grafana::shard_options),
+        )
+        .route(
+            "/coord/v1/monitoring/grafana/members",
+            get(grafana::members),
+        )
+        .route("/coord/v1/monitoring/grafana/shards", get(grafana::shards))
+        .route(
+            "/coord/v1/monitoring/grafana/assignments",
+            get(grafana::assignments),
+        )
+        .route(
+            "/coord/v1/monitoring/grafana/messages",
+            get(messages::grafana),
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
@@ -487,4 +513,87 @@ async fn producer_routing(
         "streamKeyPattern": format!("{stream}:{{shardIndex}}"),
         "shards": shards,
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// `/a/{x}/b` -> `/a/{}/b`: the router and the document name path parameters differently.
+    fn shape(path: &str) -> String {
+        let mut out = String::new();
+        let mut in_param = false;
+        for c in path.chars() {
+            match c {
+                '{' => {
+                    in_param = true;
+                    out.push_str("{}");
+                }
+                '}' => in_param = false,
+                _ if in_param => {}
+                c => out.push(c),
+            }
+        }
+        out
+    }
+
+    /// Every `(METHOD, path shape)` that [`router`](super::router) registers, read from this file's
+    /// `.route("<path>", get(..).post(..))` calls.
+    fn routed() -> BTreeSet<(String, String)> {
+        let source = include_str!("routes.rs");
+        let body = &source[source.find("pub fn router(").unwrap()..];
+        let body = &body[..body.find("\n}\n").unwrap()];
+        let mut found = BTreeSet::new();
+        for call in body.split(".route(").skip(1) {
+            let path = call.split('"').nth(1).unwrap();
+            // The call ends at its closing parenthesis.
+            let mut depth = 1;
+            let end = call
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .unwrap()
+                .0;
+            let call = &call[..end];
+            for method in ["get", "post", "put", "patch", "delete"] {
+                let called = call.match_indices(&format!("{method}(")).any(|(at, _)| {
+                    at == 0
+                        || !call.as_bytes()[at - 1].is_ascii_alphanumeric()
+                            && call.as_bytes()[at - 1] != b'_'
+                });
+                if called {
+                    found.insert((method.to_ascii_uppercase(), shape(path)));
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn the_document_lists_exactly_the_routes() {
+        let document: serde_json::Value =
+            serde_json::from_str(include_str!("openapi.json")).unwrap();
+        let mut documented = BTreeSet::new();
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for method in ["get", "post", "put", "patch", "delete"] {
+                if item.get(method).is_some() {
+                    documented.insert((method.to_ascii_uppercase(), shape(path)));
+                }
+            }
+        }
+        let routed = routed();
+        assert!(routed.len() > 30, "the parse found {routed:?}");
+        let undocumented: Vec<_> = routed.difference(&documented).collect();
+        let unrouted: Vec<_> = documented.difference(&routed).collect();
+        assert!(
+            undocumented.is_empty() && unrouted.is_empty(),
+            "served but not documented: {undocumented:?}; documented but not served: {unrouted:?}"
+        );
+    }
 }

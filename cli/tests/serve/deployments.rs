@@ -87,6 +87,46 @@ async fn a_mixed_group_runs_through_serve_on_a_redis_cluster() {
         assert_eq!(shard["redisSlot"], slot_of(key.as_bytes()), "{routing}");
     }
     mixed_group_through(&server, &url, stream).await;
+
+    // The Grafana and offsets rows name each shard's master and its memory (`MEMORY USAGE` goes to the
+    // key's slot, not to the slot of the word USAGE).
+    for row in grafana_rows(
+        &server,
+        &format!("shards?streamPrefix={stream}&consumerGroup={GROUP}"),
+    ) {
+        let key = row["streamKey"].as_str().unwrap();
+        let master = cluster.nodes()[cluster.master_of(slot_of(key.as_bytes()))].port();
+        assert_eq!(
+            row["redisNodeEndpoint"],
+            format!("127.0.0.1:{master}"),
+            "{row}"
+        );
+        let (start, end) = (
+            row["redisSlotRangeStart"].as_u64().unwrap(),
+            row["redisSlotRangeEnd"].as_u64().unwrap(),
+        );
+        assert!(
+            (start..=end).contains(&u64::from(slot_of(key.as_bytes()))),
+            "{row}"
+        );
+        assert!(row["redisNodeId"].is_string(), "{row}");
+        assert!(row["memoryUsageBytes"].as_u64().unwrap() > 0, "{row}");
+    }
+    let groups = grafana_rows(&server, "groups");
+    assert_eq!(groups.len(), 1);
+    assert_eq!(groups[0]["memoryUsageKnown"], true, "{groups:?}");
+    assert_eq!(groups[0]["totalLag"], 0, "{groups:?}");
+}
+
+/// The rows of `GET /coord/v1/monitoring/grafana/<path>`.
+fn grafana_rows(server: &Server, path: &str) -> Vec<Value> {
+    let (status, _, body) = request(
+        "GET",
+        &format!("{}/coord/v1/monitoring/grafana/{path}", server.base()),
+        None,
+    );
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,4 +197,14 @@ async fn serve_reaches_redis_over_tls_as_an_acl_user_with_only_the_documented_co
         users.iter().any(|u| u == "coord"),
         "the server is connected as the ACL user: {users:?}"
     );
+    // The Grafana rows need nothing beyond those commands either.
+    let groups = grafana_rows(&server, "groups");
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0]["memoryUsageKnown"], true, "{groups:?}");
+    let q = format!("streamPrefix={stream}&consumerGroup={GROUP}");
+    assert_eq!(
+        grafana_rows(&server, &format!("shards?{q}")).len(),
+        SHARDS as usize
+    );
+    assert!(!grafana_rows(&server, &format!("messages?{q}&shardIndex=all")).is_empty());
 }

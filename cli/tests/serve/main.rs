@@ -10,6 +10,7 @@
 mod chaos;
 mod client;
 mod deployments;
+mod grafana;
 mod limits;
 mod log;
 mod origin;

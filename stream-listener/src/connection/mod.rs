@@ -543,8 +543,9 @@ fn command_slot(cmd: &Cmd) -> Option<u16> {
             }
             args.get(3)?
         }
-        // `XINFO GROUPS <key>`, `XINFO STREAM <key>`: the key follows the subcommand.
-        b"XINFO" => args.get(2)?,
+        // `XINFO GROUPS <key>`, `XINFO STREAM <key>`, `MEMORY USAGE <key>`: the key follows the
+        // subcommand.
+        b"XINFO" | b"MEMORY" => args.get(2)?,
         b"XREAD" | b"XREADGROUP" => {
             let at = args
                 .iter()
@@ -765,15 +766,16 @@ mod tests {
     }
 
     #[test]
-    fn xinfo_goes_to_the_slot_of_its_key_not_of_its_subcommand() {
+    fn xinfo_and_memory_go_to_the_slot_of_their_key_not_of_their_subcommand() {
         let mut pipe = redis::pipe();
         pipe.cmd("XINFO").arg("GROUPS").arg("orders:0");
         pipe.cmd("XREVRANGE").arg("orders:0").arg("+").arg("-");
         pipe.cmd("XINFO").arg("GROUPS").arg("orders:1");
+        pipe.cmd("MEMORY").arg("USAGE").arg("orders:1");
         let mut positions: Vec<Vec<usize>> =
             split_by_slot(&pipe).into_iter().map(|(i, _)| i).collect();
         positions.sort();
-        assert_eq!(positions, [vec![0, 1], vec![2]]);
+        assert_eq!(positions, [vec![0, 1], vec![2, 3]]);
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct GroupProjection {
     pub metadata_version: i64,
     /// The time this projection was taken at (store clock, ms).
     pub at_ms: i64,
+    /// The group's session timeout: a lease runs this long from the heartbeat that renewed it.
+    #[serde(default)]
+    pub session_timeout_ms: i64,
     /// Live members, then tombstones.
     pub members: Vec<MemberView>,
     /// One row per shard.
@@ -65,6 +68,9 @@ pub struct MemberView {
     pub weight: u32,
     /// Reported local worker capacity.
     pub runtime_max_concurrency: u32,
+    /// Of those, the workers idle at the last heartbeat.
+    #[serde(default)]
+    pub available_concurrency: u32,
     /// Granted shards.
     pub assigned: Vec<u32>,
     /// Targeted, awaiting the previous owner's revoke.
@@ -130,6 +136,7 @@ impl Coordinator {
                 lease_deadline_ms: m.lease_deadline_ms,
                 weight: m.weight,
                 runtime_max_concurrency: m.capacity.runtime_max_concurrency,
+                available_concurrency: m.capacity.available_concurrency,
                 assigned: m.assigned.iter().copied().collect(),
                 pending: m.pending().collect(),
                 owned: m.owned.iter().copied().collect(),
@@ -148,6 +155,7 @@ impl Coordinator {
                 lease_deadline_ms: 0,
                 weight: 0,
                 runtime_max_concurrency: 0,
+                available_concurrency: 0,
                 assigned: vec![],
                 pending: vec![],
                 owned: vec![],
@@ -171,6 +179,7 @@ impl Coordinator {
             assignment_epoch: meta.assignment_epoch,
             metadata_version: meta.metadata_version,
             at_ms: now,
+            session_timeout_ms: meta.config.session_timeout_ms,
             members,
             shards,
             resharding: meta.resharding.clone(),
