@@ -413,8 +413,10 @@ impl State {
     }
 }
 
-/// Where an HTTP member reads and acknowledges: one node, or a Redis Cluster (a
-/// `redis+cluster://h:p,h:p` URL, as the library takes it) through redis-rs's cluster client.
+/// Where an HTTP member reads and acknowledges: one node, a Redis Cluster (a
+/// `redis+cluster://h:p,h:p` URL, as the library takes it) through redis-rs's cluster client, or the
+/// master a sentinel of `redis+sentinel://h:p,h:p/<name>` names when it opens (as redis-py's
+/// `Sentinel.master_for` finds it; a member opened after a failover reads from the new master).
 enum DataConnection {
     Node(redis::Connection),
     Cluster(Box<redis::cluster::ClusterConnection>),
@@ -428,7 +430,34 @@ impl DataConnection {
                 let client = redis::cluster::ClusterClient::new(seeds).unwrap();
                 Self::Cluster(Box::new(client.get_connection().unwrap()))
             }
-            None => Self::Node(redis::Client::open(url).unwrap().get_connection().unwrap()),
+            None => match url.strip_prefix("redis+sentinel://") {
+                Some(rest) => {
+                    let (hosts, name) = rest.split_once('/').expect("redis+sentinel://hosts/name");
+                    let name = name.split('/').next().unwrap();
+                    let master = hosts
+                        .split(',')
+                        .find_map(|h| {
+                            let mut sentinel = redis::Client::open(format!("redis://{h}"))
+                                .ok()?
+                                .get_connection()
+                                .ok()?;
+                            let (host, port): (String, u16) = redis::cmd("SENTINEL")
+                                .arg("GET-MASTER-ADDR-BY-NAME")
+                                .arg(name)
+                                .query(&mut sentinel)
+                                .ok()?;
+                            Some(format!("redis://{host}:{port}"))
+                        })
+                        .expect("a sentinel names the master");
+                    Self::Node(
+                        redis::Client::open(master)
+                            .unwrap()
+                            .get_connection()
+                            .unwrap(),
+                    )
+                }
+                None => Self::Node(redis::Client::open(url).unwrap().get_connection().unwrap()),
+            },
         }
     }
 

@@ -1,5 +1,6 @@
 //! `serve` on the deployments the library supports besides one plain node: a Redis Cluster (the group's
-//! records, the shards' streams and the server's reads on different masters), and TLS with every part
+//! records, the shards' streams and the server's reads on different masters), Redis Sentinel (the
+//! server follows the master through a failover), and TLS with every part
 //! of the group running as an ACL user that has only `preflight::ACL_COMMANDS`. Each runs a mixed group (a member
 //! of ours and an HTTP member through the server) under traffic and checks from the records that nothing
 //! was lost, nothing is left pending, per-key order held and nothing was handled twice.
@@ -12,7 +13,7 @@ use serde_json::Value;
 use stream_listener::connection::slot_of;
 use stream_listener::preflight::ACL_COMMANDS;
 use stream_listener_test_support::tls::{ClientCerts, TlsRedisServer};
-use stream_listener_test_support::RedisCluster;
+use stream_listener_test_support::{RedisCluster, RedisSentinels};
 
 use super::client::{HttpMember, Interval, Stop};
 use super::log::Log;
@@ -116,6 +117,33 @@ async fn a_mixed_group_runs_through_serve_on_a_redis_cluster() {
     assert_eq!(groups.len(), 1);
     assert_eq!(groups[0]["memoryUsageKnown"], true, "{groups:?}");
     assert_eq!(groups[0]["totalLag"], 0, "{groups:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_group_runs_through_serve_behind_sentinel_before_and_after_a_failover() {
+    let sentinels = RedisSentinels::start(1);
+    let url = sentinels.url();
+    assert!(url.starts_with("redis+sentinel://"), "{url}");
+    let stream = "watched";
+    create_group(&url, stream).await;
+    let server = serve(&url);
+    mixed_group_through(&server, &url, stream).await;
+
+    let old = sentinels.master_port();
+    let new = tokio::task::block_in_place(|| sentinels.failover()).unwrap();
+    assert_ne!(old, new);
+    // The same server, its cached store handles and its members' group, on the new master.
+    mixed_group_through(&server, &url, stream).await;
+    let mut direct =
+        stream_listener_test_support::aio::connect(&format!("redis://127.0.0.1:{new}")).await;
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut direct).await.unwrap();
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    let (status, _, body) = request(
+        "GET",
+        &format!("{}/coord/v1/monitoring/health", server.base()),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
 }
 
 /// The rows of `GET /coord/v1/monitoring/grafana/<path>`.
