@@ -110,6 +110,19 @@ pub(super) fn selection(query: &Query) -> Result<Option<(&str, &str)>, ApiError>
     Ok((!stream.trim().is_empty() && !group.trim().is_empty()).then_some((stream, group)))
 }
 
+/// The selected group's projection; `None` when the selection is blank.
+async fn selected_projection(
+    state: &AppState,
+    raw: Option<&str>,
+) -> Result<Option<(String, String, GroupProjection)>, ApiError> {
+    let query = Query::parse(raw);
+    let Some((stream, group)) = selection(&query)? else {
+        return Ok(None);
+    };
+    let p = routes::projection(state, stream, group).await?;
+    Ok(Some((stream.to_string(), group.to_string(), p)))
+}
+
 fn option(text: impl Into<String>, value: impl Into<String>) -> Value {
     json!({ "__text": text.into(), "__value": value.into() })
 }
@@ -166,11 +179,9 @@ pub async fn shard_options(
     State(state): State<Arc<AppState>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let query = Query::parse(raw.as_deref());
-    let Some((stream, group)) = selection(&query)? else {
+    let Some((_, _, p)) = selected_projection(&state, raw.as_deref()).await? else {
         return Ok(Json(Vec::new()));
     };
-    let p = routes::projection(&state, stream, group).await?;
     Ok(Json(
         (0..p.shard_count)
             .map(|i| option(format!(":{i}"), i.to_string()))
@@ -183,11 +194,9 @@ pub async fn members(
     State(state): State<Arc<AppState>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let query = Query::parse(raw.as_deref());
-    let Some((stream, group)) = selection(&query)? else {
+    let Some((stream, group, p)) = selected_projection(&state, raw.as_deref()).await? else {
         return Ok(Json(Vec::new()));
     };
-    let p = routes::projection(&state, stream, group).await?;
     let mut members: Vec<_> = p.members.iter().collect();
     members.sort_by(|a, b| a.member_id.cmp(&b.member_id));
     let at = |ms: i64| (ms > 0).then(|| instant(ms));
@@ -261,11 +270,9 @@ pub async fn assignments(
     State(state): State<Arc<AppState>>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let query = Query::parse(raw.as_deref());
-    let Some((stream, group)) = selection(&query)? else {
+    let Some((stream, group, p)) = selected_projection(&state, raw.as_deref()).await? else {
         return Ok(Json(Vec::new()));
     };
-    let p = routes::projection(&state, stream, group).await?;
     let revoking = |shard: u32| -> String {
         let mut ids: Vec<&str> = p
             .members

@@ -272,6 +272,27 @@ async fn read(
         .map_err(|e| range_error(e, after))
 }
 
+/// Up to `count` entries of each of `shards` in `direction`, each after its `after` (exclusive).
+async fn read_shards<'a>(
+    state: &AppState,
+    stream: &str,
+    shards: &[u32],
+    direction: Direction,
+    after: impl Fn(u32) -> Option<&'a str>,
+    count: usize,
+) -> Result<Vec<Entry>, ApiError> {
+    let mut all = Vec::new();
+    for &shard in shards {
+        let key = shard_stream_key(stream, shard);
+        let read = read(state, &key, direction, after(shard), count).await?;
+        all.extend(
+            read.into_iter()
+                .map(|(id, fields)| Entry { shard, id, fields }),
+        );
+    }
+    Ok(all)
+}
+
 /// `GET .../grafana/messages?streamPrefix=&consumerGroup=[&shardIndex=0|all][&direction=BACKWARD]
 /// [&cursor=][&recordId=][&limit=25]`: message rows of one shard, or of all merged by id; a `recordId`
 /// finds that entry on any shard. Cursors: the previous page's `pageNextCursor` (a record id for one
@@ -364,19 +385,7 @@ pub async fn grafana(
             )));
         }
         let read_direction = direction.opposite();
-        let mut all = Vec::new();
-        for &s in &shards {
-            all.extend(
-                read(&state, &key(s), read_direction, None, count)
-                    .await?
-                    .into_iter()
-                    .map(|(id, fields)| Entry {
-                        shard: s,
-                        id,
-                        fields,
-                    }),
-            );
-        }
+        let mut all = read_shards(&state, stream, &shards, read_direction, |_| None, count).await?;
         ordered(&mut all, read_direction);
         let mut page: Vec<Entry> = all
             .into_iter()
@@ -388,11 +397,8 @@ pub async fn grafana(
         let next = (reached > 0).then(|| format!("__rsc_tail__:{}", reached - 1));
         (page, next)
     } else if let [shard] = shards[..] {
-        let mut page: Vec<Entry> = read(&state, &key(shard), direction, cursor, limit + 1)
-            .await?
-            .into_iter()
-            .map(|(id, fields)| Entry { shard, id, fields })
-            .collect();
+        let mut page =
+            read_shards(&state, stream, &[shard], direction, |_| cursor, limit + 1).await?;
         let more = page.len() > limit;
         page.truncate(limit);
         let next = if more {
@@ -403,20 +409,8 @@ pub async fn grafana(
         (page, next)
     } else {
         let mut positions = merged_cursor(cursor);
-        let mut all = Vec::new();
-        for &s in &shards {
-            let after = positions.get(&s).map(String::as_str);
-            all.extend(
-                read(&state, &key(s), direction, after, limit + 1)
-                    .await?
-                    .into_iter()
-                    .map(|(id, fields)| Entry {
-                        shard: s,
-                        id,
-                        fields,
-                    }),
-            );
-        }
+        let after = |s: u32| positions.get(&s).map(String::as_str);
+        let mut all = read_shards(&state, stream, &shards, direction, after, limit + 1).await?;
         ordered(&mut all, direction);
         let more = all.len() > limit;
         all.truncate(limit);

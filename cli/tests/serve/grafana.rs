@@ -10,22 +10,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use stream_listener_test_support::{wait_for_blocking, RedisServer};
 
-use super::server::{request_with, Server};
+use super::server::{basic, get_json as get, request_with, Server};
 use super::{create_group, GROUP, SHARDS, WAIT};
 
 const STREAM: &str = "graf";
 /// Entries per shard: shard `s` gets ids `(2k + s + 1)-0`, so merged by id they alternate 0, 1, 0, 1.
 const PER_SHARD: u64 = 30;
-
-fn get(url: &str, auth: Option<&str>) -> (u16, Value) {
-    let (status, _, body) = request_with("GET", url, None, auth);
-    let value = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
-    };
-    (status, value)
-}
 
 fn rows(url: &str, auth: &str) -> Vec<Value> {
     let (status, body) = get(url, Some(auth));
@@ -126,13 +116,7 @@ async fn grafana_rows_serve_the_origins_dashboards_and_say_what_redis_holds() {
     );
     let base = server.base();
     let g = format!("{base}/coord/v1/monitoring/grafana");
-    let reader = {
-        use base64::Engine as _;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode("grafana:grafana-pw")
-        )
-    };
+    let reader = basic("grafana", "grafana-pw");
     let member = Heartbeats::start(&base, "py-0");
     let q = format!("streamPrefix={STREAM}&consumerGroup={GROUP}");
     wait_for_blocking("py-0 owns every shard", WAIT, || {

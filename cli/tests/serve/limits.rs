@@ -2,43 +2,28 @@
 //! (the Python client) stopped with a read in flight for longer than its lease plus the server's hold,
 //! while a member of ours takes its shards over.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stream_listener::routing::shard_for_key;
 use stream_listener_test_support::aio::{poll_until, xpending_count};
-use stream_listener_test_support::RedisServer;
 
-use super::client::{HttpMember, Interval, Stop};
-use super::log::Log;
-use super::{create_group, rust_member, serve, wait_until, Production, GROUP, SHARDS, WAIT};
+use super::client::Stop;
+use super::{wait_until, MixedGroup, GROUP, SHARDS, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_in_flight_across_a_pause_past_lease_and_hold_is_handled_twice_and_only_that_read() {
-    let redis = RedisServer::start();
-    let url = redis.url();
     let stream = "in-flight";
-    create_group(&url, stream).await;
-    let server = serve(&url);
-    let log = Log::default();
-    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
-    let production = Production::start(&url, stream).await;
-    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
-    let py = HttpMember::start(
-        &server.base(),
-        &url,
-        stream,
-        GROUP,
-        "py-a",
-        Interval::Server,
-        log.clone(),
-    );
-    wait_until("the HTTP member handles entries", WAIT, || {
-        log.members().contains("py-a")
-    })
-    .await;
+    let MixedGroup {
+        _redis,
+        url,
+        _server,
+        log,
+        production,
+        rust,
+        py,
+    } = MixedGroup::start(stream, "py-a").await;
 
     // SIGSTOP with a read in flight: it read, and handles nothing until the test lets it go on.
     py.shared.freeze_after_read.store(true, Ordering::SeqCst);

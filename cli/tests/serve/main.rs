@@ -33,7 +33,7 @@ use stream_listener_tests::{test_runtime, Order, TIMING};
 
 use client::{HttpMember, Interval, Stop};
 use log::Log;
-use server::{request, request_with, Server};
+use server::{basic, request, request_with, Server};
 
 const SHARDS: u32 = 4;
 const GROUP: &str = "g";
@@ -155,6 +155,54 @@ impl Production {
     async fn stop(self) -> Vec<(String, Order)> {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await.unwrap()
+    }
+}
+
+/// A group under traffic on a Redis of its own: member `rust-a` of ours, and an HTTP member (the
+/// Python client's behaviour) through a server, both handling entries.
+struct MixedGroup {
+    _redis: RedisServer,
+    url: String,
+    _server: Server,
+    log: Log,
+    production: Production,
+    rust: RunningRuntime,
+    py: HttpMember,
+}
+
+impl MixedGroup {
+    /// Starts it on `stream`, the HTTP member as `py_id`, and waits until the HTTP member handles entries.
+    async fn start(stream: &str, py_id: &str) -> Self {
+        let redis = RedisServer::start();
+        let url = redis.url();
+        create_group(&url, stream).await;
+        let server = serve(&url);
+        let log = Log::default();
+        let revoked = Arc::new(Mutex::new(BTreeMap::new()));
+        let production = Production::start(&url, stream).await;
+        let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
+        let py = HttpMember::start(
+            &server.base(),
+            &url,
+            stream,
+            GROUP,
+            py_id,
+            Interval::Server,
+            log.clone(),
+        );
+        wait_until("the HTTP member handles entries", WAIT, || {
+            log.members().contains(py_id)
+        })
+        .await;
+        Self {
+            _redis: redis,
+            url,
+            _server: server,
+            log,
+            production,
+            rust,
+            py,
+        }
     }
 }
 
@@ -449,27 +497,15 @@ async fn a_killed_http_member_is_held_then_replaced_and_its_pending_entries_clai
 /// shards before its lease plus the hold; the Rust member then claims what it left pending; nothing is
 /// lost, handled twice or out of order.
 async fn lost_http_member(how: Lost, stream: &str) {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    create_group(&url, stream).await;
-    let server = serve(&url);
-    let log = Log::default();
-    let revoked = Arc::new(Mutex::new(BTreeMap::new()));
-    let production = Production::start(&url, stream).await;
-    let rust = rust_member(&url, stream, "rust-a", &log, &revoked).await;
-    let py = HttpMember::start(
-        &server.base(),
-        &url,
-        stream,
-        GROUP,
-        "py-m0",
-        Interval::Server,
-        log.clone(),
-    );
-    wait_until("the HTTP member handles entries", WAIT, || {
-        log.members().contains("py-m0")
-    })
-    .await;
+    let MixedGroup {
+        _redis,
+        url,
+        _server,
+        log,
+        production,
+        rust,
+        py,
+    } = MixedGroup::start(stream, "py-m0").await;
     let py_shards = py.assigned();
     assert!(!py_shards.is_empty());
     let last_sent = py.shared.clone();
@@ -852,13 +888,6 @@ async fn auth_refuses_the_unknown_and_the_unentitled_as_the_origin_does() {
         ],
     );
     let base = server.base();
-    let basic = |user: &str, password: &str| {
-        use base64::Engine as _;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-        )
-    };
     let routing = format!("{base}/coord/v1/streams/secured/groups/{GROUP}/producer-routing");
     let get = |authorization: Option<&str>| request_with("GET", &routing, None, authorization);
 
@@ -1004,13 +1033,7 @@ async fn admin_endpoints_create_scale_and_roll_back_in_the_origin_shapes() {
     // the scale was asked for), so a stalled machine skips them instead of failing.
     let migrating = |since: Instant| since.elapsed() < Duration::from_secs(5);
     let base = server.base();
-    let basic = |user: &str| {
-        use base64::Engine as _;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
-        )
-    };
+    let basic = |user: &str| basic(user, &format!("{user}-pw"));
     let (reader, writer, root) = (basic("reader"), basic("writer"), basic("root"));
     let call = |method: &str, path: &str, body: Option<Value>, who: Option<&str>| {
         let body = body.map(|b| b.to_string());
@@ -1594,13 +1617,7 @@ async fn offsets_and_metrics_report_what_redis_and_the_server_hold() {
         ],
     );
     let base = server.base();
-    let basic = |user: &str| {
-        use base64::Engine as _;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
-        )
-    };
+    let basic = |user: &str| basic(user, &format!("{user}-pw"));
     let offsets = format!("{base}/coord/v1/monitoring/streams/obs/groups/{GROUP}/offsets");
     assert_eq!(request("GET", &offsets, None).0, 401);
     let (status, _, body) = request_with("GET", &offsets, None, Some(&basic("member")));
@@ -1756,13 +1773,7 @@ async fn consumption_names_each_shards_owner_and_the_groups_position() {
             "a-secret-of-at-least-16-bytes",
         ],
     );
-    let basic = |user: &str| {
-        use base64::Engine as _;
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{user}-pw"))
-        )
-    };
+    let basic = |user: &str| basic(user, &format!("{user}-pw"));
     let consumption = format!(
         "{}/coord/v1/monitoring/streams/prog/groups/{GROUP}/consumption",
         server.base()

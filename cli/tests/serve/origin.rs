@@ -1,7 +1,7 @@
 //! The origin's remaining monitoring endpoints (session, compatibility, every group, a shard's
 //! messages) and its token format, in its shapes, against a running server.
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
@@ -9,7 +9,7 @@ use sha2::Sha256;
 use stream_listener_test_support::aio::xpending_count;
 use stream_listener_test_support::RedisServer;
 
-use super::server::{request_with, Server};
+use super::server::{basic, get_json as get, request_with, Server};
 use super::{create_group, GROUP};
 
 const SECRET: &str = "a-secret-of-at-least-16-bytes";
@@ -30,16 +30,6 @@ fn now_secs() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-fn get(url: &str, authorization: Option<&str>) -> (u16, Value) {
-    let (status, _, body) = request_with("GET", url, None, authorization);
-    let value = if body.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
-    };
-    (status, value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,7 +64,7 @@ async fn session_compatibility_groups_messages_and_tokens_are_the_origins() {
     );
     let base = server.base();
     let m = format!("{base}/coord/v1/monitoring");
-    let reader = format!("Basic {}", STANDARD.encode("reader:reader-pw"));
+    let reader = basic("reader", "reader-pw");
 
     // Tokens: ours are the origin's format, and one made as the origin makes it is accepted.
     let (status, _, body) = request_with(

@@ -74,6 +74,26 @@ impl Server {
     }
 }
 
+/// `GET url` with an optional `Authorization`: the status and the body as JSON (`null` when empty).
+pub fn get_json(url: &str, authorization: Option<&str>) -> (u16, serde_json::Value) {
+    let (status, _, body) = request_with("GET", url, None, authorization);
+    let value = if body.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+    (status, value)
+}
+
+/// `Authorization: Basic` of `user:password`.
+pub fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
 /// `(status, headers as lowercase name -> value, body)` of one request, never failing on a status.
 pub fn request(
     method: &str,
