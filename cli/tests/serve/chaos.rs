@@ -13,9 +13,11 @@
 //! pod would), `freeze-http` (an HTTP member stops for 1.3-1.8 sessions, within its lease and the
 //! server's hold, then goes on), `kill-server` (SIGKILL of the server, restarted on its address; the
 //! Python member dies on the refused connection and is started again, the Spring one keeps reading),
-//! `restart-rust` (the member of ours stops gracefully and starts again) and `leave-http` (a graceful
-//! leave, then a join). A member that died on a failed heartbeat is started again under its id after
-//! each fault.
+//! `restart-rust` (the member of ours stops gracefully and starts again), `leave-http` (a graceful
+//! leave, then a join), `restart-redis` (Redis shut down and started again with its append-only file:
+//! every connection of every part breaks, the HTTP members die on theirs) and `delmeta` (the group's
+//! metadata header, its member records, or both deleted, in turn: the store loses what it knew). A
+//! member that died on a failed heartbeat or read is started again under its id after each fault.
 //!
 //! Left out, as the README's "Mixed-language groups" says of clients that do not fence themselves: a
 //! freeze past the lease and the hold (the client then finishes the read it was in).
@@ -35,12 +37,14 @@ use super::{assert_complete, create_group, rust_member, wait_until, Production, 
 
 /// The server's hold here: a freeze of up to 1.8 sessions stays within lease + hold.
 const CHAOS_HOLD_MS: u64 = 3_000;
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 7] = [
     "kill-http",
     "freeze-http",
     "kill-server",
     "restart-rust",
     "leave-http",
+    "restart-redis",
+    "delmeta",
 ];
 
 /// Milliseconds uniform in `[from, to]`.
@@ -115,9 +119,10 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
     let budget = Duration::from_secs(30 + faults * 15);
     let started = Instant::now();
     let mut rng = Rng(seed);
-    let redis = RedisServer::start();
+    let mut redis = RedisServer::start_with_aof();
     let url = redis.url();
     let stream = "chaos";
+    let mut deleted_metadata = 0;
     create_group(&url, stream).await;
     let server = Server::start(&url, &["--hold-after-lease-ms", &CHAOS_HOLD_MS.to_string()]);
     let addr = server.addr.to_string();
@@ -198,6 +203,26 @@ async fn chaos_seeded_faults_on_a_mixed_group_lose_nothing_and_never_give_a_shar
                 }
                 tokio::time::sleep(millis(&mut rng, 0, 500)).await;
                 group.start_http(victim);
+            }
+            "restart-redis" => {
+                tokio::task::block_in_place(|| redis.restart_graceful());
+            }
+            "delmeta" => {
+                let header = format!("sl:{{{stream}/{}}}:meta", super::GROUP);
+                let records = format!("sl:{{{stream}/{}}}:members", super::GROUP);
+                let keys = match deleted_metadata % 3 {
+                    0 => vec![header],
+                    1 => vec![records],
+                    _ => vec![header, records],
+                };
+                deleted_metadata += 1;
+                let mut conn = stream_listener_tests::connection(&url).await;
+                let n: i64 = redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(n > 0, "{keys:?} existed");
             }
             _ => unreachable!(),
         }

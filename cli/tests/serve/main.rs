@@ -141,7 +141,13 @@ impl Production {
                         key: format!("k{k}"),
                         seq,
                     };
-                    producer.send(&order.key, &order).await.unwrap();
+                    // A Redis restart (the chaos run's) fails sends for a moment: try again.
+                    let mut tries = 0;
+                    while let Err(e) = producer.send(&order.key, &order).await {
+                        tries += 1;
+                        assert!(tries < 1_500, "k{k}/{seq} not sent: {e}");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                     sent.push((order.key.clone(), order));
                 }
                 seq += 1;
