@@ -20,7 +20,7 @@ use super::{routes, AppState};
 
 /// The most records one page returns (the origin's `MAX_MESSAGE_PAGE_SIZE`).
 pub const MAX_MESSAGE_PAGE_SIZE: i64 = 1_000;
-/// The most entries one tail page may read from a shard (`__rsc_tail__:N` far from the end).
+/// The most entries one tail page may read, over its shards (`__rsc_tail__:N` far from the end).
 const TAIL_READ_LIMIT: usize = 100_000;
 
 /// An `XRANGE`/`XREVRANGE` failure: Redis unreachable, or a cursor that is no stream id (`ERR
@@ -83,13 +83,13 @@ pub async fn shard_page(
         })?;
     let key = shard_stream_key(&stream, shard);
     let cursor = query.get("cursor").map(str::trim).filter(|c| !c.is_empty());
-    let mut page = read(&state, &key, direction, cursor, limit + 1).await?;
+    let mut page = read_shards(&state, &stream, &[shard], direction, |_| cursor, limit + 1).await?;
     let more = page.len() > limit;
     page.truncate(limit);
     let records: Vec<Value> = page
         .iter()
-        .map(|(id, flat)| {
-            let fields = field_map(flat);
+        .map(|Entry { id, fields, .. }| {
+            let fields = field_map(fields);
             let ms = id_ms(id);
             json!({
                 "streamPrefix": stream,
@@ -105,7 +105,7 @@ pub async fn shard_page(
         })
         .collect();
     let next = if more {
-        page.last().map(|(id, _)| id.clone())
+        page.last().map(|e| e.id.clone())
     } else {
         None
     };
@@ -240,15 +240,10 @@ fn tail_window(total: u64, limit: usize, distance: usize) -> Option<(usize, usiz
     }
 }
 
-/// Reads up to `count` entries of `key` in `direction` after `after` (exclusive), or from the start.
-async fn read(
-    state: &AppState,
-    key: &str,
-    direction: Direction,
-    after: Option<&str>,
-    count: usize,
-) -> Result<Vec<(String, Vec<String>)>, ApiError> {
-    let (cmd, start, end) = match direction {
+/// `XRANGE`/`XREVRANGE` of up to `count` entries of `key` in `direction`, after `after` (exclusive) or
+/// from the start.
+fn range(key: &str, direction: Direction, after: Option<&str>, count: usize) -> redis::Cmd {
+    let (name, start, end) = match direction {
         Direction::Forward => (
             "XRANGE",
             after.map_or("-".into(), |id| format!("({id}")),
@@ -260,19 +255,13 @@ async fn read(
             "-",
         ),
     };
-    let mut conn = state.conn.clone();
-    redis::cmd(cmd)
-        .arg(key)
-        .arg(start)
-        .arg(end)
-        .arg("COUNT")
-        .arg(count)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| range_error(e, after))
+    let mut cmd = redis::cmd(name);
+    cmd.arg(key).arg(start).arg(end).arg("COUNT").arg(count);
+    cmd
 }
 
-/// Up to `count` entries of each of `shards` in `direction`, each after its `after` (exclusive).
+/// Up to `count` entries of each of `shards` in `direction`, each after its `after` (exclusive): one
+/// pipeline.
 async fn read_shards<'a>(
     state: &AppState,
     stream: &str,
@@ -281,16 +270,29 @@ async fn read_shards<'a>(
     after: impl Fn(u32) -> Option<&'a str>,
     count: usize,
 ) -> Result<Vec<Entry>, ApiError> {
-    let mut all = Vec::new();
+    let mut pipe = redis::pipe();
     for &shard in shards {
-        let key = shard_stream_key(stream, shard);
-        let read = read(state, &key, direction, after(shard), count).await?;
-        all.extend(
-            read.into_iter()
-                .map(|(id, fields)| Entry { shard, id, fields }),
-        );
+        pipe.add_command(range(
+            &shard_stream_key(stream, shard),
+            direction,
+            after(shard),
+            count,
+        ));
     }
-    Ok(all)
+    let mut conn = state.conn.clone();
+    let read: Vec<Vec<(String, Vec<String>)>> = pipe
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| range_error(e, shards.first().and_then(|&s| after(s))))?;
+    Ok(shards
+        .iter()
+        .zip(read)
+        .flat_map(|(&shard, entries)| {
+            entries
+                .into_iter()
+                .map(move |(id, fields)| Entry { shard, id, fields })
+        })
+        .collect())
 }
 
 /// `GET .../grafana/messages?streamPrefix=&consumerGroup=[&shardIndex=0|all][&direction=BACKWARD]
@@ -378,10 +380,11 @@ pub async fn grafana(
             return Ok(Json(Vec::new()));
         };
         let count = offset + size;
-        if count > TAIL_READ_LIMIT {
+        if count.saturating_mul(shards.len()) > TAIL_READ_LIMIT {
             return Err(invalid(format!(
-                "cursor {:?} is {count} entries from the end: page there with the cursors of the pages before",
-                cursor.unwrap_or_default()
+                "cursor {:?} is {count} entries from the end of {} shard(s): page there with the cursors of the pages before",
+                cursor.unwrap_or_default(),
+                shards.len()
             )));
         }
         let read_direction = direction.opposite();

@@ -423,6 +423,27 @@ async fn grafana_rows_serve_the_origins_dashboards_and_say_what_redis_holds() {
     ] {
         assert_eq!(error(&path), bad, "{path}");
     }
+    // A tail page deeper than 100,000 entries from the end is refused rather than read.
+    let mut pipe = redis::pipe();
+    for i in 0..100_001u64 {
+        pipe.cmd("XADD")
+            .arg(format!("{STREAM}:2"))
+            .arg(format!("{}-0", i + 1))
+            .arg("k")
+            .arg(i)
+            .ignore();
+    }
+    let () = pipe.query_async(&mut conn).await.unwrap();
+    assert_eq!(
+        error(&format!(
+            "messages?{q}&shardIndex=2&limit=1&cursor=__rsc_tail__:100000"
+        )),
+        bad
+    );
+    assert_eq!(
+        page("shardIndex=2&limit=1&cursor=__rsc_tail__:99998").len(),
+        1
+    );
     let not_found = (404, json!("NOT_FOUND"), json!("GROUP_NOT_FOUND"));
     for path in [
         "members?streamPrefix=graf&consumerGroup=nobody",
