@@ -189,8 +189,10 @@ struct Cached {
 /// Publishes messages to one sharded stream. Cheap to clone; clones share the connection and topology cache.
 ///
 /// `C` is any async Redis connection that is cheap to clone: [`Connection`](crate::connection::Connection) (the
-/// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`] or
-/// [`redis::aio::MultiplexedConnection`].
+/// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`],
+/// [`redis::aio::MultiplexedConnection`] or [`redis::cluster_async::ClusterConnection`]. On a cluster
+/// (`Connection::Cluster` or a `ClusterConnection`) a batch goes out as one pipeline per shard, at once;
+/// elsewhere as one pipeline.
 #[derive(Clone)]
 pub struct Producer<C = crate::connection::Connection> {
     conn: C,
@@ -317,7 +319,7 @@ async fn connect_url(
 
 impl<C> Producer<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Creates a producer for the stream `prefix` with default settings, loading its topology.
     ///
@@ -475,7 +477,8 @@ where
         Ok(receipts.remove(0))
     }
 
-    /// Publishes `(key, payload)` pairs as JSON in one pipeline; receipts are in input order.
+    /// Publishes `(key, payload)` pairs as JSON in one pipeline (on a cluster one per shard, at once);
+    /// receipts are in input order.
     pub async fn send_batch<K, T>(
         &self,
         messages: &[(K, T)],
@@ -541,7 +544,8 @@ where
         self.publish(&outgoing).await
     }
 
-    /// Publishes `(key, payload bytes)` pairs in one pipeline; receipts are in input order.
+    /// Publishes `(key, payload bytes)` pairs in one pipeline (on a cluster one per shard, at once);
+    /// receipts are in input order.
     pub async fn send_batch_bytes<K, P>(
         &self,
         messages: &[(K, P)],
@@ -610,8 +614,9 @@ where
             .collect())
     }
 
-    /// XADDs `messages[i]` for each `i` in `indices` in one pipeline; returns the indices whose stream was
-    /// missing (nil reply).
+    /// XADDs `messages[i]` for each `i` in `indices`; returns the indices whose stream was missing (nil
+    /// reply). One pipeline, one round trip; on a cluster one pipeline per shard, sent at once (see
+    /// [`send_pipelines`](Self::send_pipelines)).
     async fn write(
         &self,
         topology: &Topology,
@@ -619,13 +624,17 @@ where
         indices: &[usize],
         receipts: &mut [Option<SendReceipt>],
     ) -> Result<Vec<usize>, ProducerError> {
-        let mut pipe = redis::pipe();
         let mut targets = Vec::with_capacity(indices.len());
+        let mut pipelines = Pipelines::new(
+            crate::connection::as_cluster(&self.conn).is_some(),
+            topology.shard_count(),
+        );
         for &i in indices {
             let message = &messages[i];
             let shard = topology.shard_for_key(message.key);
             let stream = topology.stream_key(shard);
-            let cmd = pipe.cmd("XADD").arg(&stream).arg("NOMKSTREAM");
+            let cmd = pipelines.add(shard, &stream).cmd("XADD");
+            cmd.arg(&stream).arg("NOMKSTREAM");
             if let Some(cap) = self.config.cap_unread {
                 cmd.arg("MAXLEN").arg("~").arg(cap);
             }
@@ -648,10 +657,7 @@ where
             }
             targets.push((i, shard, stream));
         }
-        // Per-command errors come back in place, so a frozen shard fails only its own messages.
-        pipe.ignore_errors();
-        let mut conn = self.conn.clone();
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let replies = self.send_pipelines(pipelines).await?;
         let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
             match reply {
@@ -694,5 +700,90 @@ where
             }
         }
         Ok(missing)
+    }
+}
+
+/// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
+/// is split (each command copied) again by the connection.
+enum Pipelines {
+    One(redis::Pipeline),
+    /// Per shard: the slot of its stream, its pipeline, and its commands' positions in the write.
+    PerShard {
+        /// Where each shard's part is in `parts`.
+        part_of: Vec<Option<usize>>,
+        parts: Vec<(u16, redis::Pipeline, Vec<usize>)>,
+        len: usize,
+    },
+}
+
+impl Pipelines {
+    fn new(per_shard: bool, shard_count: u32) -> Self {
+        if per_shard {
+            Self::PerShard {
+                part_of: vec![None; shard_count as usize],
+                parts: Vec::new(),
+                len: 0,
+            }
+        } else {
+            Self::One(redis::pipe())
+        }
+    }
+
+    /// The pipeline the next XADD, to `stream` of `shard`, goes in.
+    fn add(&mut self, shard: u32, stream: &str) -> &mut redis::Pipeline {
+        match self {
+            Self::One(pipe) => pipe,
+            Self::PerShard {
+                part_of,
+                parts,
+                len,
+            } => {
+                let part = *part_of[shard as usize].get_or_insert_with(|| {
+                    let slot = crate::connection::slot_of(stream.as_bytes());
+                    parts.push((slot, redis::pipe(), Vec::new()));
+                    parts.len() - 1
+                });
+                let (_, pipe, positions) = &mut parts[part];
+                positions.push(*len);
+                *len += 1;
+                pipe
+            }
+        }
+    }
+}
+
+impl<C> Producer<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Sends a write's pipelines and returns the replies in the order the XADDs were added.
+    /// Per-command errors come back in place, so a frozen shard fails only its own messages. On a
+    /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
+    /// write's error, as when the connection split one pipeline, though the other parts may have been
+    /// written.
+    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Vec<Value>, ProducerError> {
+        match pipelines {
+            Pipelines::One(mut pipe) => {
+                pipe.ignore_errors();
+                let mut conn = self.conn.clone();
+                Ok(pipe.query_async(&mut conn).await?)
+            }
+            Pipelines::PerShard { parts, len, .. } => {
+                let cluster = crate::connection::as_cluster(&self.conn)
+                    .expect("per-shard pipelines only on a cluster");
+                let (sends, positions): (Vec<_>, Vec<_>) = parts
+                    .into_iter()
+                    .map(|(slot, pipe, positions)| ((Some(slot), pipe), positions))
+                    .unzip();
+                let answers = crate::connection::send_to_slots(cluster, sends).await;
+                let mut replies = vec![Value::Nil; len];
+                for (positions, answer) in positions.into_iter().zip(answers) {
+                    for (position, reply) in positions.into_iter().zip(answer?) {
+                        replies[position] = reply;
+                    }
+                }
+                Ok(replies)
+            }
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! (`redis+cluster://host:port,host:port` or [`RedisTarget::cluster`] with seed nodes) goes through
 //! redis-rs's async cluster connection, which follows `MOVED` / `ASK` and reconnects after a failover. Every
 //! command stream-listener sends touches one slot (shard streams spread over slots; a group's keys share a
-//! hash tag); a pipeline that spans slots (the producer's batch) is split per slot here.
+//! hash tag); a pipeline that spans slots is split per slot here (the producer builds its batch's
+//! per-shard pipelines itself, see [`send_to_slots`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -580,6 +581,17 @@ fn slot_groups(pipeline: &Pipeline) -> Vec<(Option<u16>, Vec<usize>)> {
         }
     }
     groups.into_iter().collect()
+}
+
+/// The cluster connection inside `conn`, when it is one: a [`Connection::Cluster`] or a redis-rs
+/// `ClusterConnection`. Lets generic code (the producer) send one pipeline per slot itself on a
+/// cluster, and keep one pipeline, one round trip, elsewhere.
+pub(crate) fn as_cluster(conn: &dyn std::any::Any) -> Option<&ClusterConnection> {
+    match conn.downcast_ref::<Connection>() {
+        Some(Connection::Cluster(cluster)) => Some(cluster),
+        Some(_) => None,
+        None => conn.downcast_ref::<ClusterConnection>(),
+    }
 }
 
 /// The route of a pipeline of one slot: its master (as redis-rs routes a pipeline with a write; this
