@@ -629,32 +629,16 @@ where
             crate::connection::as_cluster(&self.conn).is_some(),
             topology.shard_count(),
         );
+        // Each shard's key is formatted once per write, not once per message.
+        let mut streams: Vec<Option<String>> = vec![None; topology.shard_count() as usize];
         for &i in indices {
             let message = &messages[i];
             let shard = topology.shard_for_key(message.key);
-            let stream = topology.stream_key(shard);
-            let cmd = pipelines.add(shard, &stream).cmd("XADD");
-            cmd.arg(&stream).arg("NOMKSTREAM");
-            if let Some(cap) = self.config.cap_unread {
-                cmd.arg("MAXLEN").arg("~").arg(cap);
-            }
-            cmd.arg("*").arg(KEY_FIELD).arg(message.key);
-            match &message.body {
-                Body::Payload(payload) => {
-                    cmd.arg(PAYLOAD_FIELD).arg(payload.as_ref());
-                }
-                Body::Fields(fields) => {
-                    for (name, value) in fields {
-                        cmd.arg(*name).arg(*value);
-                    }
-                }
-            }
-            if topology.version() > 1 {
-                cmd.arg(VERSION_FIELD).arg(topology.version());
-            }
-            if let Some(headers) = &message.headers {
-                cmd.arg(HEADERS_FIELD).arg(headers);
-            }
+            let stream = streams[shard as usize]
+                .get_or_insert_with(|| topology.stream_key(shard))
+                .clone();
+            let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
+            pipelines.add(shard, &stream).add_command(cmd);
             targets.push((i, shard, stream));
         }
         let replies = self.send_pipelines(pipelines).await?;
@@ -701,6 +685,66 @@ where
         }
         Ok(missing)
     }
+}
+
+/// `XADD <stream> NOMKSTREAM [MAXLEN ~ cap] * k <key> (p <payload> | fields..) [v <version>]
+/// [sl_headers <headers>]`, its buffers sized up front ([`xadd_capacity`]): grown argument by argument
+/// they would be reallocated several times per entry.
+fn xadd(cap_unread: Option<u64>, version: u64, stream: &str, message: &Outgoing<'_>) -> redis::Cmd {
+    let (args, bytes) = xadd_capacity(cap_unread, version, stream, message);
+    let mut cmd = redis::Cmd::with_capacity(args, bytes);
+    cmd.arg("XADD").arg(stream).arg("NOMKSTREAM");
+    if let Some(cap) = cap_unread {
+        cmd.arg("MAXLEN").arg("~").arg(cap);
+    }
+    cmd.arg("*").arg(KEY_FIELD).arg(message.key);
+    match &message.body {
+        Body::Payload(payload) => {
+            cmd.arg(PAYLOAD_FIELD).arg(payload.as_ref());
+        }
+        Body::Fields(fields) => {
+            for (name, value) in fields {
+                cmd.arg(*name).arg(*value);
+            }
+        }
+    }
+    if version > 1 {
+        cmd.arg(VERSION_FIELD).arg(version);
+    }
+    if let Some(headers) = &message.headers {
+        cmd.arg(HEADERS_FIELD).arg(headers);
+    }
+    cmd
+}
+
+/// How many arguments and bytes of arguments [`xadd`] writes, at most.
+fn xadd_capacity(
+    cap_unread: Option<u64>,
+    version: u64,
+    stream: &str,
+    message: &Outgoing<'_>,
+) -> (usize, usize) {
+    // `XADD`, `NOMKSTREAM`, `*`: 15 bytes; `MAXLEN ~`: 7; numbers at their widest, 20 digits.
+    let (mut args, mut bytes) = (6, 15 + stream.len() + KEY_FIELD.len() + message.key.len());
+    if cap_unread.is_some() {
+        (args, bytes) = (args + 3, bytes + 7 + 20);
+    }
+    match &message.body {
+        Body::Payload(payload) => {
+            (args, bytes) = (args + 2, bytes + PAYLOAD_FIELD.len() + payload.len())
+        }
+        Body::Fields(fields) => {
+            args += 2 * fields.len();
+            bytes += fields.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
+        }
+    }
+    if version > 1 {
+        (args, bytes) = (args + 2, bytes + VERSION_FIELD.len() + 20);
+    }
+    if let Some(headers) = &message.headers {
+        (args, bytes) = (args + 2, bytes + HEADERS_FIELD.len() + headers.len());
+    }
+    (args, bytes)
 }
 
 /// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
@@ -783,6 +827,41 @@ where
                     }
                 }
                 Ok(replies)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xadd_fits_the_buffers_sized_for_it() {
+        let headers = Headers::from_iter([("tenant", "acme")]);
+        let fields = [(b"name".as_slice(), b"value".as_slice()), (b"n2", b"")];
+        for cap in [None, Some(u64::MAX)] {
+            for version in [1, u64::MAX] {
+                for message in [
+                    Outgoing::new(b"key", Body::Payload(b"{}".as_slice().into()), None),
+                    Outgoing::new(b"", Body::Payload(b"".as_slice().into()), Some(&headers)),
+                    Outgoing::new(b"key", Body::Fields(fields.to_vec()), Some(&headers)),
+                ] {
+                    let cmd = xadd(cap, version, "orders:12", &message);
+                    let written: Vec<&[u8]> = cmd
+                        .args_iter()
+                        .map(|arg| match arg {
+                            redis::Arg::Simple(bytes) => bytes,
+                            _ => panic!("only plain arguments"),
+                        })
+                        .collect();
+                    let (args, bytes) = xadd_capacity(cap, version, "orders:12", &message);
+                    assert!(written.len() <= args, "{written:?}");
+                    assert!(
+                        written.iter().map(|a| a.len()).sum::<usize>() <= bytes,
+                        "{written:?}"
+                    );
+                }
             }
         }
     }
