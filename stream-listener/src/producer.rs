@@ -51,6 +51,15 @@
 //! ids: a shard a shrink removed, past its cut); after a refresh the affected messages
 //! are routed again and resent once. A producer that misses a shrink therefore never writes where nobody
 //! reads: its write fails over to the new layout, or fails loudly.
+//!
+//! # Redis Cluster
+//!
+//! On a cluster a batch goes out as one pipeline per shard (each of one slot), all at once; elsewhere as
+//! one pipeline. While a shard's slot migrates, redis-rs answers `ASK` by sending `ASKING` once and then
+//! the shard's whole pipeline to the importing node, which serves only the first command and sends the
+//! rest back (`MOVED`): until the migration ends, that first entry can be written once per turn,
+//! though its receipt names one of them, and consumers handle that message twice, as after a resent
+//! batch (at-least-once).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

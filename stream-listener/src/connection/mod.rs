@@ -8,7 +8,7 @@
 //! redis-rs's async cluster connection, which follows `MOVED` / `ASK` and reconnects after a failover. Every
 //! command stream-listener sends touches one slot (shard streams spread over slots; a group's keys share a
 //! hash tag); a pipeline that spans slots is split per slot here (the producer builds its batch's
-//! per-shard pipelines itself, see [`send_to_slots`]).
+//! per-shard pipelines itself and sends them with `send_to_slots`).
 
 use std::collections::BTreeMap;
 use std::fmt;
