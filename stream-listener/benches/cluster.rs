@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p stream-listener --bench cluster` (`SL_BENCH_ENTRIES`: entries per shard, default
 //! 10,000; `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
-//! faster: the ratio measures overhead.
+//! faster: the ratio measures overhead. Production also prints the client CPU per entry of each side
+//! (this process's threads only, not the redis-servers'), which decides the ratio on a busy machine.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener::topology::Topology;
 use stream_listener::Producer;
 use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
+use stream_listener_test_support::cpu::process_cpu;
 use stream_listener_test_support::{RedisCluster, RedisServer};
 use tokio::sync::{mpsc, Notify};
 
@@ -205,8 +207,9 @@ async fn consume_lib(
     elapsed
 }
 
-/// Rates (entries/s): raw production, producer, raw consumption, consumer.
-async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> [f64; 4] {
+/// Rates (entries/s): raw production, producer, raw consumption, consumer; and client CPU per entry (µs)
+/// of raw production and of the producer.
+async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4], [f64; 2]) {
     let conn = target
         .connect(ConnectOptions::default())
         .await
@@ -215,18 +218,27 @@ async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> [f64; 4] {
     let rate = |d: Duration| total as f64 / d.as_secs_f64();
     let raw_prefix = format!("raw{round}");
     let lib_prefix = format!("lib{round}");
+    let cpu_us =
+        |before: Duration| process_cpu().saturating_sub(before).as_secs_f64() * 1e6 / total as f64;
+    let cpu = process_cpu();
     let produced_raw = produce_raw(&conn, &raw_prefix, per_shard).await;
+    let raw_cpu = cpu_us(cpu);
+    let cpu = process_cpu();
     let produced_lib = produce_lib(&conn, &lib_prefix, total).await;
+    let lib_cpu = cpu_us(cpu);
     create_groups(&conn, &lib_prefix).await;
     let (consumed_raw, n) = consume_raw(&conn, &lib_prefix).await;
     assert_eq!(n, total, "baseline read everything");
     let consumed_lib = consume_lib(target, &conn, &lib_prefix, total).await;
-    [
-        rate(produced_raw),
-        rate(produced_lib),
-        rate(consumed_raw),
-        rate(consumed_lib),
-    ]
+    (
+        [
+            rate(produced_raw),
+            rate(produced_lib),
+            rate(consumed_raw),
+            rate(consumed_lib),
+        ],
+        [raw_cpu, lib_cpu],
+    )
 }
 
 fn main() {
@@ -252,8 +264,8 @@ fn main() {
     );
     runtime.block_on(async {
         for round in 0..rounds {
-            let s = measure(&single, per_shard, round).await;
-            let c = measure(&clustered, per_shard, round).await;
+            let (s, s_cpu) = measure(&single, per_shard, round).await;
+            let (c, c_cpu) = measure(&clustered, per_shard, round).await;
             let names = ["produce raw", "producer", "consume raw", "consumer"];
             for i in 0..4 {
                 println!(
@@ -270,6 +282,11 @@ fn main() {
                 c[1] / c[0],
                 s[3] / s[2],
                 c[3] / c[2]
+            );
+            println!(
+                "round {round} client CPU per entry: produce raw single {:.2} µs cluster {:.2} µs; \
+                 producer single {:.2} µs cluster {:.2} µs",
+                s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1]
             );
         }
     });

@@ -51,6 +51,15 @@
 //! ids: a shard a shrink removed, past its cut); after a refresh the affected messages
 //! are routed again and resent once. A producer that misses a shrink therefore never writes where nobody
 //! reads: its write fails over to the new layout, or fails loudly.
+//!
+//! # Redis Cluster
+//!
+//! On a cluster a batch goes out as one pipeline per shard (each of one slot), all at once; elsewhere as
+//! one pipeline. While a shard's slot migrates, redis-rs answers `ASK` by sending `ASKING` once and then
+//! the shard's whole pipeline to the importing node, which serves only the first command and sends the
+//! rest back (`MOVED`): until the migration ends, that first entry can be written once per turn,
+//! though its receipt names one of them, and consumers handle that message twice, as after a resent
+//! batch (at-least-once).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,8 +198,10 @@ struct Cached {
 /// Publishes messages to one sharded stream. Cheap to clone; clones share the connection and topology cache.
 ///
 /// `C` is any async Redis connection that is cheap to clone: [`Connection`](crate::connection::Connection) (the
-/// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`] or
-/// [`redis::aio::MultiplexedConnection`].
+/// default, which reconnects, on one node or a cluster), [`redis::aio::ConnectionManager`],
+/// [`redis::aio::MultiplexedConnection`] or [`redis::cluster_async::ClusterConnection`]. On a cluster
+/// (`Connection::Cluster` or a `ClusterConnection`) a batch goes out as one pipeline per shard, at once;
+/// elsewhere as one pipeline.
 #[derive(Clone)]
 pub struct Producer<C = crate::connection::Connection> {
     conn: C,
@@ -317,7 +328,7 @@ async fn connect_url(
 
 impl<C> Producer<C>
 where
-    C: ConnectionLike + Clone + Send + Sync,
+    C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Creates a producer for the stream `prefix` with default settings, loading its topology.
     ///
@@ -475,7 +486,8 @@ where
         Ok(receipts.remove(0))
     }
 
-    /// Publishes `(key, payload)` pairs as JSON in one pipeline; receipts are in input order.
+    /// Publishes `(key, payload)` pairs as JSON in one pipeline (on a cluster one per shard, at once);
+    /// receipts are in input order.
     pub async fn send_batch<K, T>(
         &self,
         messages: &[(K, T)],
@@ -541,7 +553,8 @@ where
         self.publish(&outgoing).await
     }
 
-    /// Publishes `(key, payload bytes)` pairs in one pipeline; receipts are in input order.
+    /// Publishes `(key, payload bytes)` pairs in one pipeline (on a cluster one per shard, at once);
+    /// receipts are in input order.
     pub async fn send_batch_bytes<K, P>(
         &self,
         messages: &[(K, P)],
@@ -610,8 +623,9 @@ where
             .collect())
     }
 
-    /// XADDs `messages[i]` for each `i` in `indices` in one pipeline; returns the indices whose stream was
-    /// missing (nil reply).
+    /// XADDs `messages[i]` for each `i` in `indices`; returns the indices whose stream was missing (nil
+    /// reply). One pipeline, one round trip; on a cluster one pipeline per shard, sent at once (see
+    /// [`send_pipelines`](Self::send_pipelines)).
     async fn write(
         &self,
         topology: &Topology,
@@ -619,39 +633,24 @@ where
         indices: &[usize],
         receipts: &mut [Option<SendReceipt>],
     ) -> Result<Vec<usize>, ProducerError> {
-        let mut pipe = redis::pipe();
         let mut targets = Vec::with_capacity(indices.len());
+        let mut pipelines = Pipelines::new(
+            crate::connection::as_cluster(&self.conn).is_some(),
+            topology.shard_count(),
+        );
+        // Each shard's key is formatted once per write, not once per message.
+        let mut streams: Vec<Option<String>> = vec![None; topology.shard_count() as usize];
         for &i in indices {
             let message = &messages[i];
             let shard = topology.shard_for_key(message.key);
-            let stream = topology.stream_key(shard);
-            let cmd = pipe.cmd("XADD").arg(&stream).arg("NOMKSTREAM");
-            if let Some(cap) = self.config.cap_unread {
-                cmd.arg("MAXLEN").arg("~").arg(cap);
-            }
-            cmd.arg("*").arg(KEY_FIELD).arg(message.key);
-            match &message.body {
-                Body::Payload(payload) => {
-                    cmd.arg(PAYLOAD_FIELD).arg(payload.as_ref());
-                }
-                Body::Fields(fields) => {
-                    for (name, value) in fields {
-                        cmd.arg(*name).arg(*value);
-                    }
-                }
-            }
-            if topology.version() > 1 {
-                cmd.arg(VERSION_FIELD).arg(topology.version());
-            }
-            if let Some(headers) = &message.headers {
-                cmd.arg(HEADERS_FIELD).arg(headers);
-            }
+            let stream = streams[shard as usize]
+                .get_or_insert_with(|| topology.stream_key(shard))
+                .clone();
+            let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
+            pipelines.add(shard, &stream).add_command(cmd);
             targets.push((i, shard, stream));
         }
-        // Per-command errors come back in place, so a frozen shard fails only its own messages.
-        pipe.ignore_errors();
-        let mut conn = self.conn.clone();
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let replies = self.send_pipelines(pipelines).await?;
         let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
             match reply {
@@ -694,5 +693,185 @@ where
             }
         }
         Ok(missing)
+    }
+}
+
+/// `XADD <stream> NOMKSTREAM [MAXLEN ~ cap] * k <key> (p <payload> | fields..) [v <version>]
+/// [sl_headers <headers>]`, its buffers sized up front ([`xadd_capacity`]): grown argument by argument
+/// they would be reallocated several times per entry.
+fn xadd(cap_unread: Option<u64>, version: u64, stream: &str, message: &Outgoing<'_>) -> redis::Cmd {
+    let (args, bytes) = xadd_capacity(cap_unread, version, stream, message);
+    let mut cmd = redis::Cmd::with_capacity(args, bytes);
+    cmd.arg("XADD").arg(stream).arg("NOMKSTREAM");
+    if let Some(cap) = cap_unread {
+        cmd.arg("MAXLEN").arg("~").arg(cap);
+    }
+    cmd.arg("*").arg(KEY_FIELD).arg(message.key);
+    match &message.body {
+        Body::Payload(payload) => {
+            cmd.arg(PAYLOAD_FIELD).arg(payload.as_ref());
+        }
+        Body::Fields(fields) => {
+            for (name, value) in fields {
+                cmd.arg(*name).arg(*value);
+            }
+        }
+    }
+    if version > 1 {
+        cmd.arg(VERSION_FIELD).arg(version);
+    }
+    if let Some(headers) = &message.headers {
+        cmd.arg(HEADERS_FIELD).arg(headers);
+    }
+    cmd
+}
+
+/// How many arguments and bytes of arguments [`xadd`] writes, at most.
+fn xadd_capacity(
+    cap_unread: Option<u64>,
+    version: u64,
+    stream: &str,
+    message: &Outgoing<'_>,
+) -> (usize, usize) {
+    // `XADD`, `NOMKSTREAM`, `*`: 15 bytes; `MAXLEN ~`: 7; numbers at their widest, 20 digits.
+    let (mut args, mut bytes) = (6, 15 + stream.len() + KEY_FIELD.len() + message.key.len());
+    if cap_unread.is_some() {
+        (args, bytes) = (args + 3, bytes + 7 + 20);
+    }
+    match &message.body {
+        Body::Payload(payload) => {
+            (args, bytes) = (args + 2, bytes + PAYLOAD_FIELD.len() + payload.len())
+        }
+        Body::Fields(fields) => {
+            args += 2 * fields.len();
+            bytes += fields.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
+        }
+    }
+    if version > 1 {
+        (args, bytes) = (args + 2, bytes + VERSION_FIELD.len() + 20);
+    }
+    if let Some(headers) = &message.headers {
+        (args, bytes) = (args + 2, bytes + HEADERS_FIELD.len() + headers.len());
+    }
+    (args, bytes)
+}
+
+/// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
+/// is split (each command copied) again by the connection.
+enum Pipelines {
+    One(redis::Pipeline),
+    /// Per shard: the slot of its stream, its pipeline, and its commands' positions in the write.
+    PerShard {
+        /// Where each shard's part is in `parts`.
+        part_of: Vec<Option<usize>>,
+        parts: Vec<(u16, redis::Pipeline, Vec<usize>)>,
+        len: usize,
+    },
+}
+
+impl Pipelines {
+    fn new(per_shard: bool, shard_count: u32) -> Self {
+        if per_shard {
+            Self::PerShard {
+                part_of: vec![None; shard_count as usize],
+                parts: Vec::new(),
+                len: 0,
+            }
+        } else {
+            Self::One(redis::pipe())
+        }
+    }
+
+    /// The pipeline the next XADD, to `stream` of `shard`, goes in.
+    fn add(&mut self, shard: u32, stream: &str) -> &mut redis::Pipeline {
+        match self {
+            Self::One(pipe) => pipe,
+            Self::PerShard {
+                part_of,
+                parts,
+                len,
+            } => {
+                let part = *part_of[shard as usize].get_or_insert_with(|| {
+                    let slot = crate::connection::slot_of(stream.as_bytes());
+                    parts.push((slot, redis::pipe(), Vec::new()));
+                    parts.len() - 1
+                });
+                let (_, pipe, positions) = &mut parts[part];
+                positions.push(*len);
+                *len += 1;
+                pipe
+            }
+        }
+    }
+}
+
+impl<C> Producer<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Sends a write's pipelines and returns the replies in the order the XADDs were added.
+    /// Per-command errors come back in place, so a frozen shard fails only its own messages. On a
+    /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
+    /// write's error, as when the connection split one pipeline, though the other parts may have been
+    /// written.
+    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Vec<Value>, ProducerError> {
+        match pipelines {
+            Pipelines::One(mut pipe) => {
+                pipe.ignore_errors();
+                let mut conn = self.conn.clone();
+                Ok(pipe.query_async(&mut conn).await?)
+            }
+            Pipelines::PerShard { parts, len, .. } => {
+                let cluster = crate::connection::as_cluster(&self.conn)
+                    .expect("per-shard pipelines only on a cluster");
+                let (sends, positions): (Vec<_>, Vec<_>) = parts
+                    .into_iter()
+                    .map(|(slot, pipe, positions)| ((Some(slot), pipe), positions))
+                    .unzip();
+                let answers = crate::connection::send_to_slots(cluster, sends).await;
+                let mut replies = vec![Value::Nil; len];
+                for (positions, answer) in positions.into_iter().zip(answers) {
+                    for (position, reply) in positions.into_iter().zip(answer?) {
+                        replies[position] = reply;
+                    }
+                }
+                Ok(replies)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_xadd_fits_the_buffers_sized_for_it() {
+        let headers = Headers::from_iter([("tenant", "acme")]);
+        let fields = [(b"name".as_slice(), b"value".as_slice()), (b"n2", b"")];
+        for cap in [None, Some(u64::MAX)] {
+            for version in [1, u64::MAX] {
+                for message in [
+                    Outgoing::new(b"key", Body::Payload(b"{}".as_slice().into()), None),
+                    Outgoing::new(b"", Body::Payload(b"".as_slice().into()), Some(&headers)),
+                    Outgoing::new(b"key", Body::Fields(fields.to_vec()), Some(&headers)),
+                ] {
+                    let cmd = xadd(cap, version, "orders:12", &message);
+                    let written: Vec<&[u8]> = cmd
+                        .args_iter()
+                        .map(|arg| match arg {
+                            redis::Arg::Simple(bytes) => bytes,
+                            _ => panic!("only plain arguments"),
+                        })
+                        .collect();
+                    let (args, bytes) = xadd_capacity(cap, version, "orders:12", &message);
+                    assert!(written.len() <= args, "{written:?}");
+                    assert!(
+                        written.iter().map(|a| a.len()).sum::<usize>() <= bytes,
+                        "{written:?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! (`redis+cluster://host:port,host:port` or [`RedisTarget::cluster`] with seed nodes) goes through
 //! redis-rs's async cluster connection, which follows `MOVED` / `ASK` and reconnects after a failover. Every
 //! command stream-listener sends touches one slot (shard streams spread over slots; a group's keys share a
-//! hash tag); a pipeline that spans slots (the producer's batch) is split per slot here.
+//! hash tag); a pipeline that spans slots is split per slot here (the producer builds its batch's
+//! per-shard pipelines itself and sends them with `send_to_slots`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -522,65 +523,105 @@ impl Connection {
 }
 
 /// The slot of a command's first key, for the commands stream-listener pipelines (`None`: keyless).
+/// Reads the arguments in place: it runs for every command of every cluster pipeline.
 fn command_slot(cmd: &Cmd) -> Option<u16> {
-    let args: Vec<&[u8]> = cmd
-        .args_iter()
-        .filter_map(|arg| match arg {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            _ => None,
-        })
-        .collect();
-    let name = args.first()?.to_ascii_uppercase();
-    let key = match name.as_slice() {
-        b"TIME" | b"PING" | b"INFO" | b"SCRIPT" | b"CLIENT" | b"CLUSTER" => return None,
-        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" => {
-            let keys = std::str::from_utf8(args.get(2)?)
-                .ok()?
-                .parse::<usize>()
-                .ok()?;
-            if keys == 0 {
-                return None;
-            }
-            args.get(3)?
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?;
+    let is = |names: &[&str]| {
+        names
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
+    };
+    let key = if is(&["TIME", "PING", "INFO", "SCRIPT", "CLIENT", "CLUSTER"]) {
+        return None;
+    } else if is(&["EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL"]) {
+        let keys = std::str::from_utf8(args.nth(1)?)
+            .ok()?
+            .parse::<usize>()
+            .ok()?;
+        if keys == 0 {
+            return None;
         }
+        args.next()?
+    } else if is(&["XINFO", "MEMORY"]) {
         // `XINFO GROUPS <key>`, `XINFO STREAM <key>`, `MEMORY USAGE <key>`: the key follows the
         // subcommand.
-        b"XINFO" | b"MEMORY" => args.get(2)?,
-        b"XREAD" | b"XREADGROUP" => {
-            let at = args
-                .iter()
-                .position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
-            args.get(at + 1)?
-        }
-        _ => args.get(1)?,
+        args.nth(1)?
+    } else if is(&["XREAD", "XREADGROUP"]) {
+        args.find(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
+        args.next()?
+    } else {
+        args.next()?
     };
     Some(slot_of(key))
 }
 
-/// Splits a pipeline's commands by slot (keyless commands go with the first group), keeping each
-/// command's position so the answers can be put back in order.
-fn split_by_slot(pipeline: &Pipeline) -> Vec<(Vec<usize>, Pipeline)> {
-    let mut groups: BTreeMap<Option<u16>, (Vec<usize>, Pipeline)> = BTreeMap::new();
+/// A pipeline's command positions grouped by slot (keyless commands go with the first keyed slot, or
+/// make the only group when no command has a key), so the answers can be put back in order. Positions
+/// only: a pipeline of one slot, the usual case, is sent as it is, without copying its commands.
+fn slot_groups(pipeline: &Pipeline) -> Vec<(Option<u16>, Vec<usize>)> {
+    let mut groups: BTreeMap<Option<u16>, Vec<usize>> = BTreeMap::new();
     let mut first = None;
     for (index, cmd) in pipeline.cmd_iter().enumerate() {
         let slot = command_slot(cmd);
         if first.is_none() && slot.is_some() {
             first = slot;
         }
-        let group = groups
-            .entry(slot)
-            .or_insert_with(|| (Vec::new(), redis::pipe()));
-        group.0.push(index);
-        group.1.add_command(cmd.clone());
+        groups.entry(slot).or_default().push(index);
     }
-    if let (Some(keyless), Some(first)) = (groups.remove(&None), first) {
-        let group = groups.get_mut(&Some(first)).expect("first slot present");
-        for (index, cmd) in keyless.0.into_iter().zip(keyless.1.cmd_iter()) {
-            group.0.push(index);
-            group.1.add_command(cmd.clone());
+    if let Some(first) = first {
+        if let Some(keyless) = groups.remove(&None) {
+            groups
+                .get_mut(&Some(first))
+                .expect("first slot present")
+                .extend(keyless);
         }
     }
-    groups.into_values().collect()
+    groups.into_iter().collect()
+}
+
+/// The cluster connection inside `conn`, when it is one: a [`Connection::Cluster`] or a redis-rs
+/// `ClusterConnection`. Lets generic code (the producer) send one pipeline per slot itself on a
+/// cluster, and keep one pipeline, one round trip, elsewhere.
+pub(crate) fn as_cluster(conn: &dyn std::any::Any) -> Option<&ClusterConnection> {
+    match conn.downcast_ref::<Connection>() {
+        Some(Connection::Cluster(cluster)) => Some(cluster),
+        Some(_) => None,
+        None => conn.downcast_ref::<ClusterConnection>(),
+    }
+}
+
+/// The route of a pipeline of one slot: its master (as redis-rs routes a pipeline with a write; this
+/// connection never reads from replicas), any node when keyless.
+fn slot_route(slot: Option<u16>) -> redis::cluster_routing::SingleNodeRoutingInfo {
+    use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+    match slot {
+        Some(slot) => SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
+        None => SingleNodeRoutingInfo::Random,
+    }
+}
+
+/// Sends pipelines of one slot each (`None`: keyless, any node) at once on the shared cluster
+/// connection, polled together in this task (no task per part: a producer's batch has one part per
+/// shard). Each goes to its slot's master ([`slot_route`]) and is moved into redis-rs, which would copy
+/// a borrowed one. A part's
+/// per-command errors (`MOVED` included) come back in place; the answers are in the parts' order.
+pub(crate) async fn send_to_slots(
+    conn: &ClusterConnection,
+    parts: Vec<(Option<u16>, Pipeline)>,
+) -> Vec<RedisResult<Vec<Value>>> {
+    futures_util::future::join_all(parts.into_iter().map(|(slot, part)| {
+        let mut conn = conn.clone();
+        let route = slot_route(slot);
+        async move {
+            let n = part.len();
+            conn.route_pipeline(part, 0, n, route).await
+        }
+    }))
+    .await
 }
 
 impl ConnectionLike for Connection {
@@ -605,39 +646,45 @@ impl ConnectionLike for Connection {
             Self::Single(conn) => return conn.req_packed_commands(pipeline, offset, count),
             Self::Sentinel(conn) => return conn.req_packed_commands(pipeline, offset, count),
         };
-        {
-            {
-                Box::pin(async move {
-                    let groups = split_by_slot(pipeline);
-                    if groups.len() <= 1 {
-                        let mut conn = conn;
-                        return conn.req_packed_commands(pipeline, offset, count).await;
+        Box::pin(async move {
+            let mut groups = slot_groups(pipeline);
+            if groups.len() <= 1 {
+                let mut conn = conn;
+                return match groups.pop() {
+                    // One slot: routed by the slot already known, without redis-rs reading every
+                    // command again.
+                    Some((Some(slot), _)) => {
+                        conn.route_pipeline(pipeline.clone(), offset, count, slot_route(Some(slot)))
+                            .await
                     }
-                    let total = pipeline.len();
-                    // The parts go out at once on the shared cluster connection, polled together in
-                    // this task (no task per part: a producer's batch has one part per shard).
-                    let parts = groups.into_iter().map(|(indices, part)| {
-                        let mut conn = conn.clone();
-                        async move {
-                            let n = part.len();
-                            let answers = conn.req_packed_commands(&part, 0, n).await;
-                            (indices, answers)
-                        }
-                    });
-                    let mut answers: Vec<Option<Value>> = vec![None; total];
-                    for (indices, part) in futures_util::future::join_all(parts).await {
-                        for (index, value) in indices.into_iter().zip(part?) {
-                            answers[index] = Some(value);
-                        }
-                    }
-                    let answers: Vec<Value> = answers
-                        .into_iter()
-                        .map(|a| a.unwrap_or(Value::Nil))
-                        .collect();
-                    Ok(answers.into_iter().skip(offset).take(count).collect())
-                })
+                    // Keyless: redis-rs picks the node.
+                    _ => conn.req_packed_commands(pipeline, offset, count).await,
+                };
             }
-        }
+            let commands: Vec<&Cmd> = pipeline.cmd_iter().collect();
+            let parts = groups
+                .iter()
+                .map(|(slot, indices)| {
+                    let mut part = redis::pipe();
+                    for &index in indices {
+                        part.add_command(commands[index].clone());
+                    }
+                    (*slot, part)
+                })
+                .collect();
+            let mut answers: Vec<Option<Value>> = vec![None; pipeline.len()];
+            for ((_, indices), part) in groups.into_iter().zip(send_to_slots(&conn, parts).await) {
+                for (index, value) in indices.into_iter().zip(part?) {
+                    answers[index] = Some(value);
+                }
+            }
+            Ok(answers
+                .into_iter()
+                .skip(offset)
+                .take(count)
+                .map(|a| a.unwrap_or(Value::Nil))
+                .collect())
+        })
     }
 
     fn get_db(&self) -> i64 {
@@ -773,7 +820,7 @@ mod tests {
         pipe.cmd("XINFO").arg("GROUPS").arg("orders:1");
         pipe.cmd("MEMORY").arg("USAGE").arg("orders:1");
         let mut positions: Vec<Vec<usize>> =
-            split_by_slot(&pipe).into_iter().map(|(i, _)| i).collect();
+            slot_groups(&pipe).into_iter().map(|(_, i)| i).collect();
         positions.sort();
         assert_eq!(positions, [vec![0, 1], vec![2, 3]]);
     }
@@ -785,13 +832,45 @@ mod tests {
         pipe.cmd("XADD").arg("orders:1").arg("*").arg("k").arg("b");
         pipe.cmd("TIME");
         pipe.cmd("XADD").arg("orders:0").arg("*").arg("k").arg("c");
-        let groups = split_by_slot(&pipe);
+        let groups = slot_groups(&pipe);
         assert_ne!(slot_of(b"orders:0"), slot_of(b"orders:1"));
         assert_eq!(groups.len(), 2);
-        let mut positions: Vec<Vec<usize>> = groups.iter().map(|(i, _)| i.clone()).collect();
-        positions.sort();
+        let mut positions: Vec<(Option<u16>, Vec<usize>)> = groups;
+        positions.sort_by_key(|(_, i)| i.clone());
         // The keyless TIME goes with the first key's slot (orders:0).
-        assert_eq!(positions, [vec![0, 3, 2], vec![1]]);
+        assert_eq!(
+            positions,
+            [
+                (Some(slot_of(b"orders:0")), vec![0, 3, 2]),
+                (Some(slot_of(b"orders:1")), vec![1])
+            ]
+        );
+        // Keyless alone make one group; names are matched in any case, and the key of EVAL and
+        // XREADGROUP is found after their counts and options.
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING");
+        pipe.cmd("time");
+        assert_eq!(slot_groups(&pipe), [(None, vec![0, 1])]);
+        let mut pipe = redis::pipe();
+        pipe.cmd("evalsha")
+            .arg("sha")
+            .arg(1)
+            .arg("orders:1")
+            .arg("x");
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("g")
+            .arg("c")
+            .arg("COUNT")
+            .arg(10)
+            .arg("streams")
+            .arg("orders:1")
+            .arg(">");
+        pipe.cmd("EVAL").arg("return 1").arg(0);
+        assert_eq!(
+            slot_groups(&pipe),
+            [(Some(slot_of(b"orders:1")), vec![0, 1, 2])]
+        );
         // Known slots (CLUSTER KEYSLOT), and hash tags keep a group's keys in one slot.
         assert_eq!(slot_of(b"foo"), 12182);
         assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
