@@ -54,12 +54,12 @@
 //!
 //! # Redis Cluster
 //!
-//! On a cluster a batch goes out as one pipeline per shard (each of one slot), all at once; elsewhere as
-//! one pipeline. While a shard's slot migrates, redis-rs answers `ASK` by sending `ASKING` once and then
-//! the shard's whole pipeline to the importing node, which serves only the first command and sends the
-//! rest back (`MOVED`): until the migration ends, that first entry can be written once per turn,
-//! though its receipt names one of them, and consumers handle that message twice, as after a resent
-//! batch (at-least-once).
+//! On a cluster a batch goes out as one `MULTI`/`EXEC` transaction per shard (each of one slot), all at
+//! once; elsewhere as one pipeline. A transaction because of slot migrations: redis-rs follows an `ASK`
+//! with one `ASKING` and the resent commands, and Redis keeps that flag for a whole transaction but for
+//! one plain command only, so a plain pipeline's first XADD could be written once per turn between the
+//! two nodes, unreported. A shard's transaction is written once, or not at all (an `OOM` while queued
+//! refuses the shard's whole part).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -793,7 +793,10 @@ impl Pipelines {
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
                     let slot = crate::connection::slot_of(stream.as_bytes());
-                    parts.push((slot, redis::pipe(), Vec::new()));
+                    // A transaction: see `send_pipelines`.
+                    let mut pipe = redis::pipe();
+                    pipe.atomic();
+                    parts.push((slot, pipe, Vec::new()));
                     parts.len() - 1
                 });
                 let (_, pipe, positions) = &mut parts[part];
@@ -831,7 +834,7 @@ where
                 let answers = crate::connection::send_to_slots(cluster, sends).await;
                 let mut replies = vec![Value::Nil; len];
                 for (positions, answer) in positions.into_iter().zip(answers) {
-                    for (position, reply) in positions.into_iter().zip(answer?) {
+                    for (position, reply) in positions.into_iter().zip(exec_replies(answer?)) {
                         replies[position] = reply;
                     }
                 }
@@ -841,9 +844,61 @@ where
     }
 }
 
+/// The per-command replies of one shard's transaction (`MULTI`, its XADDs, `EXEC`: every reply, in
+/// order). A command refused while queued (`OOM`) aborts the transaction: nothing was written, and each
+/// command answers with that refusal.
+///
+/// Each shard's part is a transaction because of slot migrations: redis-rs answers `ASK` with one
+/// `ASKING` before the resent pipeline, and Redis keeps that flag for a whole `MULTI` but for one plain
+/// command only, so a plain pipeline's first XADD was written on the importing node and the rest sent
+/// back (`MOVED`), again and again until the migration ended. A `MOVED` while queued aborts the
+/// transaction too, so the resent one is its only write.
+fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
+    let n = replies.len().saturating_sub(2);
+    let mut replies = replies.into_iter();
+    let queued: Vec<Value> = replies.by_ref().skip(1).take(n).collect();
+    match replies.next() {
+        Some(Value::Array(executed)) if executed.len() == n => executed,
+        exec => {
+            let refusal = queued
+                .into_iter()
+                .find(|r| matches!(r, Value::ServerError(_)))
+                .or(exec)
+                .unwrap_or(Value::Nil);
+            vec![refusal; n]
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transactions_replies_are_its_commands_or_the_refusal_of_all() {
+        let ok = || Value::Okay;
+        let queued = || Value::SimpleString("QUEUED".into());
+        let id = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let executed = vec![
+            ok(),
+            queued(),
+            queued(),
+            Value::Array(vec![id("1-0"), Value::Nil]),
+        ];
+        assert_eq!(exec_replies(executed), vec![id("1-0"), Value::Nil]);
+        let error =
+            |text: &str| redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        let oom = error("OOM command not allowed");
+        let exec_abort = error("EXECABORT Transaction discarded");
+        assert!(matches!(oom, Value::ServerError(_)));
+        let refused = vec![ok(), queued(), oom.clone(), exec_abort.clone()];
+        assert_eq!(exec_replies(refused), vec![oom.clone(), oom]);
+        // An EXEC that failed without a queued refusal: each command gets EXEC's answer.
+        assert_eq!(
+            exec_replies(vec![ok(), queued(), exec_abort.clone()]),
+            vec![exec_abort]
+        );
+    }
 
     #[test]
     fn an_xadd_fits_the_buffers_sized_for_it() {

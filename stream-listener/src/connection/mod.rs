@@ -617,7 +617,8 @@ pub(crate) async fn send_to_slots(
         let mut conn = conn.clone();
         let route = slot_route(slot);
         async move {
-            let n = part.len();
+            // A transaction's answers are `MULTI`'s, one per command queued, and `EXEC`'s.
+            let n = part.len() + if part.is_transaction() { 2 } else { 0 };
             conn.route_pipeline(part, 0, n, route).await
         }
     }))
