@@ -19,10 +19,10 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 use tokio::time::Instant;
 
-use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
+use super::wait::Read;
 use super::wait_spec::WaitSpec;
 use crate::connection::{parse_cluster_slots, slot_of};
 
@@ -108,7 +108,7 @@ async fn blocking_for(
     })
 }
 
-type ReadResult = (u16, Blocking, RedisResult<Vec<String>>);
+type ReadResult = (u16, Blocking, RedisResult<Read>);
 
 /// The blocking part of the idle wait on a cluster (once [`super::wait::run`] knows where to watch from).
 pub(crate) async fn read(
@@ -127,8 +127,9 @@ pub(crate) async fn read(
             return outcome;
         }
     };
+    let group_wait = io.group_wait();
     let mut groups: BTreeMap<u16, Vec<(String, String)>> = BTreeMap::new();
-    for (key, from) in spec.streams() {
+    for (key, from) in spec.streams(group_wait) {
         groups
             .entry(slot_of(key.as_bytes()))
             .or_default()
@@ -168,7 +169,15 @@ pub(crate) async fn read(
                 .iter()
                 .map(|(k, id)| (k.as_str(), id.as_str()))
                 .collect();
-            let result = io.wait_for_new(&streams, &mut blocking.conn, block).await;
+            let result = if group_wait {
+                io.read_new_blocking(&streams, &mut blocking.conn, block)
+                    .await
+                    .map(Read::Delivered)
+            } else {
+                io.wait_for_new(&streams, &mut blocking.conn, block)
+                    .await
+                    .map(Read::Seen)
+            };
             (slot, blocking, result) as ReadResult
         }));
     }
@@ -190,29 +199,35 @@ pub(crate) async fn read(
         };
         let Some(joined) = joined else { break };
         let Ok((slot, blocking, result)) = joined else {
-            // A read task panicked: its connection is gone with it.
+            // A read task panicked: its connection is gone with it, and a group read's reply.
+            outcome.in_doubt |= group_wait;
             continue;
         };
         running.remove(&slot);
         let ended = match result {
-            Ok(keys) => {
-                let got = !keys.is_empty();
-                spec.note_new_entries(&keys, &mut outcome);
+            Ok(read) => {
+                let got = match read {
+                    Read::Seen(keys) => {
+                        spec.note_new_entries(&keys, &mut outcome);
+                        !keys.is_empty()
+                    }
+                    Read::Delivered(delivered) => {
+                        let got = !delivered.is_empty();
+                        spec.note_delivered(delivered, &mut outcome);
+                        got
+                    }
+                };
                 pool.conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(slot, blocking);
                 got
             }
-            Err(error) if is_missing_group(&error) => {
-                outcome.missing_group = true;
-                true
-            }
             Err(error) => {
                 if error.redirect_node().is_some() {
                     pool.forget_slots();
                 }
-                outcome.error = Some(error);
+                outcome.fail(error, group_wait);
                 true
             }
         };

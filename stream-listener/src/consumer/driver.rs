@@ -25,12 +25,12 @@ use super::message::{BoxedHandler, ShardOwnership};
 use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::{
-    Command, HooksSet, JobId, JobPlan, JobReport, Millis, ProbeEvent, Report, ShardScheduler,
-    WaitReport,
+    Command, HooksSet, JobId, JobKind, JobPlan, JobReport, Millis, ProbeEvent, Report,
+    ShardScheduler, WaitReport,
 };
 use super::shard_io::ShardIo;
 use super::unblock::Interrupt;
-use super::wait_spec::WaitSpec;
+use super::wait_spec::{WaitSpec, Watched};
 use super::{job, wait, PauseHandle};
 
 /// What a task of the driver's join set returns.
@@ -47,9 +47,10 @@ struct Running {
     signals: Option<Arc<JobSignals>>,
 }
 
-/// One ownership's handle: its stream key, and whether it may still act.
+/// One ownership's handle: its stream key, its fence, and whether it may still act.
 struct Owned {
     key: Arc<str>,
+    fence: Arc<Fence>,
     ownership: Arc<ShardOwnership>,
 }
 
@@ -282,9 +283,17 @@ impl Driver {
         while let Some(command) = queue.pop_front() {
             match command {
                 Command::Own { shard, epoch } => {
-                    let key = self.io.config.shard_key(shard).into();
+                    let key: Arc<str> = self.io.config.shard_key(shard).into();
+                    let fence = Arc::new(Fence::new(&key, &self.io.config.group, epoch));
                     let ownership = ShardOwnership::new(self.deadline.clone(), epoch);
-                    self.owned.insert(shard, Owned { key, ownership });
+                    self.owned.insert(
+                        shard,
+                        Owned {
+                            key,
+                            fence,
+                            ownership,
+                        },
+                    );
                 }
                 Command::Disown { shard } => {
                     if let Some(owned) = self.owned.remove(&shard) {
@@ -381,11 +390,7 @@ impl Driver {
         let job = plan.job;
         let spec = JobSpec {
             shard: plan.shard,
-            fence: Arc::new(Fence::new(
-                &owned.key,
-                &self.io.config.group,
-                plan.token.member_epoch,
-            )),
+            fence: owned.fence.clone(),
             key: owned.key.clone(),
             token: plan.token,
             install_fence: plan.install_fence,
@@ -393,6 +398,7 @@ impl Driver {
             read_mode: plan.read_mode,
             signals: signals.clone(),
             deferred: plan.deferred,
+            delivered: plan.kind == JobKind::Delivered,
             reclaim: plan.reclaim,
             recreate_group: plan.recreate_group,
             max_turns: plan.max_turns,
@@ -432,7 +438,11 @@ impl Driver {
         let mut watch_from = HashMap::new();
         for (shard, from) in shards {
             if let Some(owned) = self.owned.get(&shard) {
-                keys.push((shard, owned.key.clone()));
+                keys.push(Watched {
+                    shard,
+                    key: owned.key.clone(),
+                    fence: owned.fence.key.clone(),
+                });
                 if let Some(id) = from {
                     watch_from.insert(shard, id);
                 }

@@ -85,8 +85,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             return outcome;
         }
         // Whether these entries come from a `>` read (new to the group), rather than deferred or claimed.
-        let read_new = spec.deferred.is_empty()
-            && (!carried.is_empty() || matches!(spec.read_mode, ReadMode::Live));
+        let read_new = std::mem::take(&mut spec.delivered)
+            || spec.deferred.is_empty()
+                && (!carried.is_empty() || matches!(spec.read_mode, ReadMode::Live));
         let fetched = if !spec.deferred.is_empty() {
             Ok((std::mem::take(&mut spec.deferred), spec.read_mode.clone()))
         } else if carried.is_empty() {

@@ -234,6 +234,54 @@ impl ShardIo {
             .collect())
     }
 
+    /// Whether the idle wait may block in a group read (see [`read_new_blocking`](Self::read_new_blocking)):
+    /// Redis 7.0 and Valkey end a blocked `XREADGROUP` with `NOGROUP` when one of its streams is deleted,
+    /// so a newer owner's fence install ends a zombie's blocked read. Older servers leave it blocked, and
+    /// wait with [`wait_for_new`](Self::wait_for_new), which delivers nothing.
+    pub(crate) fn group_wait(&self) -> bool {
+        self.version.valkey || self.version.major >= 7
+    }
+
+    /// The idle wait as a group read: `XREADGROUP ... COUNT n BLOCK ms STREAMS k1 f1 k2 f2 .. > > ..` over
+    /// several shards, each with its ownership's fence, on a blocking connection. Returns the entries it
+    /// delivered, by shard key.
+    ///
+    /// Fenced like any group read (see the `fence` module): a read that reaches Redis after a newer owner
+    /// installed its fence fails with `NOGROUP` at once, and one blocked when that happens is ended with
+    /// `NOGROUP` by the install's `DEL` of our fence (Redis 7.0 unblocks a blocked `XREADGROUP` whose stream
+    /// is deleted): a zombie's wait delivers nothing once the next owner is in. Only a reply from Redis
+    /// says what it delivered: after a lost one the shards claim their own pending entries first
+    /// ([`super::scheduler::WaitReport::in_doubt`]).
+    pub(crate) async fn read_new_blocking(
+        &self,
+        streams: &[(&str, &str)],
+        conn: &mut MultiplexedConnection,
+        block: Duration,
+    ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
+        let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.config.group)
+            .arg(&self.config.consumer_name)
+            .arg("COUNT")
+            .arg(self.config.batch_size)
+            .arg("BLOCK")
+            .arg(ms)
+            .arg("STREAMS");
+        for (key, fence) in streams {
+            cmd.arg(*key).arg(*fence);
+        }
+        for _ in 0..streams.len() * 2 {
+            cmd.arg(">");
+        }
+        let reply: Value = cmd.query_async(conn).await?;
+        Ok(reply::read_by_stream(reply)
+            .into_iter()
+            .filter(|(_, entries)| !entries.is_empty())
+            .map(|(key, rows)| (key, entries_of(rows)))
+            .collect())
+    }
+
     /// The group's last-delivered id on shard stream `key` (`XINFO GROUPS`): where the idle wait watches
     /// from when this member has read nothing new there yet. Everything up to it was delivered, so any
     /// snapshot of it is a safe place to watch from. `NOGROUP` when the group (or the stream) is missing.

@@ -53,14 +53,16 @@ pub(crate) async fn run(
         }
     }
     // Where to watch each stream from: the group's last-delivered id where this member has read nothing.
-    for (shard, key) in &spec.shards {
-        if spec.watch_from.contains_key(shard) {
+    // A group wait reads from the group's position itself.
+    let group_wait = io.group_wait();
+    for watched in spec.shards.iter().filter(|_| !group_wait) {
+        if spec.watch_from.contains_key(&watched.shard) {
             continue;
         }
-        match io.last_delivered_id(key).await {
+        match io.last_delivered_id(&watched.key).await {
             Ok(id) => {
-                outcome.watch_from.push((*shard, id.clone()));
-                spec.watch_from.insert(*shard, id);
+                outcome.watch_from.push((watched.shard, id.clone()));
+                spec.watch_from.insert(watched.shard, id);
             }
             Err(error) => {
                 if is_missing_group(&error) {
@@ -89,8 +91,18 @@ pub(crate) async fn run(
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id, switches) = spec.conn.take().expect("connected above");
     let mut kept = None;
-    let streams = spec.streams();
-    let read = io.wait_for_new(&streams, &mut conn, block);
+    let streams = spec.streams(group_wait);
+    let read = async {
+        if group_wait {
+            io.read_new_blocking(&streams, &mut conn, block)
+                .await
+                .map(Read::Delivered)
+        } else {
+            io.wait_for_new(&streams, &mut conn, block)
+                .await
+                .map(Read::Seen)
+        }
+    };
     let mut control = io.conn.clone();
     let read = read_until_interrupted(read, &spec.interrupt, &mut control, id);
     // Behind Sentinel, a switch of the master ends the wait: it may be blocking on the old master, which
@@ -101,21 +113,36 @@ pub(crate) async fn run(
         () = switched => None,
     };
     match read {
-        // A fresh connection, to the new master, next time.
-        None => {}
-        Some(Ok(keys)) => {
-            spec.note_new_entries(&keys, &mut outcome);
+        // A fresh connection, to the new master, next time. A group read dropped unanswered may have
+        // delivered entries.
+        None => outcome.in_doubt = group_wait,
+        Some(Ok(read)) => {
+            match read {
+                Read::Seen(keys) => spec.note_new_entries(&keys, &mut outcome),
+                Read::Delivered(delivered) => spec.note_delivered(delivered, &mut outcome),
+            }
             kept = Some((conn, id, switches));
             // An idle shard runs no job: its retention step, if due, runs here (see the `retention`
             // module), so what it acknowledged last is trimmed without waiting for new entries.
-            for (shard, key) in &spec.shards {
-                if !outcome.new_entries.contains(shard) && spec.deadline.remaining().is_some() {
-                    spec.retention.step(&io, *shard, key, false).await;
+            for watched in &spec.shards {
+                if !outcome.new_entries.contains(&watched.shard)
+                    && spec.deadline.remaining().is_some()
+                {
+                    spec.retention
+                        .step(&io, watched.shard, &watched.key, false)
+                        .await;
                 }
             }
         }
         // The connection may be broken; a fresh one is made next time.
-        Some(Err(error)) => outcome.error = Some(error),
+        Some(Err(error)) => outcome.fail(error, group_wait),
     }
     (outcome, kept)
+}
+
+/// What the blocking read found: the keys with entries above their ids (`XREAD`), or the entries a group
+/// read delivered, by key.
+pub(crate) enum Read {
+    Seen(Vec<String>),
+    Delivered(Vec<(String, Vec<super::entry::Entry>)>),
 }

@@ -1,4 +1,5 @@
-//! What the idle wait is given: the shards to watch and from where, its connection, the deadline.
+//! What the idle wait is given: the shards to watch (and from where, or behind which fences), its
+//! connection, the deadline.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::member::lifecycle::OwnershipDeadline;
 
+use super::entry::Entry;
 use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::unblock::Interrupt;
@@ -15,9 +17,16 @@ use super::unblock::Interrupt;
 /// was made (behind Sentinel, a later switch means it may be to the old master: a fresh one is made).
 pub(crate) type WaitConnection = (MultiplexedConnection, i64, u64);
 
-/// The shards to wait on, by index and stream key.
+/// One shard the wait watches: its index, stream key and the fence of its ownership.
+pub(crate) struct Watched {
+    pub(crate) shard: u32,
+    pub(crate) key: Arc<str>,
+    pub(crate) fence: Arc<str>,
+}
+
+/// The shards to wait on.
 pub(crate) struct WaitSpec {
-    pub(crate) shards: Vec<(u32, Arc<str>)>,
+    pub(crate) shards: Vec<Watched>,
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
     /// from the group first.
     pub(crate) watch_from: HashMap<u32, String>,
@@ -30,22 +39,44 @@ pub(crate) struct WaitSpec {
 }
 
 impl WaitSpec {
-    /// `(stream key, id to watch above)` of every shard, in order (all known by now).
-    pub(crate) fn streams(&self) -> Vec<(&str, &str)> {
+    /// `(stream key, id to watch above)` of every shard, in order (all known by now); for a group wait,
+    /// `(stream key, fence key)`.
+    pub(crate) fn streams(&self, group_wait: bool) -> Vec<(&str, &str)> {
         self.shards
             .iter()
-            .map(|(shard, key)| {
-                let from = self.watch_from.get(shard).map_or("0-0", String::as_str);
-                (&**key, from)
+            .map(|w| {
+                let second = if group_wait {
+                    &*w.fence
+                } else {
+                    self.watch_from.get(&w.shard).map_or("0-0", String::as_str)
+                };
+                (&*w.key, second)
             })
             .collect()
     }
 
+    /// The index of the shard whose stream is `key`.
+    fn shard_of(&self, key: &str) -> Option<u32> {
+        self.shards.iter().find(|w| *w.key == *key).map(|w| w.shard)
+    }
+
     /// Records the shards whose streams have new entries (by key) as woken.
     pub(crate) fn note_new_entries(&self, keys: &[String], outcome: &mut WaitReport) {
-        for key in keys {
-            if let Some((shard, _)) = self.shards.iter().find(|(_, k)| **k == **key) {
-                outcome.new_entries.push(*shard);
+        outcome
+            .new_entries
+            .extend(keys.iter().filter_map(|key| self.shard_of(key)));
+    }
+
+    /// Records what a group wait delivered (by key): those shards are woken with their entries.
+    pub(crate) fn note_delivered(
+        &self,
+        delivered: Vec<(String, Vec<Entry>)>,
+        outcome: &mut WaitReport,
+    ) {
+        for (key, entries) in delivered {
+            if let Some(shard) = self.shard_of(&key) {
+                outcome.new_entries.push(shard);
+                outcome.delivered.push((shard, entries));
             }
         }
     }

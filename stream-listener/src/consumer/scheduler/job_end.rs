@@ -63,9 +63,28 @@ pub(crate) struct WaitReport {
     pub(crate) expired: bool,
     /// A waited shard's consumer group (or stream) is missing.
     pub(crate) missing_group: bool,
+    /// What a group wait delivered, by shard (pending for this member now: the shards' next jobs handle
+    /// these first).
+    pub(crate) delivered: Vec<(u32, Vec<Entry>)>,
+    /// A group wait's reply was lost (a reset, a timeout, a master switch): it may have delivered entries
+    /// this member never saw, so every waited shard claims its own pending entries first.
+    pub(crate) in_doubt: bool,
 }
 
 impl WaitReport {
+    /// The wait's read failed with `error`: a group read's entries are in doubt unless Redis itself
+    /// answered (an error reply delivers nothing; see [`ReadMode::after_failure`]).
+    pub(crate) fn fail(&mut self, error: RedisError, group_wait: bool) {
+        if group_wait && !super::shard::is_error_reply(&error) {
+            self.in_doubt = true;
+        }
+        if crate::consumer::fence::is_missing_group(&error) {
+            self.missing_group = true;
+        } else {
+            self.error = Some(error);
+        }
+    }
+
     /// Which shard is at fault is found by the shards' own reads: after a failed wait they poll one by one.
     pub(crate) fn failed(&self) -> bool {
         self.error.is_some() || self.expired || self.missing_group

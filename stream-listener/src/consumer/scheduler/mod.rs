@@ -124,6 +124,8 @@ pub(crate) enum JobKind {
     /// Handle the entries an earlier job deferred (backoff over, or a moved key's old shard caught up), or
     /// read what the idle wait saw.
     Retry,
+    /// Handle what the idle wait's group read delivered.
+    Delivered,
 }
 
 /// Which of the user's hooks are set.
@@ -596,7 +598,7 @@ impl ShardScheduler {
         self.wait = None;
         self.wait_interrupted = false;
         self.unpark();
-        let mut woke = Vec::new();
+        let (mut woke, mut delivered) = (Vec::new(), Vec::new());
         if let Some(mut report) = report {
             if let Some(error) = &report.error {
                 if let Some(not_logged) = self.wait_warnings.admit(now.into()) {
@@ -616,6 +618,14 @@ impl ShardScheduler {
                     state.watch_from = Some(id);
                 }
             }
+            if report.in_doubt {
+                // Entries it may have delivered are pending for us, unseen: claimed first, in order.
+                for &(shard, _) in &ended.shards {
+                    if let Some(state) = self.waited(&ended, shard) {
+                        state.read_mode = ReadMode::claim_own();
+                    }
+                }
+            }
             for shard in report.new_entries.drain(..) {
                 if let Some(state) = self.waited(&ended, shard) {
                     // Watched from the group's position again unless the next read gets the new entries
@@ -626,9 +636,17 @@ impl ShardScheduler {
                     self.woken.insert(shard);
                 }
             }
+            for (shard, entries) in report.delivered.drain(..) {
+                if let Some(state) = self.waited(&ended, shard) {
+                    state.deferred = entries;
+                    delivered.push(shard);
+                }
+            }
         }
         for (shard, generation) in ended.shards {
-            let next = if woke.contains(&shard) {
+            let next = if delivered.contains(&shard) {
+                Next::Delivered
+            } else if woke.contains(&shard) {
                 Next::Retry
             } else {
                 Next::Read
@@ -1044,6 +1062,7 @@ impl ShardScheduler {
                     JobKind::ClaimOwn
                 }
                 Next::Retry => JobKind::Retry,
+                Next::Delivered => JobKind::Delivered,
                 Next::Read if reclaim_due => {
                     state.reclaimed_at = now;
                     JobKind::ReclaimZombies

@@ -88,6 +88,8 @@ pub(super) enum Next {
     Read,
     /// Handle deferred entries, or read what the idle wait saw: no zombie reclaim first.
     Retry,
+    /// Handle what the idle wait's group read delivered (kept as deferred entries): no reclaim first.
+    Delivered,
 }
 
 /// The shard's progress, for the heartbeat's reports.

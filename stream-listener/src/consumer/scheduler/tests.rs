@@ -67,7 +67,7 @@ fn token(epoch: i64) -> FencingToken {
 
 /// The machine seen through the rotation's inputs and outputs (and the revoked hook calls it makes, for
 /// the property test to answer).
-struct ShardScheduler(Machine, VecDeque<(u64, Vec<u32>)>);
+struct ShardScheduler(Machine, VecDeque<(u64, Vec<u32>)>, Vec<JobPlan>);
 
 impl ShardScheduler {
     fn new(workers: usize, reclaim_every_ms: u64) -> Self {
@@ -78,6 +78,7 @@ impl ShardScheduler {
         Self(
             Machine::new(workers, reclaim_every_ms, hooks),
             VecDeque::new(),
+            Vec::new(),
         )
     }
 
@@ -85,6 +86,9 @@ impl ShardScheduler {
         for command in &out {
             if let Command::CallHook(HookCall::Revoked(generation, shards)) = command {
                 self.1.push_back((*generation, shards.clone()));
+            }
+            if let Command::StartJob(plan) = command {
+                self.2.push(plan.clone());
             }
         }
         rotation(out)
@@ -164,6 +168,12 @@ impl ShardScheduler {
             expired: failed,
             ..WaitReport::default()
         };
+        let out = self.0.wait_ended(now, job, Some(report));
+        self.seen(out)
+    }
+
+    /// The wait ends with `report`, as the driver hands it over.
+    fn wait_reported(&mut self, now: Millis, job: JobId, report: WaitReport) -> Vec<Output> {
         let out = self.0.wait_ended(now, job, Some(report));
         self.seen(out)
     }
@@ -856,9 +866,54 @@ struct Model {
     draining: BTreeMap<u32, BTreeSet<JobId>>,
     /// Revoked shards granted again before their REVOKED report.
     reassigned: BTreeSet<u32>,
+    /// Grants (and revocations) per shard so far: an ownership's identity, epochs may repeat.
+    grants: BTreeMap<u32, u64>,
+    /// Running waits: the grant count of each of their shards when they started.
+    waited: BTreeMap<JobId, Vec<(u32, u64)>>,
+    /// What the next job of a shard's ownership must do: handle the entry id a group wait delivered
+    /// first (if any), and claim its own pending entries (a group wait's lost reply).
+    owed: BTreeMap<u32, (Option<String>, bool)>,
 }
 
 impl Model {
+    /// A new grant or a revocation of `shard` (or of every shard): what its old ownership owed is void.
+    fn regranted(&mut self, shard: Option<u32>) {
+        let shards: Vec<u32> = match shard {
+            Some(shard) => vec![shard],
+            None => self.grants.keys().copied().collect(),
+        };
+        for shard in shards {
+            *self.grants.entry(shard).or_default() += 1;
+            self.owed.remove(&shard);
+        }
+    }
+
+    /// The plans started: each first job after a group wait does what the wait left it.
+    fn check_plans(&mut self, plans: Vec<JobPlan>) -> Result<(), TestCaseError> {
+        for plan in plans {
+            let Some((entry, claim)) = self.owed.remove(&plan.shard) else {
+                continue;
+            };
+            if let Some(id) = entry {
+                prop_assert!(
+                    plan.deferred.iter().any(|e| e.id == id),
+                    "shard {}'s next job lost what the wait delivered: {:?}",
+                    plan.shard,
+                    plan
+                );
+            }
+            if claim {
+                prop_assert!(
+                    plan.read_mode == ReadMode::claim_own() || plan.kind == JobKind::ClaimOwn,
+                    "shard {} reads on past a lost wait reply: {:?}",
+                    plan.shard,
+                    plan
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn staled(&mut self, shard: Option<u32>) {
         for (job, (shards, _)) in &self.running {
             if shard.is_none_or(|s| shards.contains(&s)) {
@@ -904,6 +959,11 @@ impl Model {
                         prop_assert!(!self.running.values().any(|(s, _)| s.contains(shard)));
                     }
                     self.running.insert(*job, (shards.clone(), true));
+                    let grants = shards
+                        .iter()
+                        .map(|s| (*s, self.grants.get(s).copied().unwrap_or_default()))
+                        .collect();
+                    self.waited.insert(*job, grants);
                 }
                 Output::Revoked { shard } => {
                     prop_assert!(self.revoking.remove(shard), "REVOKED {} not asked", shard);
@@ -949,6 +1009,7 @@ proptest! {
         for op in ops {
             let out = match op {
                 Op::Assign(shard, epoch) => {
+                    m.regranted(Some(shard));
                     let deadline = m.now + 2_000;
                     m.deadline = m.deadline.max(deadline);
                     if m.revoking.contains(&shard) {
@@ -966,6 +1027,7 @@ proptest! {
                     s.assign(t(m.now), shard, epoch, t(deadline))
                 }
                 Op::Revoke(shard) => {
+                    m.regranted(Some(shard));
                     m.staled(Some(shard));
                     if !m.revoking.contains(&shard) {
                         let jobs = m.running.iter().filter(|(_, (s, _))| s.contains(&shard)).map(|(j, _)| *j).collect();
@@ -979,6 +1041,7 @@ proptest! {
                     s.revoke(t(m.now), shard)
                 }
                 Op::Fence => {
+                    m.regranted(None);
                     m.staled(None);
                     m.owned.clear();
                     m.revoking.clear();
@@ -1007,7 +1070,35 @@ proptest! {
                     let stale = m.stale.remove(&job);
                     if wait {
                         let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32).is_multiple_of(2)).collect();
-                        s.wait_ended(t(m.now), job, &woke, kind == 6)
+                        // Odd kinds are a group wait that delivered to the woken shards; 5 and 7 lost the
+                        // reply of another read (a cluster's other slot) or of the only one.
+                        let delivering = kind % 2 == 1;
+                        let in_doubt = kind == 5 || kind == 7;
+                        let grants = m.waited.remove(&job).unwrap_or_default();
+                        let id = format!("9-{}", job.0);
+                        let mut report = WaitReport {
+                            new_entries: woke.clone(),
+                            expired: kind == 6,
+                            in_doubt,
+                            ..WaitReport::default()
+                        };
+                        if kind == 7 {
+                            report.error = Some(redis::RedisError::from((redis::ErrorKind::Io, "reset")));
+                        }
+                        if delivering {
+                            report.delivered = woke.iter().map(|s| (*s, vec![entry(&id)])).collect();
+                        }
+                        for (shard, grant) in grants {
+                            // Still the ownership the wait waited on.
+                            if m.grants.get(&shard).copied().unwrap_or_default() != grant || !m.owned.contains_key(&shard) {
+                                continue;
+                            }
+                            let delivered = (delivering && woke.contains(&shard)).then(|| id.clone());
+                            if delivered.is_some() || in_doubt {
+                                m.owed.insert(shard, (delivered, in_doubt));
+                            }
+                        }
+                        s.wait_reported(t(m.now), job, report)
                     } else {
                         // Every kind of end, as a job reports it (`end_of` says what it means).
                         let live = |fetched| JobReport { next_read_mode: Some(ReadMode::Live), fetched, ..JobReport::default() };
@@ -1059,6 +1150,7 @@ proptest! {
                 Op::HookDone => s.hook_done(),
             };
             m.check(&out)?;
+            m.check_plans(std::mem::take(&mut s.2))?;
             prop_assert_eq!(s.running(), m.running.len());
         }
         // Liveness: with the lease renewed, not paused, every job ending with data, every owned shard runs
@@ -1540,4 +1632,109 @@ fn rule_the_idle_wait_watches_from_where_the_reads_got_and_forgets_it_on_a_wake_
         })
         .expect("the next wait");
     assert_eq!(shards, vec![(0, None)], "the group's position, read again");
+}
+
+/// The `StartWait` in `out`: the wait's job and its shards.
+fn started_wait(out: &[Command]) -> (JobId, Vec<u32>) {
+    out.iter()
+        .find_map(|c| match c {
+            Command::StartWait { job, shards } => {
+                Some((*job, shards.iter().map(|(s, _)| *s).collect()))
+            }
+            _ => None,
+        })
+        .expect("a wait")
+}
+
+/// Owning shards 0 and 1, both idle, in the wait: the machine and the wait's job.
+fn waiting_on_two() -> (Machine, JobId) {
+    let mut m = machine(3, HooksSet::default());
+    let mut out = m.assign(t(0), 0, token(1));
+    out.extend(m.assign(t(0), 1, token(2)));
+    // Every job reads one entry once, then nothing; a wait over fewer shards ends empty.
+    let mut read_once = std::collections::BTreeSet::new();
+    let mut running: Vec<JobPlan> = plans(&out);
+    let mut wait = None;
+    for _ in 0..20 {
+        wait = out
+            .iter()
+            .find_map(|c| match c {
+                Command::StartWait { job, shards } => {
+                    Some((*job, shards.iter().map(|(s, _)| *s).collect::<Vec<_>>()))
+                }
+                _ => None,
+            })
+            .or(wait);
+        out = match (running.pop(), wait.take()) {
+            (None, Some((wait, shards))) if shards == [0, 1] => return (m, wait),
+            (Some(plan), still) => {
+                wait = still;
+                let fetched = usize::from(read_once.insert(plan.shard));
+                m.job_ended(t(0), plan.job, Some(read(fetched)))
+            }
+            (None, Some((wait, _))) => m.wait_ended(t(0), wait, Some(WaitReport::default())),
+            (None, None) => panic!("nothing runs"),
+        };
+        running.extend(plans(&out));
+    }
+    panic!("no wait over both shards");
+}
+
+#[test]
+fn rule_what_a_group_wait_delivered_is_handled_first_by_its_shards_next_job() {
+    let (mut m, wait) = waiting_on_two();
+    let delivered = vec![entry("5-0"), entry("6-0")];
+    let report = WaitReport {
+        new_entries: vec![1],
+        delivered: vec![(1, delivered.clone())],
+        ..WaitReport::default()
+    };
+    let out = m.wait_ended(t(1), wait, Some(report));
+    let plan = plan_of(&out, 1);
+    assert_eq!(plan.kind, JobKind::Delivered);
+    assert_eq!(plan.deferred, delivered, "the delivered entries, in order");
+    assert_eq!(plan.read_mode, ReadMode::Live);
+    assert!(
+        plans(&out).iter().all(|p| p.shard != 0),
+        "shard 0 stays idle"
+    );
+    // Handled, and short of a batch: idle again, watched by the next wait.
+    let out = m.job_ended(t(2), plan.job, Some(read(0)));
+    assert_eq!(started_wait(&out).1, vec![0, 1]);
+}
+
+#[test]
+fn rule_a_group_wait_whose_reply_was_lost_claims_its_shards_own_pending_entries_first() {
+    let (mut m, wait) = waiting_on_two();
+    let report = WaitReport {
+        error: Some(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        ))),
+        in_doubt: true,
+        ..WaitReport::default()
+    };
+    let out = m.wait_ended(t(1), wait, Some(report));
+    for shard in [0, 1] {
+        assert_eq!(
+            plan_of(&out, shard).read_mode,
+            ReadMode::claim_own(),
+            "shard {shard} reads on past what the lost reply may have delivered"
+        );
+    }
+}
+
+#[test]
+fn a_group_waits_failure_is_in_doubt_unless_redis_answered() {
+    let lost =
+        || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+    let refused = || redis::make_extension_error("NOGROUP".into(), Some("No such key".into()));
+    let mut report = WaitReport::default();
+    report.fail(lost(), true);
+    assert!(report.in_doubt && report.error.is_some());
+    let mut report = WaitReport::default();
+    report.fail(refused(), true);
+    assert!(!report.in_doubt && report.missing_group && report.error.is_none());
+    let mut report = WaitReport::default();
+    report.fail(lost(), false);
+    assert!(!report.in_doubt, "an XREAD wait delivers nothing");
 }
