@@ -1,11 +1,12 @@
-//! The idle wait on a Redis Cluster. One `XREAD ... BLOCK` cannot span slots (CROSSSLOT), so the
+//! The idle wait on a Redis Cluster. One blocking read cannot span slots (CROSSSLOT), so the
 //! idle shards are grouped by slot and each group gets its own blocking read, on a connection of its own
 //! straight to the slot's master (a blocked read holds its connection: reads sharing one would run one
 //! after the other, and a read on the cluster connection would stall acks and heartbeats to that node).
 //!
 //! The wait ends as soon as ANY read returns entries or fails, or the scheduler interrupts it: the other
 //! reads are ended with `CLIENT UNBLOCK` on their node and awaited, so what they saw is returned too and
-//! no read outlives the wait in Redis. Like the single-node wait, they deliver nothing (see `wait`).
+//! no read outlives the wait in Redis. They are the single-node wait's reads (see `wait`): group reads
+//! behind the fences that deliver, or on Redis 6.2 `XREAD`s that deliver nothing.
 //!
 //! A read answered with `MOVED` / `ASK` (a slot migrating or failed over) drops the cached slot map and
 //! ends the wait as failed: the scheduler then polls the shards one by one through the cluster connection,
@@ -22,8 +23,7 @@ use tokio::time::Instant;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
-use super::wait::Read;
-use super::wait_spec::WaitSpec;
+use super::wait_spec::{Read, WaitSpec};
 use crate::connection::{parse_cluster_slots, slot_of};
 
 /// A node's address.

@@ -28,7 +28,7 @@
 //!
 //! One multiplexed connection (on a single node a redis-rs `ConnectionManager`, reconnecting by itself; on
 //! a cluster the cluster client) carries every non-blocking command: reads without `BLOCK`, claims, acks,
-//! dead letters, scripts. The idle wait has a connection of its own, used only for its `XREAD BLOCK`
+//! dead letters, scripts. The idle wait has a connection of its own, used only for its blocking read
 //! (redis-rs would queue every other command behind a blocking read on a shared connection), plus one to
 //! interrupt it. On a single node a member so opens a handful of connections, however many shards it owns
 //! and workers it has; on a cluster, one blocking connection per slot group of its idle shards (see

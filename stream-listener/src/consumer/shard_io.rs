@@ -137,7 +137,7 @@ impl ShardIo {
         })
     }
 
-    /// A dedicated connection for the idle wait's `XREAD BLOCK`: redis-rs queues every command behind a blocking read
+    /// A dedicated connection for the idle wait's blocking read: redis-rs queues every command behind a blocking read
     /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
     /// Returns it with its Redis client id (for `CLIENT UNBLOCK`) and the target's master switches
     /// before it was made.
@@ -160,7 +160,7 @@ impl ShardIo {
     /// `XREADGROUP ... COUNT n STREAMS key fence > >`: the shard's new entries, delivered to this member,
     /// unless the ownership's fence is gone (then `NOGROUP` naming the fence, and nothing is delivered; see
     /// the `fence` module). Never blocks: a group read is sent only right after a deadline check (the idle
-    /// wait blocks with `XREAD`, which delivers nothing, see [`wait_for_new`](Self::wait_for_new)).
+    /// wait's blocking group read is [`read_new_blocking`](Self::read_new_blocking)).
     fn read_cmd(&self, key: &str, fence: &Fence) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
@@ -205,8 +205,8 @@ impl ShardIo {
         Ok(entries_of(reply::read(reply)))
     }
 
-    /// The idle wait: one `XREAD COUNT 1 BLOCK ms STREAMS k1 k2 .. id1 id2 ..` over several shard streams,
-    /// on a blocking connection, each stream watched above its id (at most the group's last-delivered id).
+    /// The idle wait on Redis 6.2: one `XREAD COUNT 1 BLOCK ms STREAMS k1 k2 .. id1 id2 ..` over several
+    /// shard streams, on a blocking connection, each stream watched above its id (at most the group's last-delivered id).
     /// Returns the keys that have an entry above their id. It delivers nothing to the group: a wait that
     /// reaches Redis late (its process froze with it queued) or is served while the process is frozen takes
     /// no entry from the shard's next owner. (One multi-key command: a single Redis node only; on a cluster

@@ -1,10 +1,10 @@
-//! Ending the idle wait's blocked `XREAD` early, for sure.
+//! Ending the idle wait's blocked read early, for sure.
 //!
 //! The scheduler interrupts the wait when ownership changes or a shard is parked. Aborting the task would
-//! leave the `XREAD` blocked in Redis, holding the wait's connection, so the wait sends `CLIENT UNBLOCK`
-//! for its own connection. One `CLIENT UNBLOCK` is not enough: it may reach Redis before the `XREAD` it
+//! leave the read blocked in Redis, holding the wait's connection, so the wait sends `CLIENT UNBLOCK`
+//! for its own connection. One `CLIENT UNBLOCK` is not enough: it may reach Redis before the read it
 //! means to end (the read was sent, but is still on the wire or queued behind a slow link), unblocks
-//! nothing and answers 0, and the `XREAD` then blocks for its whole timeout. So the wait sends it again,
+//! nothing and answers 0, and the read then blocks for its whole timeout. So the wait sends it again,
 //! after a short and growing pause, until the read has ended; the read's own timeout bounds the retries.
 //!
 //! The interrupt is sticky: one that comes before the wait blocks (while it connects or reads where to

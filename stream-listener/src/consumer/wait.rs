@@ -1,21 +1,31 @@
-//! The idle wait: once a whole rotation of the member's shards came back empty, one blocking
-//! `XREAD COUNT 1 BLOCK block_ms STREAMS s1 s2 ... id1 id2 ...` over all of them, on a connection of its
-//! own, instead of a read per shard. An idle member then costs about two commands a second however many
-//! shards it owns, and an entry written to an idle shard is picked up within the wait.
+//! The idle wait: once a whole rotation of the member's shards came back empty, one blocking read over
+//! all of them, on a connection of its own, instead of a read per shard. An idle member then costs about
+//! two commands a second however many shards it owns, and an entry written to an idle shard reaches its
+//! handler within the wait.
 //!
-//! The wait delivers nothing: `XREAD` is not a group read, so it only says which shards have an entry
-//! above the id it watches from, and those shards' next jobs read them with `XREADGROUP ... >` after a
-//! fresh deadline check. A wait that reaches Redis late (its process froze with it queued, past its lease)
-//! or is served while the process is frozen therefore takes no entry from the shard's next owner.
+//! On Redis 7.0 and later (and Valkey) the wait is a group read behind the shards' fences,
+//! `XREADGROUP ... COUNT n BLOCK ms STREAMS s1 f1 s2 f2 ... > > ...`, and it delivers: what it reads goes
+//! to the shards' next jobs, handled first, so an idle pickup costs the read and the ack, as in a
+//! hand-written loop. It is fenced like any group read (see the `fence` module): a newer owner's fence
+//! install deletes our fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
+//! `NOGROUP`, so a zombie's wait (its process froze while it blocked, past its lease) delivers nothing
+//! once the next owner is in, and one that reaches Redis after that fails at once. What it delivered
+//! before is pending for the zombie, never handled by it (its jobs check the deadline first), and claimed
+//! by the next owner before it reads anything new. A reply that never came (a reset, a timeout, a master
+//! switch) may have delivered entries: every waited shard then claims its own pending entries first
+//! ([`WaitReport::in_doubt`]).
 //!
-//! Each stream is watched from above the newest entry this member's own `>` reads got there, or, when it
-//! has none (a new shard, or a wake-up whose read found nothing: another consumer took the entry), from
-//! the group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's
-//! last-delivered id, below which everything was delivered, so no undelivered entry is above-but-missed.
+//! Older servers leave such a read blocked, so there the wait is `XREAD COUNT 1 BLOCK ms STREAMS s1 s2 ...
+//! id1 id2 ...`, which delivers nothing: it only says which shards have an entry above the id it watches
+//! from, and those shards' next jobs read them with `XREADGROUP ... >` after a fresh deadline check. Each
+//! stream is watched from above the newest entry this member's own `>` reads got there, or, when it has
+//! none (a new shard, or a wake-up whose read found nothing: another consumer took the entry), from the
+//! group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's last-delivered
+//! id, below which everything was delivered, so no undelivered entry is above-but-missed.
 //!
 //! The wait never blocks past the member's self-fencing deadline. The scheduler interrupts it when
 //! ownership changes (an assignment, a revocation, a fence, shutdown) or a shard is parked; the wait then
-//! ends its own `XREAD` with `CLIENT UNBLOCK` (see the `unblock` module).
+//! ends its own read with `CLIENT UNBLOCK` (see the `unblock` module), and what it read is still handed on.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +35,7 @@ use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::read_until_interrupted;
-use super::wait_spec::{WaitConnection, WaitSpec};
+use super::wait_spec::{Read, WaitConnection, WaitSpec};
 
 /// Waits; hands back what it saw and its connection (none after an error: a fresh one is made next time).
 pub(crate) async fn run(
@@ -138,11 +148,4 @@ pub(crate) async fn run(
         Some(Err(error)) => outcome.fail(error, group_wait),
     }
     (outcome, kept)
-}
-
-/// What the blocking read found: the keys with entries above their ids (`XREAD`), or the entries a group
-/// read delivered, by key.
-pub(crate) enum Read {
-    Seen(Vec<String>),
-    Delivered(Vec<(String, Vec<super::entry::Entry>)>),
 }

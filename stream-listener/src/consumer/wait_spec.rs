@@ -81,3 +81,10 @@ impl WaitSpec {
         }
     }
 }
+
+/// What the wait's blocking read found: the keys with entries above their ids (`XREAD`), or the entries a
+/// group read delivered, by key.
+pub(crate) enum Read {
+    Seen(Vec<String>),
+    Delivered(Vec<(String, Vec<Entry>)>),
+}
