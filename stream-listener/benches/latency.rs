@@ -4,7 +4,8 @@
 //! one `XACK` per batch), on a redis-server this benchmark starts itself.
 //!
 //! `cargo bench -p stream-listener --bench latency` (`SL_BENCH_ROUNDS`, default 3; `SL_BENCH_SCALE`
-//! multiplies each phase's length, default 1).
+//! multiplies each phase's length, default 1; for a profile of one side and phase, `SL_BENCH_SIDE` 0 or 1
+//! runs only the hand-written side or the library, `SL_BENCH_PHASE` 0-3 only that phase).
 //!
 //! Phases, at a steady rate each: idle (1 entry / 200 ms), 1,000/s, 10,000/s and 50 % of the hand-written
 //! consumer's maximum (measured first, draining a backlog). Per round, each side runs every phase on
@@ -349,6 +350,12 @@ fn main() {
     };
     let rounds = env("SL_BENCH_ROUNDS", 3.0).max(1.0) as usize;
     let scale = env("SL_BENCH_SCALE", 1.0).max(0.1);
+    let only = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let (only_side, only_phase) = (only("SL_BENCH_SIDE"), only("SL_BENCH_PHASE"));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -378,6 +385,9 @@ fn main() {
         let mut results: Vec<[Vec<Measured>; 2]> = vec![Default::default(); phases.len()];
         for round in 0..rounds {
             for side in [round % 2, 1 - round % 2] {
+                if only_side.is_some_and(|only| only != side) {
+                    continue;
+                }
                 let prefix = format!("lat-{round}-{side}");
                 create_groups(&mut conn, &prefix).await;
                 let recorder = Recorder::default();
@@ -394,6 +404,9 @@ fn main() {
                 // Let both sides settle into their idle state first.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 for (i, phase) in phases.iter().enumerate() {
+                    if only_phase.is_some_and(|only| only != i) {
+                        continue;
+                    }
                     let measured = run_phase(&url, &mut conn, &prefix, &recorder, *phase).await;
                     let mut sorted = measured.latencies.clone();
                     sorted.sort_unstable();
@@ -417,6 +430,9 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|---|");
         for (phase, sides) in phases.iter().zip(&results) {
+            if sides.iter().any(Vec::is_empty) {
+                continue;
+            }
             let stat = |side: usize, f: &dyn Fn(&Measured) -> f64| {
                 median(sides[side].iter().map(f).collect())
             };

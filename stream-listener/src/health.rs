@@ -47,14 +47,25 @@ impl std::fmt::Display for InFlight {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Ticket -> (shard, entry id, start, timeout): registered per handled entry, so one allocation.
-    handlers: HashMap<u64, (u32, String, Instant, Option<Duration>)>,
-    /// The next ticket.
-    tickets: u64,
+    /// The handler attempts, one slot each while it runs: registered per handled entry, so a slot and its
+    /// id's buffer are reused (no allocation once there are as many as handlers ever ran at once).
+    handlers: Vec<Slot>,
+    /// Free slots.
+    free: Vec<usize>,
     /// Shard -> consecutive failed reads (absent: the last read went through).
     read_errors: HashMap<u32, u32>,
     /// Handlers that were running when the consumer was fenced (and so aborted), since the last take.
     aborted: Vec<InFlight>,
+}
+
+/// One handler attempt's slot: its shard, entry id, start and timeout while `running`.
+#[derive(Debug, Default)]
+struct Slot {
+    running: bool,
+    shard: u32,
+    id: String,
+    started: Option<Instant>,
+    timeout: Option<Duration>,
 }
 
 /// One member consumer's live state. Cheap to clone (shared).
@@ -76,11 +87,22 @@ impl Probe {
         id: &str,
         timeout: Option<Duration>,
     ) -> HandlerGuard {
-        let running = (shard, id.to_owned(), Instant::now(), timeout);
+        let started = Instant::now();
         let mut state = self.state();
-        let ticket = state.tickets;
-        state.tickets += 1;
-        state.handlers.insert(ticket, running);
+        let ticket = match state.free.pop() {
+            Some(ticket) => ticket,
+            None => {
+                state.handlers.push(Slot::default());
+                state.handlers.len() - 1
+            }
+        };
+        let slot = &mut state.handlers[ticket];
+        slot.running = true;
+        slot.shard = shard;
+        slot.id.clear();
+        slot.id.push_str(id);
+        slot.started = Some(started);
+        slot.timeout = timeout;
         drop(state);
         HandlerGuard {
             probe: self.clone(),
@@ -121,12 +143,15 @@ impl Probe {
         let mut all: Vec<InFlight> = self
             .state()
             .handlers
-            .values()
-            .map(|(shard, id, started, timeout)| InFlight {
-                shard: *shard,
-                id: id.clone(),
-                running_for: now.saturating_duration_since(*started),
-                timeout: *timeout,
+            .iter()
+            .filter(|slot| slot.running)
+            .map(|slot| InFlight {
+                shard: slot.shard,
+                id: slot.id.clone(),
+                running_for: slot.started.map_or(Duration::ZERO, |started| {
+                    now.saturating_duration_since(started)
+                }),
+                timeout: slot.timeout,
             })
             .collect();
         all.sort_by_key(|h| std::cmp::Reverse(h.running_for));
@@ -150,12 +175,16 @@ impl Probe {
 #[derive(Debug)]
 pub(crate) struct HandlerGuard {
     probe: Probe,
-    ticket: u64,
+    ticket: usize,
 }
 
 impl Drop for HandlerGuard {
     fn drop(&mut self) {
-        self.probe.state().handlers.remove(&self.ticket);
+        let mut state = self.probe.state();
+        if let Some(slot) = state.handlers.get_mut(self.ticket) {
+            slot.running = false;
+            state.free.push(self.ticket);
+        }
     }
 }
 

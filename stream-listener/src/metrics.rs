@@ -126,9 +126,14 @@ pub const STALE_WRITES: &str = "stream_listener_stale_writes_total";
 /// The metrics of one consumer, labelled once with its stream and group.
 #[derive(Debug, Clone)]
 pub(crate) struct ConsumerMetrics {
-    /// Shared label values: recorded per handled entry, so a clone must not allocate.
+    /// Shared label values: a clone must not allocate.
     stream: metrics::SharedString,
     group: metrics::SharedString,
+    /// The handles recorded per handled entry (`handled`, and an `ok` attempt), registered at their first
+    /// use: a handle skips building the key and looking it up on every entry. The recorder is the one
+    /// installed then (install it before consumers start, as the `metrics` crate asks).
+    handled: std::sync::OnceLock<metrics::Counter>,
+    ok: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl ConsumerMetrics {
@@ -136,22 +141,41 @@ impl ConsumerMetrics {
         Self {
             stream: metrics::SharedString::from_shared(std::sync::Arc::from(stream)),
             group: metrics::SharedString::from_shared(std::sync::Arc::from(group)),
+            handled: std::sync::OnceLock::new(),
+            ok: std::sync::OnceLock::new(),
         }
+    }
+
+    fn messages_counter(&self, outcome: &'static str) -> metrics::Counter {
+        counter!(MESSAGES, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
+    }
+
+    fn duration_histogram(&self, outcome: &'static str) -> metrics::Histogram {
+        histogram!(HANDLER_DURATION, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
     }
 
     /// `n` entries had `outcome`.
     pub(crate) fn messages(&self, outcome: &'static str, n: u64) {
-        if n == 0 {
-            return;
+        match (n, outcome) {
+            (0, _) => {}
+            (_, "handled") => self
+                .handled
+                .get_or_init(|| self.messages_counter("handled"))
+                .increment(n),
+            _ => self.messages_counter(outcome).increment(n),
         }
-        counter!(MESSAGES, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
-            .increment(n);
     }
 
     /// One handler attempt took `elapsed` and ended with `outcome` (`ok`, `error`, `timeout`).
     pub(crate) fn handler_attempt(&self, outcome: &'static str, elapsed: Duration) {
-        histogram!(HANDLER_DURATION, "stream" => self.stream.clone(), "group" => self.group.clone(), "outcome" => outcome)
-            .record(elapsed.as_secs_f64());
+        let seconds = elapsed.as_secs_f64();
+        match outcome {
+            "ok" => self
+                .ok
+                .get_or_init(|| self.duration_histogram("ok"))
+                .record(seconds),
+            _ => self.duration_histogram(outcome).record(seconds),
+        }
     }
 
     /// A late write under a stale layout was found.

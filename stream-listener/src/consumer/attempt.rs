@@ -15,6 +15,7 @@ use super::config::{AckPolicy, FailurePolicy, OnExhausted};
 use super::entry::Entry;
 use super::job_spec::JobSpec;
 use super::message::{Acker, BoxFuture, Delivery, ErrorClass, HandlerError};
+use super::order::GateMemo;
 use super::shard_io::{Letter, ShardIo};
 
 /// The fate of one entry.
@@ -306,7 +307,7 @@ pub(super) async fn batch(
     io: &Arc<ShardIo>,
     spec: &JobSpec,
     entries: &[Entry],
-    refreshed: &mut bool,
+    memo: &mut GateMemo,
 ) -> Vec<Fate> {
     let policy = io.config.failure_policy;
     let retry = entries.first().map_or(0, |e| e.retries);
@@ -316,15 +317,12 @@ pub(super) async fn batch(
         if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
             break;
         }
-        if spec
-            .order
-            .gate(io, spec.shard, refreshed, entry)
-            .await
-            .is_some()
-        {
+        if spec.order.gate(io, spec.shard, memo, entry).await.is_some() {
             break;
         }
-        spec.order.note_stale_write(io, spec.shard, entry).await;
+        spec.order
+            .note_stale_write(io, spec.shard, memo, entry)
+            .await;
         let fate = without_attempt(entry, &io.config.group, &policy);
         if fate.is_none() {
             handed.push(fates.len());

@@ -11,8 +11,9 @@ use super::attempt::{self, Fate};
 use super::entry::Entry;
 use super::fence::{self, is_missing_group};
 use super::job_spec::JobSpec;
+use super::order::GateMemo;
 use super::scheduler::{JobReport, ReadMode};
-use super::shard_io::{Letter, ShardIo};
+use super::shard_io::{CarriedAcks, Letter, ShardIo};
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
     let (shard, key, ownership) = (spec.shard, spec.key.clone(), spec.ownership.clone());
@@ -30,9 +31,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
     let io = io.clone();
     let mut outcome = JobReport::default();
     // Acks of the previous batch, to go out in one pipeline with the next read.
-    let mut carried: Vec<String> = Vec::new();
+    let mut carried: Option<CarriedAcks> = None;
     let mut turns = 0;
-    let mut refreshed = false;
+    let mut memo = GateMemo::default();
     if spec.recreate_group {
         match io
             .recreate_group(&spec.key, spec.shard, &spec.ownership)
@@ -87,16 +88,15 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         // Whether these entries come from a `>` read (new to the group), rather than deferred or claimed.
         let read_new = std::mem::take(&mut spec.delivered)
             || spec.deferred.is_empty()
-                && (!carried.is_empty() || matches!(spec.read_mode, ReadMode::Live));
+                && (carried.is_some() || matches!(spec.read_mode, ReadMode::Live));
         let fetched = if !spec.deferred.is_empty() {
             Ok((std::mem::take(&mut spec.deferred), spec.read_mode.clone()))
-        } else if carried.is_empty() {
-            fetch(&io, &mut spec).await
-        } else {
-            let ids: Vec<&str> = carried.iter().map(String::as_str).collect();
-            io.ack_and_read_new(&spec.key, &spec.fence, &ids)
+        } else if let Some(acks) = &carried {
+            io.ack_and_read_new(&spec.key, &spec.fence, acks)
                 .await
                 .map(|entries| (entries, ReadMode::Live))
+        } else {
+            fetch(&io, &mut spec).await
         };
         let (mut entries, next_read_mode) = match fetched {
             Ok(fetched) => fetched,
@@ -112,14 +112,13 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                 // Refused by the fence: nothing was read, and the next job installs it again.
                 outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
                 outcome.next_read_mode =
-                    Some(spec.read_mode.after_failure(!carried.is_empty(), &error));
+                    Some(spec.read_mode.after_failure(carried.is_some(), &error));
                 outcome.error = Some(error);
                 return outcome;
             }
         };
-        if let Some(last) = carried.pop() {
-            outcome.last_acked = Some(last);
-            carried.clear();
+        if let Some(acks) = carried.take() {
+            outcome.last_acked = Some(acks.last);
         }
         outcome.fetched += entries.len();
         if let Some(last) = entries.last() {
@@ -131,6 +130,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         spec.signals
             .in_flight
             .store(entries.len() as u32, Ordering::Release);
+        memo.next_batch();
 
         let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
         let mut letters: Vec<(&Entry, Letter)> = Vec::new();
@@ -140,7 +140,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         let mut retry_at: Option<usize> = None;
         // A batch handler's entries are gated and handled together first (`handle_batch`).
         let mut batch_fates = if spec.handler.is_batch() {
-            attempt::batch(&io, &spec, &entries, &mut refreshed).await
+            attempt::batch(&io, &spec, &entries, &mut memo).await
         } else {
             Vec::new()
         }
@@ -153,16 +153,14 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     stopped = true;
                     break;
                 }
-                if let Some(delay) = spec
-                    .order
-                    .gate(&io, spec.shard, &mut refreshed, entry)
-                    .await
-                {
+                if let Some(delay) = spec.order.gate(&io, spec.shard, &mut memo, entry).await {
                     tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
                     defer = Some((index, delay));
                     break;
                 }
-                spec.order.note_stale_write(&io, spec.shard, entry).await;
+                spec.order
+                    .note_stale_write(&io, spec.shard, &mut memo, entry)
+                    .await;
                 attempt::single(&io, &spec, entry).await
             };
             spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -204,8 +202,8 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             && spec.ownership.is_active();
         spec.read_mode = next_read_mode;
         if keep {
-            carried = acks.iter().map(|id| (*id).to_owned()).collect();
-            if carried.is_empty() {
+            carried = (!acks.is_empty()).then(|| io.carry_acks(&spec.key, &acks));
+            if carried.is_none() {
                 outcome.last_acked = last_done.map(str::to_owned).or(outcome.last_acked.take());
             }
             continue;

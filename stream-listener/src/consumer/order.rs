@@ -41,6 +41,22 @@ struct Layout {
     read_ms: u64,
 }
 
+/// What one job's entries are gated with: the layout, read from the cache once per batch (it is a
+/// consistent pair of topology and read time however old, see [`Layout`]), and whether the job already
+/// forced a re-read (at most one per job).
+#[derive(Default)]
+pub(crate) struct GateMemo {
+    view: Option<Option<Layout>>,
+    refreshed: bool,
+}
+
+impl GateMemo {
+    /// A new batch: its first entry takes the layout from the cache again.
+    pub(crate) fn next_batch(&mut self) {
+        self.view = None;
+    }
+}
+
 #[derive(Default)]
 struct LayoutCache {
     /// `None`: not read yet, or the stream has no topology record (then no order barrier applies).
@@ -115,6 +131,16 @@ impl OrderGate {
         cache.view.clone()
     }
 
+    /// The batch's layout: from `memo`, else from the cache (and kept in `memo`).
+    async fn memoized(&self, io: &ShardIo, memo: &mut GateMemo) -> Option<Layout> {
+        if let Some(view) = &memo.view {
+            return view.clone();
+        }
+        let view = self.layout(io, false).await;
+        memo.view = Some(view.clone());
+        view
+    }
+
     /// Whether the group consumed old shard `from` below `before_ms` (see
     /// [`crate::topology::consumed_before`]): `None` if so, else how long to defer the entry waiting on it.
     /// Positive answers are cached for the topology `version`.
@@ -168,11 +194,17 @@ impl OrderGate {
 
     /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
     /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
-    pub(crate) async fn note_stale_write(&self, io: &ShardIo, shard: u32, entry: &Entry) {
+    pub(crate) async fn note_stale_write(
+        &self,
+        io: &ShardIo,
+        shard: u32,
+        memo: &mut GateMemo,
+        entry: &Entry,
+    ) {
         let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
             return;
         };
-        let Some(view) = self.layout(io, false).await else {
+        let Some(view) = self.memoized(io, memo).await else {
             return;
         };
         if !view
@@ -220,39 +252,41 @@ impl OrderGate {
 
     /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
     /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
-    /// entry is placed; `refreshed` limits forced re-reads to one per job.
+    /// batch's first entry is placed; `memo` limits forced re-reads to one per job.
     pub(super) async fn gate(
         &self,
         io: &ShardIo,
         shard: u32,
-        refreshed: &mut bool,
+        memo: &mut GateMemo,
         entry: &Entry,
     ) -> Option<Duration> {
         let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
             return None;
         };
-        let mut layout: Option<Layout> = self.layout(io, false).await;
+        let mut layout: Option<Layout> = self.memoized(io, memo).await;
         loop {
             let view = layout.as_ref()?;
             // Routed with a newer topology than ours: re-read it once.
-            if !*refreshed
+            if !memo.refreshed
                 && entry
                     .topology_version()
                     .is_some_and(|v| v > view.topology.version())
             {
-                *refreshed = true;
+                memo.refreshed = true;
                 layout = self.layout(io, true).await;
+                memo.view = Some(layout.clone());
                 continue;
             }
             match view.topology.placement(key, shard, entry_ms) {
                 Placement::Current | Placement::Previous => return None,
                 Placement::Misrouted => {
                     // Newer than our read: routed by a topology we have not seen yet. Re-read it once.
-                    if *refreshed || entry_ms < view.read_ms {
+                    if memo.refreshed || entry_ms < view.read_ms {
                         return None;
                     }
-                    *refreshed = true;
+                    memo.refreshed = true;
                     layout = self.layout(io, true).await;
+                    memo.view = Some(layout.clone());
                 }
                 Placement::Moved { from, before_ms } => {
                     let version = view.topology.version();
