@@ -619,12 +619,7 @@ impl ShardScheduler {
                 }
             }
             if report.in_doubt {
-                // Entries it may have delivered are pending for us, unseen: claimed first, in order.
-                for &(shard, _) in &ended.shards {
-                    if let Some(state) = self.waited(&ended, shard) {
-                        state.read_mode = ReadMode::claim_own();
-                    }
-                }
+                self.claim_after_lost_wait(&ended);
             }
             for shard in report.new_entries.drain(..) {
                 if let Some(state) = self.waited(&ended, shard) {
@@ -642,6 +637,9 @@ impl ShardScheduler {
                     delivered.push(shard);
                 }
             }
+        } else {
+            // Aborted or panicked: a group read may have delivered what nobody saw.
+            self.claim_after_lost_wait(&ended);
         }
         for (shard, generation) in ended.shards {
             let next = if delivered.contains(&shard) {
@@ -656,6 +654,18 @@ impl ShardScheduler {
         self.dispatch(now, &mut out);
         self.finish(&mut out);
         out
+    }
+
+    /// Entries the ended wait may have delivered are pending for us, unseen: each of its shards claims its
+    /// own pending entries (in order) before it reads or waits again.
+    fn claim_after_lost_wait(&mut self, ended: &Job) {
+        for &(shard, _) in &ended.shards {
+            if let Some(state) = self.waited(ended, shard) {
+                state.read_mode = ReadMode::claim_own();
+                state.claim_owed = true;
+                state.idle = false;
+            }
+        }
     }
 
     /// The state of `shard` if it is still the ownership the ended wait `job` waited on.

@@ -958,6 +958,13 @@ impl Model {
                         prop_assert!(self.owned.contains_key(shard));
                         prop_assert!(!self.running.values().any(|(s, _)| s.contains(shard)));
                     }
+                    for shard in shards {
+                        prop_assert!(
+                            !self.owed.contains_key(shard),
+                            "shard {} waits again before its job did what the last wait left it",
+                            shard
+                        );
+                    }
                     self.running.insert(*job, (shards.clone(), true));
                     let grants = shards
                         .iter()
@@ -1737,4 +1744,13 @@ fn a_group_waits_failure_is_in_doubt_unless_redis_answered() {
     let mut report = WaitReport::default();
     report.fail(lost(), false);
     assert!(!report.in_doubt, "an XREAD wait delivers nothing");
+}
+
+#[test]
+fn rule_a_wait_that_ended_without_a_report_claims_its_shards_own_pending_entries_first() {
+    let (mut m, wait) = waiting_on_two();
+    let out = m.job_ended(t(1), wait, None);
+    for shard in [0, 1] {
+        assert_eq!(plan_of(&out, shard).read_mode, ReadMode::claim_own());
+    }
 }
