@@ -1346,6 +1346,27 @@ async fn is_blocked(conn: &mut impl ConnectionLike, id: &str) -> bool {
     })
 }
 
+/// A member blocked in its idle wait on shard 0 of `prefix` (blocking 30 s), with its lease then run out
+/// as a frozen process's would (no revocation arrives): its Redis and a connection, the member, its log,
+/// and the `CLIENT LIST` line of its blocked read.
+async fn frozen_in_its_wait(prefix: &str) -> (TestRedis, Connection, Running, Log, String) {
+    let (redis, mut conn) = redis_with_groups(Target::Single, prefix, 0..1).await;
+    let deadline = OwnershipDeadline::new();
+    deadline.set(deadline.local_now().plus_ms(60_000));
+    let log = Log::default();
+    let mut cfg = config(prefix, "m0");
+    // A long block: nothing but the fence or an entry ends it within a test.
+    cfg.block_ms = 30_000;
+    let frozen =
+        Running::start_with_deadline(redis.url(), cfg, recording_handler(&log), deadline.clone())
+            .await;
+    frozen.assign(0..1).await;
+    let line = wait_for_blocked_client(&mut conn).await;
+    assert!(line.contains("cmd=xreadgroup "), "the idle wait: {line}");
+    deadline.set(deadline.local_now());
+    (redis, conn, frozen, log, line)
+}
+
 /// Single node only: it reads one node's `CLIENT LIST` and `XPENDING`.
 ///
 /// The idle wait is a group read blocked in Redis. If the process freezes while it blocks and stays frozen
@@ -1354,26 +1375,9 @@ async fn is_blocked(conn: &mut impl ConnectionLike, id: &str) -> bool {
 /// afterwards goes to the next owner and the frozen member handles nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
-    let (redis, mut conn) = redis_with_groups(Target::Single, "frozen-wait", 0..1).await;
-    let deadline = OwnershipDeadline::new();
-    deadline.set(deadline.local_now().plus_ms(60_000));
-    let (old_log, new_log) = (Log::default(), Log::default());
-    let mut cfg = config("frozen-wait", "m0");
-    // A long block: only the fence can end it within the test.
-    cfg.block_ms = 30_000;
-    let old = Running::start_with_deadline(
-        redis.url(),
-        cfg,
-        recording_handler(&old_log),
-        deadline.clone(),
-    )
-    .await;
-    old.assign(0..1).await;
-    let line = wait_for_blocked_client(&mut conn).await;
-    assert!(line.contains("cmd=xreadgroup "), "the idle wait: {line}");
+    let (redis, mut conn, frozen, frozen_log, line) = frozen_in_its_wait("frozen-wait").await;
     let waiting = client_id(&line);
-    // The lease runs out while the wait blocks, and no revocation arrives (the process is frozen).
-    deadline.set(deadline.local_now());
+    let new_log = Log::default();
     let new = Running::start(
         redis.url(),
         config("frozen-wait", "m1"),
@@ -1400,7 +1404,11 @@ async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
         },
     )
     .await;
-    assert_eq!(old_log.count(), 0, "handled by the member past its lease");
+    assert_eq!(
+        frozen_log.count(),
+        0,
+        "handled by the member past its lease"
+    );
     let pending: Value = redis::cmd("XPENDING")
         .arg("frozen-wait:0")
         .arg(GROUP)
@@ -1416,7 +1424,7 @@ async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
         Value::Array(vec![]),
         "delivered to the frozen member"
     );
-    old.task.abort();
+    frozen.task.abort();
     new.stop().await;
 }
 
@@ -1427,22 +1435,7 @@ async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
 /// first. The next owner claims it (behind its fence) before it reads anything new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_a_frozen_members_wait_took_is_handled_by_the_next_owner_first() {
-    let (redis, mut conn) = redis_with_groups(Target::Single, "frozen-take", 0..1).await;
-    let deadline = OwnershipDeadline::new();
-    deadline.set(deadline.local_now().plus_ms(60_000));
-    let (old_log, new_log) = (Log::default(), Log::default());
-    let mut cfg = config("frozen-take", "m0");
-    cfg.block_ms = 30_000;
-    let old = Running::start_with_deadline(
-        redis.url(),
-        cfg,
-        recording_handler(&old_log),
-        deadline.clone(),
-    )
-    .await;
-    old.assign(0..1).await;
-    wait_for_blocked_client(&mut conn).await;
-    deadline.set(deadline.local_now());
+    let (redis, mut conn, frozen, frozen_log, _) = frozen_in_its_wait("frozen-take").await;
     let first = produce(&mut conn, "frozen-take", 0, 0, 1).await;
     wait_until_async("the wait answered", Duration::from_secs(5), || {
         let mut conn = conn.clone();
@@ -1473,13 +1466,17 @@ async fn an_entry_a_frozen_members_wait_took_is_handled_by_the_next_owner_first(
     .await;
     let expected: Vec<String> = first.into_iter().chain(later).collect();
     assert_eq!(*ordered.lock().unwrap(), expected, "the taken entry first");
-    assert_eq!(old_log.count() + new_log.count(), 0);
+    assert_eq!(
+        frozen_log.count(),
+        0,
+        "handled by the member past its lease"
+    );
     wait_until_async("nothing pending", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xpending_count(&mut conn, "frozen-take:0", GROUP).await == 0 }
     })
     .await;
-    old.task.abort();
+    frozen.task.abort();
     new.stop().await;
 }
 

@@ -162,17 +162,23 @@ impl ShardIo {
     /// the `fence` module). Never blocks: a group read is sent only right after a deadline check (the idle
     /// wait's blocking group read is [`read_new_blocking`](Self::read_new_blocking)).
     fn read_cmd(&self, key: &str, fence: &Fence) -> redis::Cmd {
+        let mut cmd = self.group_read();
+        cmd.arg("STREAMS")
+            .arg(key)
+            .arg(&*fence.key)
+            .arg(">")
+            .arg(">");
+        cmd
+    }
+
+    /// `XREADGROUP GROUP <group> <member> COUNT <batch size>`, the start of every group read.
+    fn group_read(&self) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("STREAMS")
-            .arg(key)
-            .arg(&*fence.key)
-            .arg(">")
-            .arg(">");
+            .arg(self.config.batch_size);
         cmd
     }
 
@@ -259,15 +265,8 @@ impl ShardIo {
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(&self.config.group)
-            .arg(&self.config.consumer_name)
-            .arg("COUNT")
-            .arg(self.config.batch_size)
-            .arg("BLOCK")
-            .arg(ms)
-            .arg("STREAMS");
+        let mut cmd = self.group_read();
+        cmd.arg("BLOCK").arg(ms).arg("STREAMS");
         for (key, fence) in streams {
             cmd.arg(*key).arg(*fence);
         }
