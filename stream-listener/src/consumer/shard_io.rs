@@ -244,8 +244,14 @@ impl ShardIo {
     /// Redis 7.0 and Valkey end a blocked `XREADGROUP` with `NOGROUP` when one of its streams is deleted,
     /// so a newer owner's fence install ends a zombie's blocked read. Older servers leave it blocked, and
     /// wait with [`wait_for_new`](Self::wait_for_new), which delivers nothing.
+    ///
+    /// Not behind Sentinel: during a failover the old and the new master both serve reads for a while, and
+    /// the wait's connection (found by a discovery of its own) may be to the other one than the member's
+    /// reads. A group read there could deliver an entry the old master took after newer entries the
+    /// member read from the new one: per-key order broken (`tests/sentinel.rs` caught it). An `XREAD`
+    /// wait only names shards, which the member then reads on its one connection.
     pub(crate) fn group_wait(&self) -> bool {
-        self.version.valkey || self.version.major >= 7
+        !self.client.is_sentinel() && (self.version.valkey || self.version.major >= 7)
     }
 
     /// The idle wait as a group read: `XREADGROUP ... COUNT n BLOCK ms STREAMS k1 f1 k2 f2 .. > > ..` over

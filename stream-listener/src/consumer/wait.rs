@@ -15,7 +15,8 @@
 //! switch) may have delivered entries: every waited shard then claims its own pending entries first
 //! ([`WaitReport::in_doubt`]).
 //!
-//! Older servers leave such a read blocked, so there the wait is `XREAD COUNT 1 BLOCK ms STREAMS s1 s2 ...
+//! Older servers leave such a read blocked, and behind Sentinel the wait's connection may be to another
+//! master than the member's reads during a failover (see [`ShardIo::group_wait`]), so there the wait is `XREAD COUNT 1 BLOCK ms STREAMS s1 s2 ...
 //! id1 id2 ...`, which delivers nothing: it only says which shards have an entry above the id it watches
 //! from, and those shards' next jobs read them with `XREADGROUP ... >` after a fresh deadline check. Each
 //! stream is watched from above the newest entry this member's own `>` reads got there, or, when it has
