@@ -211,6 +211,33 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP), as a stalled or paused host would: it accepts nothing and answers
+    /// nothing until [`thaw`](Self::thaw).
+    ///
+    /// # Panics
+    /// If the server is not running or the signal cannot be sent.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets a [frozen](Self::freeze) server run again (SIGCONT).
+    ///
+    /// # Panics
+    /// If the server is not running or the signal cannot be sent.
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.pid().expect("the server runs");
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid}");
+    }
+
     /// Kills the server with SIGKILL and waits for the process to exit. Does nothing if it is not running.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -286,6 +286,54 @@ async fn retention_trims_what_every_group_acknowledged_and_nothing_else() {
     let _ = fast.stop().await;
 }
 
+/// A shard that goes quiet runs no job, so its last acknowledgements are trimmed by the step the driver
+/// runs for it after an idle wait (not by a job's end): the entries are handled and acknowledged well
+/// within the interval of the run at the ownership's start, so no job end is due.
+///
+/// With the driver's steps left out, this fails: the shard keeps its 20 entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_went_quiet_is_trimmed_after_an_idle_wait() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let conn = connection(&url).await;
+    Topology::ensure(&mut conn.clone(), "quiet", 1)
+        .await
+        .unwrap();
+    Topology::ensure_group(&mut conn.clone(), "quiet", "g", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let producer = Producer::new(conn.clone(), "quiet").await.unwrap();
+    send(&producer, 2, 0..10).await;
+    let seen = Seen::default();
+    let interval = Duration::from_secs(2);
+    // A session of a minute: the periodic look for entries left by others (once per session, a job that
+    // runs a step at its end too) does not come within the test.
+    let member = test_runtime(&url)
+        .group_config(GroupConfig {
+            heartbeat_interval_ms: 100,
+            session_timeout_ms: 60_000,
+            rebalance_timeout_ms: 60_000,
+        })
+        .consumer(member(
+            "quiet",
+            "g",
+            "m",
+            &seen,
+            Retention::default().interval(interval),
+        ))
+        .start()
+        .await
+        .unwrap();
+    wait_until("everything handled", Duration::from_secs(30), || {
+        handled(&seen) == 20
+    })
+    .await;
+    // Down to the group's last-delivered entry, the floor.
+    wait_len(&conn, "quiet:0", 1, "the quiet shard trimmed").await;
+    assert_eq!(xpending_count(&mut conn.clone(), "quiet:0", "g").await, 0);
+    let _ = member.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_and_keep_for_hold_acknowledged_entries() {
     let redis = RedisServer::start();

@@ -26,7 +26,7 @@ use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::{
     Command, HooksSet, JobId, JobKind, JobPlan, JobReport, Millis, ProbeEvent, Report,
-    ShardScheduler, WaitReport,
+    ShardScheduler,
 };
 use super::shard_io::ShardIo;
 use super::unblock::Interrupt;
@@ -37,7 +37,9 @@ use super::{job, wait, PauseHandle};
 pub(crate) enum Ended {
     Job(JobReport),
     /// The idle wait, with its blocking connection and that connection's client id handed back.
-    Wait(WaitReport, Option<super::wait_spec::WaitConnection>),
+    Wait(wait::WaitEnd),
+    /// Idle shards' retention steps, run after a wait (nothing to report).
+    Retention,
 }
 
 struct Running {
@@ -249,18 +251,24 @@ impl Driver {
         jobs: &mut JoinSet<Ended>,
     ) {
         let Some(running) = self.tasks.remove(&id) else {
+            // A retention task: nothing to tell the scheduler.
             return;
         };
         self.by_job.remove(&running.job);
         let now = self.now();
         let out = match ended {
             Some(Ended::Job(report)) => self.machine.job_ended(now, running.job, Some(report)),
-            Some(Ended::Wait(report, conn)) => {
-                if conn.is_some() {
-                    self.wait_conn = conn;
+            Some(Ended::Wait(end)) => {
+                if end.conn.is_some() {
+                    self.wait_conn = end.conn;
                 }
-                self.machine.wait_ended(now, running.job, Some(report))
+                let out = self.machine.wait_ended(now, running.job, Some(end.report));
+                // After the shards' next jobs start: their entries come first.
+                self.execute(out, jobs);
+                self.run_retention(end.retention_due, jobs);
+                return;
             }
+            Some(Ended::Retention) => return,
             // Aborted or panicked: the scheduler knows a wait from a job.
             None => self.machine.job_ended(now, running.job, None),
         };
@@ -457,13 +465,35 @@ impl Driver {
             interrupt: self.interrupt.clone(),
             deadline: self.deadline.clone(),
             retention: self.retention.clone(),
+            order: self.order.clone(),
         };
         let (io, pool) = (self.io.clone(), self.cluster_wait.clone());
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
-            let (report, conn) = wait::run(io, pool, spec).await;
-            Ended::Wait(report, conn)
+            Ended::Wait(wait::run(io, pool, spec).await)
         }));
         self.track(job, abort, None);
+    }
+
+    /// Runs the retention steps of idle shards (see [`wait::WaitEnd::retention_due`]) in a task of the
+    /// join set: untracked (it holds no worker and ends no job), aborted with the rest at shutdown.
+    fn run_retention(&mut self, due: Vec<(u32, Arc<str>)>, jobs: &mut JoinSet<Ended>) {
+        if due.is_empty() {
+            return;
+        }
+        let (io, retention, deadline) = (
+            self.io.clone(),
+            self.retention.clone(),
+            self.deadline.clone(),
+        );
+        jobs.spawn(tracing::Instrument::in_current_span(async move {
+            for (shard, key) in due {
+                if deadline.remaining().is_none() {
+                    break;
+                }
+                retention.step(&io, shard, &key, false).await;
+            }
+            Ended::Retention
+        }));
     }
 
     /// Ends the idle wait early (see the `unblock` module); the wait returns normally with the shards it

@@ -1,8 +1,8 @@
 //! The order barrier of a resize: whether an entry may be handled now, or waits for its key's old shard.
 //!
 //! Before an entry is handled, its key is placed with [`Topology::placement`](crate::topology::Topology::placement)
-//! against the stream's topology (cached, re-read every [`LAYOUT_REFRESH`], and
-//! at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
+//! against the stream's topology (cached, re-read in the background every [`LAYOUT_REFRESH`], never used
+//! older than [`LAYOUT_MAX_AGE`], and re-read at once when an entry newer than the cached read is routed here by neither layout). An entry of a key
 //! that moved here with the last resize waits until the group has consumed the key's old shard below
 //! `min(entry id, cut)`. Until then the job stops at that entry (later entries of the shard wait too, so
 //! per-key order holds within the shard), acknowledges what it finished, and hands the rest of the batch
@@ -17,6 +17,7 @@
 //! (`OrderGate::note_stale_write`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,11 +25,15 @@ use super::entry::Entry;
 use super::shard_io::ShardIo;
 use crate::topology::{consumed_before, ConsumedBefore, Placement, Topology, TopologyError};
 
-/// How old the cached topology may get before a job re-reads it. It must stay below the smallest grace
-/// period of a resize ([`crate::topology::DEFAULT_RESIZE_GRACE`] is 2 s): a second resize waits for the
-/// first one's cut, so a cache refreshed this often is never more than one resize behind, which the
-/// moved-key rule detects (see [`Topology::placement`]).
+/// How old the cached topology may get before a job re-reads it, in the background: the job gates with
+/// the cached one meanwhile, so a re-read never delays a handler.
 const LAYOUT_REFRESH: Duration = Duration::from_millis(500);
+/// How old the cached topology may get at all: an older one is re-read before gating. It must stay below
+/// the smallest grace period of a resize ([`crate::topology::DEFAULT_RESIZE_GRACE`] is 2 s): a second
+/// resize waits for the first one's cut, so a cache never older than this is never more than one resize
+/// behind, which the moved-key rule detects (see [`Topology::placement`]). The idle wait keeps the cache
+/// younger than this while it blocks ([`OrderGate::keep_fresh`]), so an idle pickup gates without a read.
+const LAYOUT_MAX_AGE: Duration = Duration::from_millis(1500);
 /// Retry delay of a shard whose entries wait for a moved key whose old shard is not consumed yet.
 const MOVED_KEY_RETRY: Duration = Duration::from_millis(50);
 
@@ -77,6 +82,8 @@ pub(crate) struct OrderGate {
     cache: Mutex<LayoutCache>,
     /// Last stale-layout warning, and stale writes seen since.
     stale_warned: Mutex<(Option<Instant>, u64)>,
+    /// A background re-read is under way (at most one at a time).
+    refreshing: AtomicBool,
 }
 
 impl OrderGate {
@@ -87,20 +94,49 @@ impl OrderGate {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The stream's topology, re-read when older than [`LAYOUT_REFRESH`] or when `force` is set. `None`
-    /// when the stream has no topology record. A failed read keeps the last one (and is logged).
-    async fn layout(&self, io: &ShardIo, force: bool) -> Option<Layout> {
-        {
+    /// The stream's topology: the cached one while younger than [`LAYOUT_MAX_AGE`] (re-read in the
+    /// background once older than [`LAYOUT_REFRESH`]), else re-read now, as when `force` is set. `None` when
+    /// the stream has no topology record. A failed read keeps the last one (and is logged).
+    async fn layout(self: &Arc<Self>, io: &Arc<ShardIo>, force: bool) -> Option<Layout> {
+        if !force {
             let cache = self.cache();
-            if !force
-                && cache
-                    .read_at
-                    .is_some_and(|at| at.elapsed() < LAYOUT_REFRESH)
-            {
-                return cache.view.clone();
+            if let Some(age) = cache.read_at.map(|at| at.elapsed()) {
+                if age < LAYOUT_MAX_AGE {
+                    if age >= LAYOUT_REFRESH {
+                        self.refresh_in_background(io);
+                    }
+                    return cache.view.clone();
+                }
             }
         }
+        self.read(io).await
+    }
+
+    /// Keeps the cache young enough to be used without a read for the next `horizon` (an idle wait's
+    /// block): re-reads it in the background if it would be older than [`LAYOUT_MAX_AGE`] minus
+    /// [`LAYOUT_REFRESH`] by then, or was never read.
+    pub(crate) fn keep_fresh(self: &Arc<Self>, io: &Arc<ShardIo>, horizon: Duration) {
+        let age = self.cache().read_at.map(|at| at.elapsed());
+        if age.is_none_or(|age| age + horizon >= LAYOUT_MAX_AGE - LAYOUT_REFRESH) {
+            self.refresh_in_background(io);
+        }
+    }
+
+    fn refresh_in_background(self: &Arc<Self>, io: &Arc<ShardIo>) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (gate, io) = (self.clone(), io.clone());
+        tokio::spawn(async move {
+            gate.read(&io).await;
+            gate.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Re-reads the topology and caches it, unless a read that started later was cached first.
+    async fn read(&self, io: &ShardIo) -> Option<Layout> {
         let mut conn = io.conn.clone();
+        let started = Instant::now();
         let read = async {
             let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
             let topology = Topology::load(&mut conn, &io.config.stream_prefix).await;
@@ -108,7 +144,10 @@ impl OrderGate {
         }
         .await;
         let mut cache = self.cache();
-        cache.read_at = Some(Instant::now());
+        if cache.read_at.is_some_and(|at| at > started) {
+            return cache.view.clone();
+        }
+        cache.read_at = Some(started);
         match read {
             Ok((read_ms, Ok(topology))) => {
                 let version = cache.view.as_ref().map(|l| l.topology.version());
@@ -132,7 +171,7 @@ impl OrderGate {
     }
 
     /// The batch's layout: from `memo`, else from the cache (and kept in `memo`).
-    async fn memoized(&self, io: &ShardIo, memo: &mut GateMemo) -> Option<Layout> {
+    async fn memoized(self: &Arc<Self>, io: &Arc<ShardIo>, memo: &mut GateMemo) -> Option<Layout> {
         if let Some(view) = &memo.view {
             return view.clone();
         }
@@ -195,8 +234,8 @@ impl OrderGate {
     /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
     /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
     pub(crate) async fn note_stale_write(
-        &self,
-        io: &ShardIo,
+        self: &Arc<Self>,
+        io: &Arc<ShardIo>,
         shard: u32,
         memo: &mut GateMemo,
         entry: &Entry,
@@ -251,11 +290,11 @@ impl OrderGate {
     }
 
     /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
-    /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_REFRESH` old when the
+    /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_MAX_AGE` old when the
     /// batch's first entry is placed; `memo` limits forced re-reads to one per job.
     pub(super) async fn gate(
-        &self,
-        io: &ShardIo,
+        self: &Arc<Self>,
+        io: &Arc<ShardIo>,
         shard: u32,
         memo: &mut GateMemo,
         entry: &Entry,
@@ -300,5 +339,120 @@ impl OrderGate {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consumer::ConsumerConfig;
+    use stream_listener_test_support::aio::wait_until;
+    use stream_listener_test_support::RedisServer;
+
+    impl OrderGate {
+        /// Makes the cached copy `by` older.
+        fn age_by(&self, by: Duration) {
+            let mut cache = self.cache();
+            cache.read_at = cache.read_at.and_then(|at| at.checked_sub(by));
+        }
+
+        fn version(&self) -> Option<u64> {
+            self.cache().view.as_ref().map(|l| l.topology.version())
+        }
+    }
+
+    async fn set_up(server: &RedisServer) -> (Arc<ShardIo>, redis::aio::MultiplexedConnection) {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        Topology::ensure(&mut admin, "orders", 2).await.unwrap();
+        let mut config = ConsumerConfig::new("orders", "g", "m");
+        // Longer than any wait below: a read that waits for Redis cannot end early by timing out.
+        config.response_timeout = Duration::from_secs(60);
+        let io = ShardIo::connect(client.into(), config).await.unwrap();
+        (Arc::new(io), admin)
+    }
+
+    /// Fault: Redis freezes (SIGSTOP) while the cached topology is due for a re-read. The gate keeps
+    /// using the copy (it returns while Redis answers nothing), and the re-read it started brings the
+    /// newer topology once Redis runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_due_re_read_runs_in_the_background_and_never_holds_the_gate() {
+        let server = RedisServer::start();
+        let (io, mut admin) = set_up(&server).await;
+        let gate = Arc::new(OrderGate::default());
+        let first = gate.layout(&io, false).await.expect("a topology");
+        assert_eq!(first.topology.version(), 1);
+        Topology::resize(&mut admin, "orders", 4).await.unwrap();
+
+        gate.age_by(LAYOUT_REFRESH + Duration::from_millis(100));
+        server.freeze();
+        let used = tokio::time::timeout(Duration::from_secs(10), gate.layout(&io, false)).await;
+        server.thaw();
+        let used = used.expect("the gate waited for a frozen Redis");
+        assert_eq!(
+            used.map(|l| l.topology.version()),
+            Some(1),
+            "the cached copy"
+        );
+        wait_until("the background re-read", Duration::from_secs(10), || {
+            gate.version() == Some(2)
+        })
+        .await;
+    }
+
+    /// Fault: Redis freezes while the cached topology is older than [`LAYOUT_MAX_AGE`]. The gate does not
+    /// use it: it waits for the re-read, which brings the newer topology once Redis runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_older_than_the_bound_is_re_read_before_it_is_used() {
+        let server = RedisServer::start();
+        let (io, mut admin) = set_up(&server).await;
+        let gate = Arc::new(OrderGate::default());
+        gate.layout(&io, false).await.expect("a topology");
+        Topology::resize(&mut admin, "orders", 4).await.unwrap();
+
+        gate.age_by(LAYOUT_MAX_AGE);
+        server.freeze();
+        let pending = tokio::spawn({
+            let (gate, io) = (gate.clone(), io.clone());
+            async move { gate.layout(&io, false).await }
+        });
+        // The read reached the frozen server and waits for it.
+        let waiting = tokio::time::timeout(Duration::from_millis(500), async {
+            while !pending.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        server.thaw();
+        assert!(waiting.is_err(), "the old copy was used");
+        let used = pending.await.unwrap();
+        assert_eq!(used.map(|l| l.topology.version()), Some(2));
+    }
+
+    /// The idle wait's re-read: started when the copy would age past the bound's margin within the wait,
+    /// not before (one re-read every other wait at the default block, not one per wait).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wait_re_reads_only_a_copy_that_would_age_past_the_margin() {
+        let server = RedisServer::start();
+        let (io, _admin) = set_up(&server).await;
+        let gate = Arc::new(OrderGate::default());
+        let block = Duration::from_millis(450);
+        gate.keep_fresh(&io, block);
+        assert!(
+            gate.refreshing.load(Ordering::Acquire),
+            "never read: read now"
+        );
+        wait_until("the first read", Duration::from_secs(10), || {
+            gate.version() == Some(1) && !gate.refreshing.load(Ordering::Acquire)
+        })
+        .await;
+        gate.keep_fresh(&io, block);
+        assert!(!gate.refreshing.load(Ordering::Acquire), "a young copy");
+        gate.age_by(LAYOUT_MAX_AGE - LAYOUT_REFRESH - block);
+        gate.keep_fresh(&io, block);
+        assert!(
+            gate.refreshing.load(Ordering::Acquire),
+            "a copy ageing past the margin"
+        );
     }
 }

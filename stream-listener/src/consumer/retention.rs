@@ -7,8 +7,9 @@
 //! at most every [`Retention::interval`] when the shard had acknowledgements since the last run, and again
 //! at once after a run that stopped at its bound of [`MAX_TRIM`] entries (up to
 //! [`MAX_RUNS_PER_STEP`] runs in a row, then at the next step). The job runs a step at its end (and
-//! one after installing a new ownership's fence), and the idle wait one for each shard it waited on that
-//! saw nothing new (an idle shard runs no job); the step runs the script, then turns its answer into
+//! one after installing a new ownership's fence), and for each shard an idle wait watched that saw nothing
+//! new (an idle shard runs no job) the driver runs one beside the next jobs, so that the entries the wait
+//! found are not held back by it; the step runs the script, then turns its answer into
 //! metrics, a WARN and the per-group count in Redis ([`trimmed_unread`]).
 //!
 //! The script needs nothing but the shard stream (one key, so it runs on a cluster) and is not behind
@@ -148,6 +149,17 @@ impl RetentionJob {
     /// An ownership of the shard `key` starts: forget what an earlier one did, so that the run is due.
     pub(crate) fn ownership_started(&self, key: &Arc<str>) {
         self.shards().remove(key);
+    }
+
+    /// Whether [`step`](Self::step) would run the script now: a cheap check for the idle wait, which leaves
+    /// the steps to the driver.
+    pub(crate) fn is_due(&self, io: &ShardIo, key: &Arc<str>) -> bool {
+        let Some(settings) = io.config.retention else {
+            return false;
+        };
+        self.shards()
+            .get(key)
+            .is_none_or(|state| state.due(Instant::now(), settings.interval))
     }
 
     /// The step at a job's end (and after a new ownership's fence): note `acked`, then run the script if a run

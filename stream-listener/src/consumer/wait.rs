@@ -33,17 +33,37 @@ use std::time::Duration;
 
 use super::cluster_wait::ClusterWait;
 use super::fence::is_missing_group;
+use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::read_until_interrupted;
-use super::wait_spec::{Read, WaitConnection, WaitSpec};
+use super::wait_spec::{Read, WaitConnection, WaitSpec, Watched};
 
-/// Waits; hands back what it saw and its connection (none after an error: a fresh one is made next time).
-pub(crate) async fn run(
-    io: Arc<ShardIo>,
-    pool: Arc<ClusterWait>,
-    mut spec: WaitSpec,
-) -> (WaitReport, Option<WaitConnection>) {
+/// How a wait ended.
+pub(crate) struct WaitEnd {
+    pub(crate) report: WaitReport,
+    /// The blocking connection, to be used again (none after an error: a fresh one is made next time).
+    pub(crate) conn: Option<WaitConnection>,
+    /// Watched shards that saw nothing and whose retention step is due: an idle shard runs no job, so the
+    /// driver runs their steps beside the next jobs (see the `retention` module), and what they
+    /// acknowledged last is trimmed without waiting for new entries, while the entries the wait found go to
+    /// their handlers first.
+    pub(crate) retention_due: Vec<(u32, Arc<str>)>,
+}
+
+/// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
+pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, spec: WaitSpec) -> WaitEnd {
+    let (report, conn, retention_due) = wait(io, pool, spec).await;
+    WaitEnd {
+        report,
+        conn,
+        retention_due,
+    }
+}
+
+type Waited = (WaitReport, Option<WaitConnection>, Vec<(u32, Arc<str>)>);
+
+async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> Waited {
     let mut outcome = WaitReport::default();
     let cluster = io.client.is_cluster();
     // Behind Sentinel, a connection made before the master switched may be to the old master.
@@ -59,7 +79,7 @@ pub(crate) async fn run(
             Ok(conn) => spec.conn = Some(conn),
             Err(error) => {
                 outcome.error = Some(error);
-                return (outcome, None);
+                return (outcome, None, Vec::new());
             }
         }
     }
@@ -81,27 +101,36 @@ pub(crate) async fn run(
                 } else {
                     outcome.error = Some(error);
                 }
-                return (outcome, spec.conn);
+                return (outcome, spec.conn, Vec::new());
             }
         }
     }
+    // The entry that ends the wait is gated with the cached topology, without a read (see the `order`
+    // module).
+    spec.order
+        .keep_fresh(&io, Duration::from_millis(io.config.block_ms));
     if cluster {
-        return (
-            super::cluster_wait::read(io, &pool, spec, outcome).await,
-            None,
-        );
+        let (shards, retention) = (spec.shards.clone(), spec.retention.clone());
+        let outcome = super::cluster_wait::read(io.clone(), &pool, spec, outcome).await;
+        let retention_due = if outcome.failed() {
+            Vec::new()
+        } else {
+            idle_and_due(&io, &shards, &retention, &outcome)
+        };
+        return (outcome, None, retention_due);
     }
     // Read at the last moment: connecting may have taken a while, and the wait may be over already.
     if spec.interrupt.is_set() {
-        return (outcome, spec.conn);
+        return (outcome, spec.conn, Vec::new());
     }
     let Some(left) = spec.deadline.remaining() else {
         outcome.expired = true;
-        return (outcome, spec.conn);
+        return (outcome, spec.conn, Vec::new());
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id, switches) = spec.conn.take().expect("connected above");
     let mut kept = None;
+    let mut retention_due = Vec::new();
     let streams = spec.streams(group_wait);
     let read = async {
         if group_wait {
@@ -133,20 +162,26 @@ pub(crate) async fn run(
                 Read::Delivered(delivered) => spec.note_delivered(delivered, &mut outcome),
             }
             kept = Some((conn, id, switches));
-            // An idle shard runs no job: its retention step, if due, runs here (see the `retention`
-            // module), so what it acknowledged last is trimmed without waiting for new entries.
-            for watched in &spec.shards {
-                if !outcome.new_entries.contains(&watched.shard)
-                    && spec.deadline.remaining().is_some()
-                {
-                    spec.retention
-                        .step(&io, watched.shard, &watched.key, false)
-                        .await;
-                }
+            if spec.deadline.remaining().is_some() {
+                retention_due = idle_and_due(&io, &spec.shards, &spec.retention, &outcome);
             }
         }
         // The connection may be broken; a fresh one is made next time.
         Some(Err(error)) => outcome.fail(error, group_wait),
     }
-    (outcome, kept)
+    (outcome, kept, retention_due)
+}
+
+/// The watched shards the wait saw nothing on whose retention step is due.
+fn idle_and_due(
+    io: &ShardIo,
+    shards: &[Watched],
+    retention: &RetentionJob,
+    outcome: &WaitReport,
+) -> Vec<(u32, Arc<str>)> {
+    shards
+        .iter()
+        .filter(|w| !outcome.new_entries.contains(&w.shard) && retention.is_due(io, &w.key))
+        .map(|w| (w.shard, w.key.clone()))
+        .collect()
 }

@@ -9,6 +9,7 @@ use redis::aio::MultiplexedConnection;
 use crate::member::lifecycle::OwnershipDeadline;
 
 use super::entry::Entry;
+use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::unblock::Interrupt;
@@ -18,6 +19,7 @@ use super::unblock::Interrupt;
 pub(crate) type WaitConnection = (MultiplexedConnection, i64, u64);
 
 /// One shard the wait watches: its index, stream key and the fence of its ownership.
+#[derive(Clone)]
 pub(crate) struct Watched {
     pub(crate) shard: u32,
     pub(crate) key: Arc<str>,
@@ -34,8 +36,10 @@ pub(crate) struct WaitSpec {
     /// The scheduler's request to end the wait early (see the `unblock` module).
     pub(crate) interrupt: Arc<Interrupt>,
     pub(crate) deadline: Arc<OwnershipDeadline>,
-    /// Idle shards' retention runs at the wait's end (see the `retention` module).
+    /// Idle shards' retention steps are due at the wait's end (see the `retention` module).
     pub(crate) retention: Arc<RetentionJob>,
+    /// Kept fresh while the wait blocks (see the `order` module).
+    pub(crate) order: Arc<OrderGate>,
 }
 
 impl WaitSpec {
