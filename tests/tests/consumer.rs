@@ -429,6 +429,101 @@ async fn one_worker_with_64_idle_shards_finds_traffic_on_the_last_one() {
     running.stop().await;
 }
 
+/// A burst onto many idle shards at once (one `MULTI`: the blocked wait sees all of them) is read a batch
+/// per worker at a time, not a batch per shard: what the idle wait delivers is held in memory, pending,
+/// until a worker takes it. Checked from Redis: the group's pending entries never exceed what the wait
+/// may read (a batch per worker in all) plus a batch per worker in the jobs. Everything is handled, in
+/// order per shard, and nothing stays pending.
+///
+/// Single node only: one `MULTI` over 64 shard streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_onto_many_idle_shards_is_read_a_batch_per_worker_at_a_time() {
+    const SHARDS: u32 = 64;
+    const EACH: u64 = 20;
+    let (redis, mut conn) = redis_with_groups(Target::Single, "burst", 0..SHARDS).await;
+    let seen: Arc<Mutex<HashMap<u32, Vec<u64>>>> = Arc::default();
+    let sink = seen.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let sink = sink.clone();
+        async move {
+            // Slow enough that the burst takes a while to work off.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            sink.lock()
+                .unwrap()
+                .entry(msg.shard)
+                .or_default()
+                .push(msg.payload.n);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let mut cfg = config("burst", "m0");
+    cfg.runtime_max_concurrency = 2;
+    let bound = 2 * cfg.batch_size;
+    let running = Running::start(redis.url(), cfg, handler).await;
+    running.assign(0..SHARDS).await;
+    wait_until_async("idle wait", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { blocked_clients(&mut conn).await == 1 }
+    })
+    .await;
+    let mut burst = redis::pipe();
+    burst.atomic();
+    for shard in 0..SHARDS {
+        for n in 0..EACH {
+            burst
+                .cmd("XADD")
+                .arg(format!("burst:{shard}"))
+                .arg("*")
+                .arg("k")
+                .arg(format!("key-{}", n % 7))
+                .arg("p")
+                .arg(format!("{{\"n\":{n}}}"))
+                .ignore();
+        }
+    }
+    let () = burst.query_async(&mut conn).await.unwrap();
+    let total = u64::from(SHARDS) * EACH;
+    let handled = || seen.lock().unwrap().values().map(Vec::len).sum::<usize>() as u64;
+    let mut most_pending = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Bounded by count and time: one sample per millisecond or so until everything is handled.
+    for _ in 0..200_000 {
+        let mut pending = 0;
+        for shard in 0..SHARDS {
+            pending += xpending_count(&mut conn, &format!("burst:{shard}"), GROUP).await;
+        }
+        most_pending = most_pending.max(pending);
+        if handled() == total || Instant::now() > deadline {
+            break;
+        }
+    }
+    assert_eq!(handled(), total, "everything handled");
+    assert!(
+        most_pending <= 2 * bound as i64,
+        "{most_pending} entries pending at once: more than the wait's bound of {bound} plus a batch per worker"
+    );
+    for (shard, ns) in seen.lock().unwrap().iter() {
+        assert_eq!(
+            *ns,
+            (0..EACH).collect::<Vec<_>>(),
+            "shard {shard} in order, once each"
+        );
+    }
+    wait_until_async("nothing pending", Duration::from_secs(10), || {
+        let conn = conn.clone();
+        async move {
+            for shard in 0..SHARDS {
+                if xpending_count(&mut conn.clone(), &format!("burst:{shard}"), GROUP).await != 0 {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    running.stop().await;
+}
+
 /// Single node only: it counts reads in one node's `INFO commandstats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_are_not_polled_by_free_workers_while_the_idle_wait_runs() {

@@ -161,6 +161,7 @@ pub(crate) async fn read(
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let mut running: HashMap<u16, (Node, i64)> = HashMap::new();
     let mut reads = tokio::task::JoinSet::new();
+    let count = spec.count;
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let io = io.clone();
@@ -170,7 +171,7 @@ pub(crate) async fn read(
                 .map(|(k, id)| (k.as_str(), id.as_str()))
                 .collect();
             let result = if group_wait {
-                io.read_new_blocking(&streams, &mut blocking.conn, block)
+                io.read_new_blocking(&streams, count, &mut blocking.conn, block)
                     .await
                     .map(Read::Delivered)
             } else {

@@ -54,6 +54,8 @@ struct Owned {
     key: Arc<str>,
     fence: Arc<Fence>,
     ownership: Arc<ShardOwnership>,
+    /// How many entries the last idle wait that watched the shard read from it at most.
+    wait_count: usize,
 }
 
 pub(crate) struct Driver {
@@ -300,6 +302,7 @@ impl Driver {
                             key,
                             fence,
                             ownership,
+                            wait_count: self.io.config.batch_size,
                         },
                     );
                 }
@@ -406,7 +409,7 @@ impl Driver {
             read_mode: plan.read_mode,
             signals: signals.clone(),
             deferred: plan.deferred,
-            delivered: plan.kind == JobKind::Delivered,
+            delivered: (plan.kind == JobKind::Delivered).then_some(owned.wait_count),
             reclaim: plan.reclaim,
             recreate_group: plan.recreate_group,
             max_turns: plan.max_turns,
@@ -444,8 +447,10 @@ impl Driver {
     ) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
+        let count = self.io.wait_count(shards.len());
         for (shard, from) in shards {
-            if let Some(owned) = self.owned.get(&shard) {
+            if let Some(owned) = self.owned.get_mut(&shard) {
+                owned.wait_count = count;
                 keys.push(Watched {
                     shard,
                     key: owned.key.clone(),
@@ -460,6 +465,7 @@ impl Driver {
         self.interrupt.reset();
         let spec = WaitSpec {
             shards: keys,
+            count,
             watch_from,
             conn,
             interrupt: self.interrupt.clone(),

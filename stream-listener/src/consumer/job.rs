@@ -85,8 +85,11 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             // Acks carried over are not sent: the next owner re-handles those entries (at least once).
             return outcome;
         }
-        // Whether these entries come from a `>` read (new to the group), rather than deferred or claimed.
-        let read_new = std::mem::take(&mut spec.delivered)
+        // Whether these entries come from a `>` read (new to the group), rather than deferred or claimed,
+        // and how many that read took at most: fewer left nothing behind.
+        let delivered = spec.delivered.take();
+        let full = delivered.unwrap_or(io.config.batch_size);
+        let read_new = delivered.is_some()
             || spec.deferred.is_empty()
                 && (carried.is_some() || matches!(spec.read_mode, ReadMode::Live));
         let fetched = if !spec.deferred.is_empty() {
@@ -196,7 +199,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             && defer.is_none()
             && letters.is_empty()
             && next_read_mode == ReadMode::Live
-            && entries.len() >= io.config.batch_size
+            && entries.len() >= full
             && turns < spec.max_turns
             && !spec.signals.yield_now.load(Ordering::Acquire)
             && spec.ownership.is_active();
@@ -211,7 +214,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
 
         // A `>` read short of a batch left nothing behind it: the shard goes idle, watched by the wait.
         outcome.drained = read_new
-            && entries.len() < io.config.batch_size
+            && entries.len() < full
             && !stopped
             && defer.is_none()
             && spec.read_mode == ReadMode::Live;

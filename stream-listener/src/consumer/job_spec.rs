@@ -40,9 +40,10 @@ pub(crate) struct JobSpec {
     /// Entries an earlier job deferred (a failed attempt's backoff, or a moved key waiting for its old
     /// shard), or that the idle wait's group read delivered: handled first.
     pub(crate) deferred: Vec<Entry>,
-    /// `deferred` is what the idle wait's group read delivered: new to the group, and when fewer than a
-    /// batch, nothing was left behind them (the shard is drained once they are handled).
-    pub(crate) delivered: bool,
+    /// `deferred` is what the idle wait's group read delivered, reading at most this many from the shard
+    /// (see [`ShardIo::wait_count`](super::shard_io::ShardIo::wait_count)): new to the group, and when
+    /// fewer, nothing was left behind them (the shard is drained once they are handled).
+    pub(crate) delivered: Option<usize>,
     /// Look for entries other consumers of the group have left pending too long, and claim them first.
     pub(crate) reclaim: bool,
     /// The shard's consumer group was found missing and the member's ownership was confirmed since:

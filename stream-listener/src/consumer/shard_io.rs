@@ -173,13 +173,29 @@ impl ShardIo {
 
     /// `XREADGROUP GROUP <group> <member> COUNT <batch size>`, the start of every group read.
     fn group_read(&self) -> redis::Cmd {
+        self.group_read_of(self.config.batch_size)
+    }
+
+    fn group_read_of(&self, count: usize) -> redis::Cmd {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.config.group)
             .arg(&self.config.consumer_name)
             .arg("COUNT")
-            .arg(self.config.batch_size);
+            .arg(count);
         cmd
+    }
+
+    /// How many entries a group wait over `watched` shards reads from each: a batch, but no more than a
+    /// batch per worker in all (at least one a shard). What a wait delivers is held in memory, pending,
+    /// until the shards' jobs take it, one batch per worker at a time: 1,024 idle shards that all get a
+    /// burst at once deliver 1,024 entries, not 1,024 batches.
+    pub(crate) fn wait_count(&self, watched: usize) -> usize {
+        wait_count(
+            self.config.batch_size,
+            self.config.runtime_max_concurrency,
+            watched,
+        )
     }
 
     /// Installs this ownership's fence before its first command on the shard (see the `fence` module).
@@ -267,11 +283,12 @@ impl ShardIo {
     pub(crate) async fn read_new_blocking(
         &self,
         streams: &[(&str, &str)],
+        count: usize,
         conn: &mut MultiplexedConnection,
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let mut cmd = self.group_read();
+        let mut cmd = self.group_read_of(count);
         cmd.arg("BLOCK").arg(ms).arg("STREAMS");
         for (key, fence) in streams {
             cmd.arg(*key).arg(*fence);
@@ -635,6 +652,12 @@ fn entries_of(rows: Vec<reply::StreamEntry>) -> Vec<Entry> {
         .collect()
 }
 
+/// See [`ShardIo::wait_count`].
+fn wait_count(batch: usize, workers: usize, watched: usize) -> usize {
+    let batch = batch.max(1);
+    (batch.saturating_mul(workers.max(1)) / watched.max(1)).clamp(1, batch)
+}
+
 impl Acknowledge for ShardIo {
     fn ack<'a>(&'a self, key: &'a str, ids: &'a [&'a str]) -> BoxFuture<'a, RedisResult<()>> {
         Box::pin(ShardIo::ack(self, key, ids))
@@ -677,5 +700,21 @@ mod tests {
         let entries = entries_of(reply::entries(claimed));
         assert_eq!(entries.len(), 1);
         assert!(entries[0].deleted && entries[0].fields.is_empty());
+    }
+
+    #[test]
+    fn a_wait_reads_at_most_a_batch_per_worker_in_all() {
+        // Few shards: a batch each.
+        assert_eq!(wait_count(100, 4, 2), 100);
+        assert_eq!(wait_count(100, 4, 4), 100);
+        // More shards than workers: the workers' batches shared out.
+        assert_eq!(wait_count(100, 4, 16), 25);
+        assert_eq!(wait_count(100, 4, 1024), 1);
+        // At least one a shard, and nothing divides by zero.
+        assert_eq!(wait_count(0, 0, 0), 1);
+        for (batch, workers, watched) in [(100, 4, 16), (100, 4, 300), (7, 3, 5), (1, 1, 9)] {
+            let count = wait_count(batch, workers, watched);
+            assert!(count <= batch && (count * watched <= batch * workers || count == 1));
+        }
     }
 }

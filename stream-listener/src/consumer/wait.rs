@@ -134,7 +134,7 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
     let streams = spec.streams(group_wait);
     let read = async {
         if group_wait {
-            io.read_new_blocking(&streams, &mut conn, block)
+            io.read_new_blocking(&streams, spec.count, &mut conn, block)
                 .await
                 .map(Read::Delivered)
         } else {

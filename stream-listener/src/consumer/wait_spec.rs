@@ -29,6 +29,8 @@ pub(crate) struct Watched {
 /// The shards to wait on.
 pub(crate) struct WaitSpec {
     pub(crate) shards: Vec<Watched>,
+    /// Entries a group wait reads from each shard at most ([`ShardIo::wait_count`](super::shard_io::ShardIo::wait_count)).
+    pub(crate) count: usize,
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
     /// from the group first.
     pub(crate) watch_from: HashMap<u32, String>,
