@@ -20,7 +20,9 @@ use stream_listener::store::GroupStore;
 use stream_listener::tls::TlsFiles;
 use stream_listener::topology::Topology;
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
-use stream_listener_test_support::aio::{info, info_field, wait_until, wait_until_async};
+use stream_listener_test_support::aio::{
+    command_calls, info, info_field, wait_until, wait_until_async,
+};
 use stream_listener_test_support::RedisSentinels;
 use stream_listener_tests::Order;
 use tokio::time::Instant;
@@ -463,6 +465,10 @@ async fn failover_under_traffic(
         || present.is_subset(&handled(&seen)),
     )
     .await;
+    // Behind Sentinel too, the idle wait is a group read (on the member's own node), never an `XREAD`.
+    let calls = command_calls(&mut on_new).await;
+    assert_eq!(calls.get("xread"), None, "{calls:?}");
+    assert!(calls.get("xreadgroup").is_some_and(|n| *n > 0), "{calls:?}");
     let _ = a.stop().await;
     let _ = b.stop().await;
     let _ = c.stop().await;

@@ -186,11 +186,6 @@ impl RedisTarget {
         std::future::pending().await
     }
 
-    /// Whether this is a Sentinel's master.
-    pub(crate) fn is_sentinel(&self) -> bool {
-        matches!(self, Self::Sentinel(_))
-    }
-
     /// Whether this is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster { .. })

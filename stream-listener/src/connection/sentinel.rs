@@ -478,6 +478,8 @@ struct Shared {
     current: Mutex<Current>,
     /// Held by the one command that discovers; the others wait for its outcome.
     discovering: tokio::sync::Mutex<()>,
+    /// [`Current::generation`], for those who follow this connection's node ([`pinned`](SentinelConnection::pinned)).
+    moves: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -485,6 +487,8 @@ struct Current {
     /// Bumped by every discovery, so a failure on an old connection does not drop a newer one.
     generation: u64,
     conn: Option<MultiplexedConnection>,
+    /// The node `conn` is to.
+    node: Option<redis::Client>,
     /// [`SentinelTarget::switches`] before `conn` was found: a later switch replaces it.
     switches: u64,
     /// The last discovery's error: commands that waited for it fail with it instead of trying again.
@@ -513,6 +517,7 @@ impl SentinelConnection {
                 step: options.connection_timeout,
                 current: Mutex::default(),
                 discovering: tokio::sync::Mutex::new(()),
+                moves: watch::Sender::new(0),
             }),
         };
         conn.current().await?;
@@ -559,17 +564,62 @@ impl SentinelConnection {
             .await;
         let mut current = self.lock();
         current.generation += 1;
+        self.shared.moves.send_replace(current.generation);
         match found {
-            Ok((_, conn)) => {
+            Ok((node, conn)) => {
                 current.conn = Some(conn.clone());
+                current.node = Some(node);
                 current.switches = switches;
                 current.failure = None;
                 Ok((current.generation, conn))
             }
             Err(error) => {
                 current.failure = Some(error.clone());
+                current.node = None;
                 Err(error)
             }
+        }
+    }
+
+    /// A connection of its own (made with `config`) to the node this connection's commands go to now,
+    /// with that node's generation. During a failover the old and the new master both answer for a while,
+    /// and a discovery of its own could find the other one: a blocking read on a pinned connection sees
+    /// what this connection's reads see, and [`moved`](Self::moved) says when that stops being so.
+    pub(crate) async fn pinned(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<(MultiplexedConnection, u64)> {
+        let (generation, _) = self.current().await?;
+        let node = {
+            let current = self.lock();
+            current
+                .node
+                .clone()
+                .filter(|_| current.generation == generation)
+        };
+        let node = node.ok_or_else(|| {
+            RedisError::from((ErrorKind::Io, "the master moved while connecting to it"))
+        })?;
+        let conn = node
+            .get_multiplexed_async_connection_with_config(config)
+            .await?;
+        Ok((conn, generation))
+    }
+
+    /// The generation of the node this connection's commands go to now.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Resolves once this connection's commands go to a node found after generation `since`.
+    pub(crate) async fn moved(&self, since: u64) {
+        let mut moves = self.shared.moves.subscribe();
+        if moves
+            .wait_for(|generation| *generation > since)
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -650,6 +700,62 @@ impl ConnectionLike for SentinelConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// The port of the node `conn` is to, as that node says.
+    async fn port_of(conn: &mut impl ConnectionLike) -> u16 {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("tcp_port:"))
+            .and_then(|port| port.trim().parse().ok())
+            .expect("tcp_port")
+    }
+
+    /// A pinned connection is to the node the shared connection's commands go to, and `moved` resolves
+    /// once they go elsewhere (a failover): the idle wait's connection follows the member's reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pinned_connection_follows_the_shared_connections_node() {
+        let sentinels = stream_listener_test_support::RedisSentinels::start(1);
+        let Ok(super::super::RedisTarget::Sentinel(target)) =
+            super::super::RedisTarget::open(&sentinels.url())
+        else {
+            panic!("a sentinel url");
+        };
+        let options = ConnectOptions {
+            response_timeout: Some(Duration::from_secs(2)),
+            connection_timeout: Some(Duration::from_secs(2)),
+            ..ConnectOptions::default()
+        };
+        let mut shared = SentinelConnection::connect(target, options).await.unwrap();
+        let old = sentinels.master_port();
+        assert_eq!(port_of(&mut shared).await, old);
+        let config = AsyncConnectionConfig::new();
+        let (mut pinned, generation) = shared.pinned(&config).await.unwrap();
+        assert_eq!(port_of(&mut pinned).await, old);
+        assert_eq!(shared.generation(), generation);
+
+        let new = tokio::task::block_in_place(|| sentinels.failover()).unwrap();
+        assert_ne!(new, old);
+        // The shared connection's next commands find the new master; `moved` says so.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while port_of(&mut shared).await != new {
+            assert!(
+                Instant::now() < deadline,
+                "the shared connection stayed on {old}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::timeout(Duration::from_secs(10), shared.moved(generation))
+            .await
+            .expect("moved resolves");
+        let (mut again, later) = shared.pinned(&config).await.unwrap();
+        assert!(later > generation);
+        assert_eq!(port_of(&mut again).await, new);
+    }
 
     #[test]
     fn a_sentinel_url_names_the_sentinels_the_master_and_the_nodes_settings() {

@@ -139,22 +139,43 @@ impl ShardIo {
 
     /// A dedicated connection for the idle wait's blocking read: redis-rs queues every command behind a blocking read
     /// on a multiplexed connection, so blocking reads never share one with acks or heartbeats.
-    /// Returns it with its Redis client id (for `CLIENT UNBLOCK`) and the target's master switches
-    /// before it was made.
+    /// Returns it with its Redis client id (for `CLIENT UNBLOCK`) and its node's generation: behind
+    /// Sentinel it is to the node the member's own connection uses (see
+    /// [`SentinelConnection::pinned`](crate::connection::SentinelConnection::pinned)).
     pub(crate) async fn blocking_connection(
         &self,
     ) -> RedisResult<(MultiplexedConnection, i64, u64)> {
-        let switches = self.client.master_switches();
         let timeout = Duration::from_millis(self.config.block_ms) + self.config.response_timeout;
         let config = AsyncConnectionConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(self.config.response_timeout));
-        let mut conn = self.client.node_connection(None, &config).await?;
+        let (mut conn, generation) = match &self.conn {
+            Connection::Sentinel(main) => main.pinned(&config).await?,
+            _ => (self.client.node_connection(None, &config).await?, 0),
+        };
         let id: i64 = redis::cmd("CLIENT")
             .arg("ID")
             .query_async(&mut conn)
             .await?;
-        Ok((conn, id, switches))
+        Ok((conn, id, generation))
+    }
+
+    /// Behind Sentinel, the generation of the node the member's commands go to now (see
+    /// [`blocking_connection`](Self::blocking_connection)); 0 elsewhere.
+    pub(crate) fn node_generation(&self) -> u64 {
+        match &self.conn {
+            Connection::Sentinel(main) => main.generation(),
+            _ => 0,
+        }
+    }
+
+    /// Resolves once the member's commands go to another node than in generation `since` (behind
+    /// Sentinel); never elsewhere.
+    pub(crate) async fn node_moved(&self, since: u64) {
+        match &self.conn {
+            Connection::Sentinel(main) => main.moved(since).await,
+            _ => std::future::pending().await,
+        }
     }
 
     /// `XREADGROUP ... COUNT n STREAMS key fence > >`: the shard's new entries, delivered to this member,
@@ -261,13 +282,13 @@ impl ShardIo {
     /// so a newer owner's fence install ends a zombie's blocked read. Older servers leave it blocked, and
     /// wait with [`wait_for_new`](Self::wait_for_new), which delivers nothing.
     ///
-    /// Not behind Sentinel: during a failover the old and the new master both serve reads for a while, and
-    /// the wait's connection (found by a discovery of its own) may be to the other one than the member's
-    /// reads. A group read there could deliver an entry the old master took after newer entries the
-    /// member read from the new one: per-key order broken (`tests/sentinel.rs` caught it). An `XREAD`
-    /// wait only names shards, which the member then reads on its one connection.
+    /// Behind Sentinel the wait's connection is to the node the member's own reads go to, and a wait whose
+    /// node is no longer theirs hands on nothing (see the `wait` module): during a failover the old and the
+    /// new master both serve reads for a while, and a group read on the other one could deliver an entry
+    /// the old master took after newer entries the member read from the new one (`tests/sentinel.rs`
+    /// caught that when the wait found its master by a discovery of its own).
     pub(crate) fn group_wait(&self) -> bool {
-        !self.client.is_sentinel() && (self.version.valkey || self.version.major >= 7)
+        self.version.valkey || self.version.major >= 7
     }
 
     /// The idle wait as a group read: `XREADGROUP ... COUNT n BLOCK ms STREAMS k1 f1 k2 f2 .. > > ..` over

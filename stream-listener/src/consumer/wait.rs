@@ -15,8 +15,10 @@
 //! switch) may have delivered entries: every waited shard then claims its own pending entries first
 //! ([`WaitReport::in_doubt`]).
 //!
-//! Older servers leave such a read blocked, and behind Sentinel the wait's connection may be to another
-//! master than the member's reads during a failover (see [`ShardIo::group_wait`]), so there the wait is `XREAD COUNT 1 BLOCK ms STREAMS s1 s2 ...
+//! Behind Sentinel the wait's connection is to the node the member's own connection uses, and the wait ends,
+//! handing on nothing (in doubt), once that connection moves to another node (see [`ShardIo::group_wait`]).
+//!
+//! Older servers leave such a read blocked, so there the wait is `XREAD COUNT 1 BLOCK ms STREAMS s1 s2 ...
 //! id1 id2 ...`, which delivers nothing: it only says which shards have an entry above the id it watches
 //! from, and those shards' next jobs read them with `XREADGROUP ... >` after a fresh deadline check. Each
 //! stream is watched from above the newest entry this member's own `>` reads got there, or, when it has
@@ -66,11 +68,12 @@ type Waited = (WaitReport, Option<WaitConnection>, Vec<(u32, Arc<str>)>);
 async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> Waited {
     let mut outcome = WaitReport::default();
     let cluster = io.client.is_cluster();
-    // Behind Sentinel, a connection made before the master switched may be to the old master.
+    // Behind Sentinel, a connection made before the member's commands moved to another node is to the
+    // wrong one.
     if spec
         .conn
         .as_ref()
-        .is_some_and(|(_, _, switches)| *switches < io.client.master_switches())
+        .is_some_and(|(_, _, generation)| *generation != io.node_generation())
     {
         spec.conn = None;
     }
@@ -128,7 +131,7 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
         return (outcome, spec.conn, Vec::new());
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
-    let (mut conn, id, switches) = spec.conn.take().expect("connected above");
+    let (mut conn, id, generation) = spec.conn.take().expect("connected above");
     let mut kept = None;
     let mut retention_due = Vec::new();
     let streams = spec.streams(group_wait);
@@ -145,15 +148,16 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
     };
     let mut control = io.conn.clone();
     let read = read_until_interrupted(read, &spec.interrupt, &mut control, id);
-    // Behind Sentinel, a switch of the master ends the wait: it may be blocking on the old master, which
-    // never sees the new entries.
-    let switched = io.client.master_switched(switches);
+    // Behind Sentinel, the member's commands moving to another node ends the wait: it may be blocking on
+    // the old master, which never sees the new entries, and what it reads there may be older than what the
+    // member reads from the new one. A reply that comes after the move is dropped like one never answered.
+    let moved = io.node_moved(generation);
     let read = tokio::select! {
-        read = read => Some(read),
-        () = switched => None,
+        read = read => Some(read).filter(|_| io.node_generation() == generation),
+        () = moved => None,
     };
     match read {
-        // A fresh connection, to the new master, next time. A group read dropped unanswered may have
+        // A fresh connection, to the member's node, next time. A group read dropped unanswered may have
         // delivered entries.
         None => outcome.in_doubt = group_wait,
         Some(Ok(read)) => {
@@ -161,7 +165,7 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
                 Read::Seen(keys) => spec.note_new_entries(&keys, &mut outcome),
                 Read::Delivered(delivered) => spec.note_delivered(delivered, &mut outcome),
             }
-            kept = Some((conn, id, switches));
+            kept = Some((conn, id, generation));
             if spec.deadline.remaining().is_some() {
                 retention_due = idle_and_due(&io, &spec.shards, &spec.retention, &outcome);
             }
