@@ -14,8 +14,7 @@
 //! [`progress`](ShardScheduler::progress), [`shutdown`](ShardScheduler::shutdown).
 //!
 //! Rules (each has a `rule_` test in `tests.rs`, `job_end.rs` or `shard.rs`):
-//! * at most `workers` jobs run at once, and the idle wait beside them (it runs no handler, so it takes no
-//!   worker, and shards are watched while every worker is busy); one job per shard index at a time, also
+//! * at most `workers` jobs run at once, the idle wait included; one job per shard index at a time, also
 //!   across ownerships (a shard granted again after a fence waits for its old job to end);
 //! * owned shards take turns in one round-robin queue: a shard goes to the back after its job; a job keeps
 //!   its shard for more batches (up to [`MAX_TURNS`]) only while no other shard waits for a worker and the
@@ -1009,11 +1008,6 @@ impl ShardScheduler {
         now >= state.reclaimed_at.plus(self.reclaim_every)
     }
 
-    /// Jobs running that run handlers: all but the idle wait, which takes no worker.
-    fn handling(&self) -> usize {
-        self.jobs.len() - usize::from(self.wait.is_some())
-    }
-
     fn new_job(&mut self, shards: Vec<(u32, u64)>, wait: bool) -> JobId {
         let job = JobId(self.next_job);
         self.next_job += 1;
@@ -1034,12 +1028,12 @@ impl ShardScheduler {
         }
         self.note_idle(now);
         let mut skipped = 0;
-        while self.handling() < self.workers && skipped <= self.ready.len() {
+        while self.jobs.len() < self.workers && skipped <= self.ready.len() {
             if !self.holds_wait(now) {
                 self.start_wait(now, out);
             }
-            if self.handling() >= self.workers {
-                break;
+            if self.jobs.len() >= self.workers {
+                return;
             }
             let Some(shard) = self.ready.pop_front() else {
                 break;
@@ -1151,22 +1145,20 @@ impl ShardScheduler {
     }
 
     /// One wait over every queued idle shard (its last read found nothing new) that only needs new
-    /// entries, once the reads running have ended (or [`WAIT_HOLD`] passed), unless more shards need a
-    /// worker for something else than are free.
+    /// entries, once the reads running have ended (or [`WAIT_HOLD`] passed), unless the shards that need
+    /// a worker for something else would be left without one.
     fn start_wait(&mut self, now: Millis, out: &mut Vec<Command>) {
         if self.wait.is_some() {
             return;
         }
         let eligible = |s: &Shard| self.waits(s, now);
-        // What the wait delivers waits for a worker: no wait while shards that need one are queued beyond
-        // the free workers (a last wait's delivery among them), so at most one wait's delivery is held.
-        let free = self.workers.saturating_sub(self.handling());
+        let free = self.workers - self.jobs.len();
         let others = self
             .ready
             .iter()
             .filter(|i| self.shards.get(i).is_some_and(|s| !eligible(s)))
             .count();
-        if others > free {
+        if free == 0 || others >= free {
             return;
         }
         let mut shards = Vec::new();
