@@ -430,29 +430,41 @@ mod tests {
     }
 
     /// The idle wait's re-read: started when the copy would age past the bound's margin within the wait,
-    /// not before (one re-read every other wait at the default block, not one per wait).
+    /// not before (one re-read every other wait at the default block, not one per wait). Redis is frozen
+    /// (SIGSTOP) whenever a re-read may start, so one that started is still under way when looked at.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_wait_re_reads_only_a_copy_that_would_age_past_the_margin() {
         let server = RedisServer::start();
         let (io, _admin) = set_up(&server).await;
         let gate = Arc::new(OrderGate::default());
         let block = Duration::from_millis(450);
+        let refreshing = |gate: &OrderGate| gate.refreshing.load(Ordering::Acquire);
+        let re_read = |what: &'static str| {
+            let gate = gate.clone();
+            async move {
+                wait_until(what, Duration::from_secs(10), || {
+                    gate.version() == Some(1) && !refreshing(&gate)
+                })
+                .await;
+            }
+        };
+
+        server.freeze();
         gate.keep_fresh(&io, block);
-        assert!(
-            gate.refreshing.load(Ordering::Acquire),
-            "never read: read now"
-        );
-        wait_until("the first read", Duration::from_secs(10), || {
-            gate.version() == Some(1) && !gate.refreshing.load(Ordering::Acquire)
-        })
-        .await;
+        let started = refreshing(&gate);
+        server.thaw();
+        assert!(started, "never read: read now");
+        re_read("the first read").await;
+
         gate.keep_fresh(&io, block);
-        assert!(!gate.refreshing.load(Ordering::Acquire), "a young copy");
+        assert!(!refreshing(&gate), "a young copy is not read again");
+
         gate.age_by(LAYOUT_MAX_AGE - LAYOUT_REFRESH - block);
+        server.freeze();
         gate.keep_fresh(&io, block);
-        assert!(
-            gate.refreshing.load(Ordering::Acquire),
-            "a copy ageing past the margin"
-        );
+        let started = refreshing(&gate);
+        server.thaw();
+        assert!(started, "a copy ageing past the margin is read again");
+        re_read("the second read").await;
     }
 }
