@@ -53,19 +53,18 @@ pub(crate) struct WaitEnd {
     pub(crate) retention_due: Vec<(u32, Arc<str>)>,
 }
 
-/// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
-pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, spec: WaitSpec) -> WaitEnd {
-    let (report, conn, retention_due) = wait(io, pool, spec).await;
-    WaitEnd {
-        report,
-        conn,
-        retention_due,
+impl WaitEnd {
+    fn of(report: WaitReport, conn: Option<WaitConnection>) -> Self {
+        Self {
+            report,
+            conn,
+            retention_due: Vec::new(),
+        }
     }
 }
 
-type Waited = (WaitReport, Option<WaitConnection>, Vec<(u32, Arc<str>)>);
-
-async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> Waited {
+/// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
+pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> WaitEnd {
     let mut outcome = WaitReport::default();
     let cluster = io.client.is_cluster();
     // Behind Sentinel, a connection made before the member's commands moved to another node is to the
@@ -82,7 +81,7 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
             Ok(conn) => spec.conn = Some(conn),
             Err(error) => {
                 outcome.error = Some(error);
-                return (outcome, None, Vec::new());
+                return WaitEnd::of(outcome, None);
             }
         }
     }
@@ -104,7 +103,7 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
                 } else {
                     outcome.error = Some(error);
                 }
-                return (outcome, spec.conn, Vec::new());
+                return WaitEnd::of(outcome, spec.conn);
             }
         }
     }
@@ -120,15 +119,18 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
         } else {
             idle_and_due(&io, &shards, &retention, &outcome)
         };
-        return (outcome, None, retention_due);
+        return WaitEnd {
+            retention_due,
+            ..WaitEnd::of(outcome, None)
+        };
     }
     // Read at the last moment: connecting may have taken a while, and the wait may be over already.
     if spec.interrupt.is_set() {
-        return (outcome, spec.conn, Vec::new());
+        return WaitEnd::of(outcome, spec.conn);
     }
     let Some(left) = spec.deadline.remaining() else {
         outcome.expired = true;
-        return (outcome, spec.conn, Vec::new());
+        return WaitEnd::of(outcome, spec.conn);
     };
     let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id, generation) = spec.conn.take().expect("connected above");
@@ -173,7 +175,10 @@ async fn wait(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> W
         // The connection may be broken; a fresh one is made next time.
         Some(Err(error)) => outcome.fail(error, group_wait),
     }
-    (outcome, kept, retention_due)
+    WaitEnd {
+        retention_due,
+        ..WaitEnd::of(outcome, kept)
+    }
 }
 
 /// The watched shards the wait saw nothing on whose retention step is due.
