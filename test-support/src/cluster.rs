@@ -421,6 +421,50 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// Waits until every replica of the master at `index` has acknowledged all it has written so far.
+    /// (`WAIT` cannot do this from `redis-cli`: it waits for the calling connection's own writes, and
+    /// a fresh connection has none, so it returns at once.)
+    pub fn wait_replicated(&self, index: usize) -> io::Result<()> {
+        let port = self.nodes[index].port();
+        let field = |line: &str, key: &str| -> Option<u64> {
+            line.split([',', ':'])
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+        };
+        let info = self.cli(port, &["INFO", "replication"])?;
+        let written = info
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("master_repl_offset:")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .ok_or_else(|| io::Error::other(format!("{port} is no master: {info}")))?;
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let info = self.cli(port, &["INFO", "replication"])?;
+            let acked: Vec<u64> = info
+                .lines()
+                .filter(|l| l.starts_with("slave"))
+                .map(|l| {
+                    field(l, "offset")
+                        .filter(|_| l.contains("state=online"))
+                        .unwrap_or(0)
+                })
+                .collect();
+            if !acked.is_empty() && acked.iter().all(|&o| o >= written && o > 0) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("replicas of {port} at {acked:?}, not {written}, within {CLUSTER_TIMEOUT:?}"),
+                ));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the master at `index` (SIGKILL) and waits until one of its replicas is master and the
     /// cluster is ok again. Returns the index of the promoted replica.
     pub fn fail_master(&mut self, index: usize) -> io::Result<usize> {
@@ -492,12 +536,7 @@ mod tests {
             "bar"
         );
         // Replication is asynchronous and the failover a SIGKILL: the replica must have the key first.
-        assert_eq!(
-            cluster
-                .cli(cluster.nodes()[to].port(), &["WAIT", "1", "5000"])
-                .unwrap(),
-            "1"
-        );
+        cluster.wait_replicated(to).unwrap();
         let promoted = cluster.fail_master(to).unwrap();
         assert_eq!(cluster.master_of(12182), promoted);
         assert_eq!(
