@@ -10,7 +10,7 @@ use stream_listener::consumer::dead_letter_fields as dlq;
 use stream_listener::{
     ConsumerBuilder, FailurePolicy, HandlerError, Message, Producer, RunningRuntime,
 };
-use stream_listener_test_support::aio::{connect, xrange};
+use stream_listener_test_support::aio::{connect, info, info_field, xrange};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{test_runtime, Order};
 
@@ -248,4 +248,96 @@ async fn retry_after_waits_what_the_batch_handler_asked_instead_of_the_backoff()
     assert_eq!(calls[0].2, calls[1].2, "the same batch again");
     assert_eq!((calls[0].1, calls[1].1), (1, 2));
     assert_waited(calls[1].0 - calls[0].0, wait);
+}
+
+/// How many `XADD`s Redis refused for memory (`INFO commandstats`; one queued in a transaction too).
+async fn xadds_refused_for_memory(redis: &RedisServer) -> u64 {
+    let text = info(&mut connect(&redis.url()).await, "commandstats").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xadd:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Fault: Redis runs out of memory while the consumer dead-letters batches (each letter copies a 1 KB
+/// entry). A job's letters go as one transaction, refused whole while memory is full and written whole
+/// once it is not, so every entry is dead-lettered exactly once. As a plain pipeline, the letters ahead
+/// of the one that crossed `maxmemory` were written, and the retry wrote them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_refused_for_memory_are_written_once_each() {
+    const N: u32 = 2_000;
+    let redis = RedisServer::start();
+    let stream = "oom-letters";
+    let pad = "x".repeat(1_000);
+    let orders: Vec<(String, Order)> = (0..N).map(|i| order(&format!("{i:05}-{pad}"), i)).collect();
+    let producer = Producer::connect_creating(&redis.url(), stream, 1)
+        .await
+        .unwrap();
+    for chunk in orders.chunks(200) {
+        producer.send_batch(chunk).await.unwrap();
+    }
+    // The handler holds its first call until memory is nearly full.
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let builder =
+        ConsumerBuilder::new(stream, "g")
+            .failure(quick(3))
+            .handler(move |_: Message<Order>| {
+                let mut gate = gate.clone();
+                async move {
+                    let _ = gate.wait_for(|open| *open).await;
+                    Err::<(), _>(HandlerError::permanent("poison"))
+                }
+            });
+    let running = test_runtime(&redis.url())
+        .consumer(builder)
+        .start()
+        .await
+        .unwrap();
+    let id = running.listener_ids().remove(0);
+    assert_eq!(running.wait_until_assigned(&id, WAIT).await.unwrap(), [0]);
+    let mut conn = connect(&redis.url()).await;
+    let used: u64 = info_field(&info(&mut conn, "memory").await, "used_memory").unwrap();
+    // Room for about two jobs' letters.
+    let limit = (used + 256 * 1024).to_string();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(&limit)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    open.send(true).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while xadds_refused_for_memory(&redis).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no dead letter refused for memory within {WAIT:?} (limit {limit}, {} letters)",
+            dead_letters(&redis, stream).await.len()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    running.wait_until_idle(stream, "g", WAIT).await.unwrap();
+    running.stop().await.unwrap();
+
+    let letters = dead_letters(&redis, stream).await;
+    let mut copies: HashMap<&str, u32> = HashMap::new();
+    for letter in &letters {
+        *copies.entry(letter[dlq::SOURCE_ID].as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = copies.iter().filter(|(_, &n)| n > 1).collect();
+    assert_eq!(copies.len() as u32, N, "some entry never dead-lettered");
+    assert!(
+        twice.is_empty(),
+        "{} entries dead-lettered more than once, e.g. {:?}",
+        twice.len(),
+        &twice[..twice.len().min(3)]
+    );
 }

@@ -602,6 +602,11 @@ impl ShardIo {
     /// Copy entries to the dead-letter stream: the original fields, then the reason and where they came
     /// from. Not atomic with the ack that follows (the streams may live on different cluster nodes): a
     /// crash in between dead-letters an entry twice, never zero times.
+    ///
+    /// Several letters go as one `MULTI`/`EXEC` transaction (one key, so one slot on a cluster): a
+    /// command refused while queued (`OOM`, a redirection) aborts it whole, so the retry after a refused
+    /// write writes each letter once. As a plain pipeline, the letters ahead of the one that crossed
+    /// `maxmemory` were written, and written again by the retry (`tests/error_classes.rs`).
     pub(crate) async fn dead_letter(
         &self,
         key: &str,
@@ -612,6 +617,9 @@ impl ShardIo {
             return Ok(());
         }
         let mut pipe = redis::pipe();
+        if letters.len() > 1 {
+            pipe.atomic();
+        }
         for (entry, letter) in letters {
             let cmd = pipe.cmd("XADD").arg(&self.dead_letter_key).arg("*");
             for (name, value) in &entry.fields {
