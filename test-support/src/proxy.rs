@@ -15,6 +15,9 @@
 //!   what was sent arrives then, unless a side gave up and closed).
 //! - [`set_latency`](FaultProxy::set_latency): every chunk waits that long, each way (a slow link).
 //! - [`reset_all`](FaultProxy::reset_all): every open connection is closed at once.
+//!
+//! And one that is no fault: [`rewrite_replies`](FaultProxy::rewrite_replies) replaces bytes in what the
+//! server answers, so a client sees, say, another server version.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -53,6 +56,8 @@ struct Shared {
     upstream: std::collections::BTreeMap<u64, u16>,
     /// Connections opened so far (their ids).
     opened: u64,
+    /// Replacements in replies, each of the same length (RESP lengths stay right).
+    rewrites: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The proxy's switches, read by every connection's pumps.
@@ -203,6 +208,20 @@ impl FaultProxy {
         self.switches.send_modify(|s| s.latency = latency);
     }
 
+    /// From now on, every `from` in a reply chunk is replaced by `to` (say `redis_version:7.0.15` by
+    /// `redis_version:6.2.99`, so a client takes the server for 6.2). A reply split between two chunks
+    /// across `from` is left as it is: keep `from` in a short reply, like `INFO server`'s.
+    ///
+    /// # Panics
+    /// If the two differ in length, which would break the RESP length prefixes.
+    pub fn rewrite_replies(&self, from: &str, to: &str) {
+        assert!(!from.is_empty(), "a rewrite of something");
+        assert_eq!(from.len(), to.len(), "a rewrite keeps the length");
+        self.shared()
+            .rewrites
+            .push((from.as_bytes().to_vec(), to.as_bytes().to_vec()));
+    }
+
     /// Closes every connection open now (new ones are accepted as usual).
     pub fn reset_all(&self) {
         self.switches.send_modify(|s| s.resets += 1);
@@ -233,13 +252,15 @@ async fn connection(
     // Set by the client pump when an armed pattern goes by, taken by the reply pump at its next chunk.
     let fault: Arc<Mutex<Option<ReplyFault>>> = Arc::default();
     let armed = fault.clone();
+    let rewrites = shared.clone();
     let upstream = pump(
         from_client,
         to_server,
         switches.clone(),
         born,
         move |s: &Switches| s.holding || s.blackhole || s.held_connection == Some(id),
-        move |chunk: &[u8], switches: Switches| {
+        move |chunk: &mut Vec<u8>, switches: Switches| {
+            let chunk = chunk.as_slice();
             let mut holding = switches.holding || switches.held_connection == Some(id);
             let mut state = shared.lock().expect("proxy state");
             // Set before the chunk is queued, so the writer holds it.
@@ -276,7 +297,15 @@ async fn connection(
         switches,
         born,
         |s: &Switches| s.blackhole,
-        |_: &[u8], _| {},
+        move |chunk: &mut Vec<u8>, _| {
+            for (from, to) in &rewrites.lock().expect("proxy state").rewrites {
+                let mut at = 0;
+                while let Some(found) = chunk[at..].windows(from.len()).position(|w| w == from) {
+                    chunk[at + found..at + found + to.len()].copy_from_slice(to);
+                    at += found + to.len();
+                }
+            }
+        },
         Some(fault),
     );
     // Either pump ending closes the connection both ways.
@@ -291,7 +320,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Reads chunks from `from` and writes them to `to` in order, each no earlier than its read time plus the
-/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and the switches then);
+/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and the switches then)
+/// and may change it;
 /// `reply_fault` (downstream only) drops or delays the next chunk after an armed command.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
@@ -299,7 +329,7 @@ async fn pump(
     switches: watch::Receiver<Switches>,
     born: u64,
     stopped: impl Fn(&Switches) -> bool + Send,
-    mut seen: impl FnMut(&[u8], Switches) + Send,
+    mut seen: impl FnMut(&mut Vec<u8>, Switches) + Send,
     reply_fault: Option<Arc<Mutex<Option<ReplyFault>>>>,
 ) {
     let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -314,8 +344,9 @@ async fn pump(
             };
             // Read the switch first: `seen` may flip it (`hold_from`), which needs the watch unborrowed.
             let now = *switches.borrow();
-            seen(&buf[..n], now);
-            if chunks.send((Instant::now(), buf[..n].to_vec())).is_err() {
+            let mut chunk = buf[..n].to_vec();
+            seen(&mut chunk, now);
+            if chunks.send((Instant::now(), chunk)).is_err() {
                 break;
             }
         }

@@ -1523,6 +1523,68 @@ async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
     new.stop().await;
 }
 
+/// Single node only: a proxy in front of it makes it look like Redis 6.2.
+///
+/// Redis 6.2 leaves a blocked `XREADGROUP` blocked when its stream is deleted, so a newer owner's fence
+/// would not end a zombie's wait: there the idle wait is an `XREAD` that only says which shards have data,
+/// and delivers nothing. The proxy rewrites `redis_version` in the server's replies, so the consumer takes
+/// that path against this machine's server. Each entry written to an idle shard wakes the wait (blocking
+/// 30 s, so no timeout does) and is handled once, by a job's own read; nothing stays pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_6_2_the_idle_wait_is_an_xread_that_delivers_nothing() {
+    const SHARDS: u32 = 4;
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "six", 0..SHARDS).await;
+    let server = info(&mut conn, "server").await;
+    let real = server
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .expect("redis_version")
+        .trim()
+        .to_owned();
+    assert!(
+        !server.contains("valkey_version"),
+        "this test fakes a Redis"
+    );
+    let fake = format!("6.2.{}", "9".repeat(real.len().saturating_sub(4).max(1)));
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    proxy.rewrite_replies(
+        &format!("redis_version:{real}"),
+        &format!("redis_version:{fake}"),
+    );
+    let log = Log::default();
+    let mut cfg = config("six", "m0");
+    cfg.block_ms = 30_000;
+    let running = Running::start(&proxy.url(), cfg, recording_handler(&log)).await;
+    running.assign(0..SHARDS).await;
+    for n in 0..12u64 {
+        let line = wait_for_blocked_client(&mut conn).await;
+        assert!(line.contains("cmd=xread "), "the idle wait on 6.2: {line}");
+        produce(&mut conn, "six", (n % u64::from(SHARDS)) as u32, n, 1).await;
+        wait_until_async(
+            "the entry handled, long before the wait's timeout",
+            Duration::from_secs(10),
+            || async { log.count() == n as usize + 1 },
+        )
+        .await;
+    }
+    let deliveries: Vec<Vec<u32>> = log.handled.lock().unwrap().values().cloned().collect();
+    assert!(
+        deliveries.iter().all(|d| d == &[1]),
+        "each handled once: {deliveries:?}"
+    );
+    for shard in 0..SHARDS {
+        let key = format!("six:{shard}");
+        wait_until_async("nothing pending", Duration::from_secs(10), || {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move { xpending_count(&mut conn, &key, GROUP).await == 0 }
+        })
+        .await;
+    }
+    running.stop().await;
+}
+
 /// Single node only: it reads one node's `CLIENT LIST`.
 ///
 /// An entry that reaches the idle wait while the process is frozen past its lease (before any next owner)
