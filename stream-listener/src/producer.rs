@@ -59,7 +59,8 @@
 //! with one `ASKING` and the resent commands, and Redis keeps that flag for a whole transaction but for
 //! one plain command only, so a plain pipeline's first XADD could be written once per turn between the
 //! two nodes, unreported. A shard's transaction is written once, or not at all (an `OOM` while queued
-//! refuses the shard's whole part).
+//! refuses the shard's whole part). A shard's part of one message (every [`send`](Producer::send)) is a
+//! plain `XADD`: one command, which `ASKING` covers.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -793,10 +794,8 @@ impl Pipelines {
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
                     let slot = crate::connection::slot_of(stream.as_bytes());
-                    // A transaction: see `send_pipelines`.
-                    let mut pipe = redis::pipe();
-                    pipe.atomic();
-                    parts.push((slot, pipe, Vec::new()));
+                    // Made a transaction when sent, if it has more than one XADD (`exec_replies`).
+                    parts.push((slot, redis::pipe(), Vec::new()));
                     parts.len() - 1
                 });
                 let (_, pipe, positions) = &mut parts[part];
@@ -829,12 +828,23 @@ where
                     .expect("per-shard pipelines only on a cluster");
                 let (sends, positions): (Vec<_>, Vec<_>) = parts
                     .into_iter()
-                    .map(|(slot, pipe, positions)| ((Some(slot), pipe), positions))
+                    .map(|(slot, mut pipe, positions)| {
+                        if pipe.len() > 1 {
+                            pipe.atomic();
+                        }
+                        ((Some(slot), pipe), positions)
+                    })
                     .unzip();
                 let answers = crate::connection::send_to_slots(cluster, sends).await;
                 let mut replies = vec![Value::Nil; len];
                 for (positions, answer) in positions.into_iter().zip(answers) {
-                    for (position, reply) in positions.into_iter().zip(exec_replies(answer?)) {
+                    let answer = answer?;
+                    let answer = if positions.len() > 1 {
+                        exec_replies(answer)
+                    } else {
+                        answer
+                    };
+                    for (position, reply) in positions.into_iter().zip(answer) {
                         replies[position] = reply;
                     }
                 }
@@ -852,7 +862,8 @@ where
 /// `ASKING` before the resent pipeline, and Redis keeps that flag for a whole `MULTI` but for one plain
 /// command only, so a plain pipeline's first XADD was written on the importing node and the rest sent
 /// back (`MOVED`), again and again until the migration ended. A `MOVED` while queued aborts the
-/// transaction too, so the resent one is its only write.
+/// transaction too, so the resent one is its only write. A part of one XADD is sent as it is: `ASKING`
+/// covers it, and a redirected command was not run, so its resend is its only write.
 fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
     let n = replies.len().saturating_sub(2);
     let mut replies = replies.into_iter();

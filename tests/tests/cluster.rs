@@ -406,8 +406,9 @@ async fn a_grow_then_a_shrink_under_traffic_loses_nothing() {
     check(&seen, sent, per_key);
 }
 
-/// Batches of `BATCH_KEYS` messages, one per key over every shard, sent with `send_batch_bytes` (a
-/// failed batch is sent again, whole, for up to 20 s) while `disrupt` runs. Then every shard stream is
+/// Batches of `per_batch` messages (at most `BATCH_KEYS`), each of another key, the keys taken in turn
+/// over every shard, sent with `send_batch_bytes` (a failed batch is sent again, whole, for up to 20 s)
+/// while `disrupt` runs. Then every shard stream is
 /// read back (XRANGE): every receipt names an entry holding its message, every message was written,
 /// and a batch's receipts of one shard have increasing ids in input order. With `strict`, an entry no
 /// receipt names must also belong to a batch that failed at least once (a failed batch may have been
@@ -416,9 +417,11 @@ async fn batches_through(
     cluster: &mut RedisCluster,
     stream: &'static str,
     strict: bool,
+    per_batch: u32,
     disrupt: impl FnOnce(&mut RedisCluster),
 ) {
     const BATCH_KEYS: u32 = 64;
+    assert!((1..=BATCH_KEYS).contains(&per_batch));
     let url = cluster.url();
     let mut conn = connect(&url).await;
     Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
@@ -440,7 +443,11 @@ async fn batches_through(
                 }
                 let batch = batches;
                 batches += 1;
-                let messages: Vec<(String, String)> = (0..BATCH_KEYS)
+                let keys: Vec<u32> = (0..per_batch)
+                    .map(|i| (batch * per_batch + i) % BATCH_KEYS)
+                    .collect();
+                let messages: Vec<(String, String)> = keys
+                    .iter()
                     .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
                     .collect();
                 let started = Instant::now();
@@ -459,7 +466,7 @@ async fn batches_through(
                 };
                 assert_eq!(sent.len(), messages.len());
                 let mut last_of_shard: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-                for (j, (receipt, (key, _))) in sent.iter().zip(&messages).enumerate() {
+                for (&j, (receipt, (key, _))) in keys.iter().zip(sent.iter().zip(&messages)) {
                     let shard = topology.shard_for_key(key.as_bytes());
                     assert_eq!(
                         (receipt.shard, receipt.stream.as_str()),
@@ -471,7 +478,7 @@ async fn batches_through(
                         assert!(last < id, "batch {batch}: {key}'s id {id:?} after {last:?}");
                     }
                     let at = (receipt.stream.clone(), receipt.id.clone());
-                    let previous = receipts.insert(at, (batch, j as u32));
+                    let previous = receipts.insert(at, (batch, j));
                     assert_eq!(previous, None, "one id given twice: {receipt:?}");
                 }
             }
@@ -502,7 +509,7 @@ async fn batches_through(
         );
     }
     let all: BTreeSet<(u32, u32)> = written.values().copied().collect();
-    assert_eq!(all.len() as u32, batches * BATCH_KEYS, "some messages lost");
+    assert_eq!(all.len() as u32, batches * per_batch, "some messages lost");
     let unreported: Vec<_> = written
         .iter()
         .filter(|(at, (batch, _))| !receipts.contains_key(*at) && !failed.contains(batch))
@@ -538,7 +545,14 @@ fn migrate_shard_3(stream: &str) -> impl FnOnce(&mut RedisCluster) + '_ {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_over_every_shard_through_a_slot_migration_keeps_order_and_loses_nothing() {
     let mut cluster = RedisCluster::start();
-    batches_through(&mut cluster, "batched", false, migrate_shard_3("batched")).await;
+    batches_through(
+        &mut cluster,
+        "batched",
+        false,
+        64,
+        migrate_shard_3("batched"),
+    )
+    .await;
 }
 
 /// Failed in about half the runs while each shard's part was a plain pipeline: redis-rs answers an
@@ -549,7 +563,33 @@ async fn a_batch_over_every_shard_through_a_slot_migration_keeps_order_and_loses
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_through_a_slot_migration_writes_nothing_twice_unreported() {
     let mut cluster = RedisCluster::start();
-    batches_through(&mut cluster, "batched", true, migrate_shard_3("batched")).await;
+    batches_through(
+        &mut cluster,
+        "batched",
+        true,
+        64,
+        migrate_shard_3("batched"),
+    )
+    .await;
+}
+
+/// A shard's part of one message (every `send`) is a plain `XADD`, no transaction: `ASKING` covers one
+/// command, and a redirected command was not run. Through a slot migration, one message per batch over
+/// every shard: each is written once, where its receipt says, and no `MULTI` reached any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_sends_through_a_slot_migration_are_written_once_without_a_transaction() {
+    let mut cluster = RedisCluster::start();
+    let multis = info_sum(&cluster, "commandstats", "cmdstat_multi:");
+    batches_through(&mut cluster, "single", true, 1, migrate_shard_3("single")).await;
+    eprintln!(
+        "ASKING: {}",
+        info_sum(&cluster, "commandstats", "cmdstat_asking:")
+    );
+    assert_eq!(
+        info_sum(&cluster, "commandstats", "cmdstat_multi:"),
+        multis,
+        "a transaction for one message"
+    );
 }
 
 /// A master out of memory refuses a shard's part of a batch whole: the producer reports
