@@ -271,12 +271,6 @@ async fn dead_letters_refused_for_memory_are_written_once_each() {
     let stream = "oom-letters";
     let pad = "x".repeat(1_000);
     let orders: Vec<(String, Order)> = (0..N).map(|i| order(&format!("{i:05}-{pad}"), i)).collect();
-    let producer = Producer::connect_creating(&redis.url(), stream, 1)
-        .await
-        .unwrap();
-    for chunk in orders.chunks(200) {
-        producer.send_batch(chunk).await.unwrap();
-    }
     // The handler holds its first call until memory is nearly full.
     let (open, gate) = tokio::sync::watch::channel(false);
     let builder =
@@ -289,13 +283,7 @@ async fn dead_letters_refused_for_memory_are_written_once_each() {
                     Err::<(), _>(HandlerError::permanent("poison"))
                 }
             });
-    let running = test_runtime(&redis.url())
-        .consumer(builder)
-        .start()
-        .await
-        .unwrap();
-    let id = running.listener_ids().remove(0);
-    assert_eq!(running.wait_until_assigned(&id, WAIT).await.unwrap(), [0]);
+    let running = start(&redis, stream, &orders, builder).await;
     let mut conn = connect(&redis.url()).await;
     let used: u64 = info_field(&info(&mut conn, "memory").await, "used_memory").unwrap();
     // Room for about two jobs' letters.
