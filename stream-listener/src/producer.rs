@@ -829,20 +829,21 @@ where
                 let (sends, positions): (Vec<_>, Vec<_>) = parts
                     .into_iter()
                     .map(|(slot, mut pipe, positions)| {
-                        if pipe.len() > 1 {
+                        // One XADD needs no transaction (see `exec_replies`).
+                        let transaction = positions.len() > 1;
+                        if transaction {
                             pipe.atomic();
                         }
-                        ((Some(slot), pipe), positions)
+                        ((Some(slot), pipe), (positions, transaction))
                     })
                     .unzip();
                 let answers = crate::connection::send_to_slots(cluster, sends).await;
                 let mut replies = vec![Value::Nil; len];
-                for (positions, answer) in positions.into_iter().zip(answers) {
-                    let answer = answer?;
-                    let answer = if positions.len() > 1 {
-                        exec_replies(answer)
+                for ((positions, transaction), answer) in positions.into_iter().zip(answers) {
+                    let answer = if transaction {
+                        exec_replies(answer?)
                     } else {
-                        answer
+                        answer?
                     };
                     for (position, reply) in positions.into_iter().zip(answer) {
                         replies[position] = reply;

@@ -321,8 +321,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Reads chunks from `from` and writes them to `to` in order, each no earlier than its read time plus the
 /// latency, and only while `stopped` is false. `seen` looks at every chunk read (and the switches then)
-/// and may change it;
-/// `reply_fault` (downstream only) drops or delays the next chunk after an armed command.
+/// and may change it; `reply_fault` (downstream only) drops or delays the next chunk after an armed
+/// command.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
