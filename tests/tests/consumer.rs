@@ -581,8 +581,11 @@ async fn busy_shards_are_rotated_not_drained_one_by_one(target: Target) {
     let order = order.lock().unwrap().clone();
     let first_of_last = order.iter().position(|s| *s == 15).unwrap();
     let shard0_before = order[..first_of_last].iter().filter(|s| **s == 0).count();
+    // One turn at most: what the idle wait delivered for the shard (the shards' first jobs, claims of
+    // their own pending entries, find none and leave them idle; the wait reads at most 10 x 4 workers /
+    // 16 shards = 2 of each), then one batch.
     assert!(
-        shard0_before <= 10,
+        shard0_before <= 2 + 10,
         "shard 0 had {shard0_before} entries handled before shard 15's first"
     );
     running.stop().await;
