@@ -17,6 +17,7 @@ use stream_listener::store::wakeup::Wakeups;
 use stream_listener::store::{GroupKeys, GroupStore, StoreError};
 use stream_listener::{Connection, RedisTarget};
 use stream_listener_test_support::aio::{command_calls, connect_with_timeouts, xrange};
+use stream_listener_test_support::monitor::{Monitor, MonitorLine};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{member_session, on_every_target, Target};
 use tokio::sync::{mpsc, watch, Notify};
@@ -1137,6 +1138,7 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
         .query_async(&mut conn)
         .await
         .unwrap();
+    let monitor = Monitor::start(redis.addr()).await;
     let mut joins = Vec::new();
     for id in ["a", "b", "c", "d"] {
         let url = redis.url();
@@ -1182,6 +1184,24 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
         inbox_len(&mut conn, &probe).await,
         0,
         "the batch was taken out"
+    );
+    // Waiting for the turn polls the lock every half interval (at most 500 ms, less up to a quarter at
+    // random), not every 50 ms: 2,000 waiting members polling at 50 ms overloaded Redis.
+    let waits: Vec<f64> = monitor
+        .lines()
+        .iter()
+        .filter_map(|line| MonitorLine::parse(line))
+        .filter(|line| {
+            line.args
+                .first()
+                .is_some_and(|c| c.eq_ignore_ascii_case("BLPOP"))
+        })
+        .map(|line| line.args.last().unwrap().parse().expect("a BLPOP timeout"))
+        .collect();
+    assert!(!waits.is_empty(), "the senders waited in Redis");
+    assert!(
+        waits.iter().all(|w| (0.375..=0.5).contains(w)),
+        "turn waits of a 5 s interval: {waits:?}"
     );
 }
 
