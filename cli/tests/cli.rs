@@ -266,7 +266,7 @@ async fn status_shows_group_members_and_invariants() {
         .await
         .unwrap();
     let out = cli(&f.url(), &["status", "--stream", STREAM, "--group", GROUP]).ok();
-    // One load of the group (its leases are read by `load.lua` only: nothing heartbeats here).
+    // One load of the group (its leases are read by the load only: nothing heartbeats here).
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut f.conn)

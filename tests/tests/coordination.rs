@@ -388,6 +388,69 @@ async fn corrupt_metadata_and_unknown_schema_are_reported_and_left_untouched() {
         .contains("schema version 99"));
 }
 
+/// A load is one `MULTI`/`EXEC`: a key of the group holding another type fails it as a whole, with Redis's
+/// `WRONGTYPE` naming the problem, and nothing is written over it (and no half-read snapshot is used).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_key_of_the_wrong_type_fails_the_load_and_is_left_untouched() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let mut s = store(&redis.url(), "typed", 4).await;
+    s.heartbeat(&session("a").heartbeat(LocalMillis(0), 1))
+        .await
+        .expect("a joins");
+    let keys = s.keys().clone();
+    for key in [&keys.meta, &keys.rev, &keys.leases, &keys.members] {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::pipe()
+            .cmd("DEL")
+            .arg(key)
+            .ignore()
+            .cmd("RPUSH")
+            .arg(key)
+            .arg("not metadata")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let err = s.load().await.expect_err("a load over a list");
+        assert!(
+            matches!(&err, StoreError::Redis(e) if e.to_string().contains("WRONGTYPE")),
+            "{key}: {err}"
+        );
+        let err = s
+            .heartbeat(&session("b").heartbeat(LocalMillis(0), 1))
+            .await
+            .expect_err("a heartbeat over a list");
+        assert!(err.to_string().contains("WRONGTYPE"), "{key}: {err}");
+        let kept: Vec<String> = redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(kept, ["not metadata"], "{key} was written over");
+        let _: () = redis::pipe()
+            .cmd("DEL")
+            .arg(key)
+            .ignore()
+            .cmd("RESTORE")
+            .arg(key)
+            .arg(0)
+            .arg(dump)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let (_, coordinator) = s.load().await.expect("loads again once repaired");
+        assert!(coordinator.metadata().members.contains_key("a"), "{key}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_members_self_fence_then_reconverge() {
     let mut redis = RedisServer::start();

@@ -64,10 +64,6 @@ const SCRIPTS: &[(&str, &str)] = &[
         include_str!("../../stream-listener/src/store/enqueue.lua"),
     ),
     (
-        "store/load.lua",
-        include_str!("../../stream-listener/src/store/load.lua"),
-    ),
-    (
         "store/peek.lua",
         include_str!("../../stream-listener/src/store/peek.lua"),
     ),

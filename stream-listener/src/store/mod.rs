@@ -357,13 +357,11 @@ impl GroupStore {
         self.clock = Some((redis_ms, Instant::now()));
     }
 
-    /// Reads the group's snapshot from Redis (`load.lua`, then [`loaded`]), for the caller to cache once
+    /// Reads the group's snapshot from Redis (one transaction, [`scripts::load`], then [`loaded`]), for the caller to cache once
     /// what it does with it is in Redis. The cache is left as it is.
     async fn read_snapshot(&mut self) -> Result<Snapshot, StoreError> {
-        let reply: LoadTuple = self
-            .scripts
-            .load(&self.keys)
-            .invoke_async(&mut self.conn)
+        let reply: LoadTuple = scripts::load(&self.keys)
+            .query_async(&mut self.conn)
             .await?;
         let reply = decode_load(reply);
         self.observe_time(reply.now);

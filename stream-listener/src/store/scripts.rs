@@ -18,7 +18,6 @@ const AUDIT_MAX_LEN: u64 = 10_000;
 /// not know it).
 #[derive(Debug)]
 pub(super) struct Scripts {
-    load: Script,
     renew: Script,
     commit: Script,
     pub(super) release: Script,
@@ -30,7 +29,6 @@ pub(super) struct Scripts {
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            load: Script::new(include_str!("load.lua")),
             renew: Script::new(include_str!("renew.lua")),
             commit: Script::new(include_str!("commit.lua")),
             release: Script::new(include_str!("writer.lua")),
@@ -38,17 +36,6 @@ impl Scripts {
             peek: Script::new(include_str!("peek.lua")),
             cancel: Script::new(include_str!("cancel.lua")),
         }
-    }
-
-    /// `load.lua`: header, revision, leases, Redis time, member records.
-    pub(super) fn load(&self, keys: &GroupKeys) -> ScriptInvocation<'_> {
-        let mut invocation = self.load.prepare_invoke();
-        invocation
-            .key(&keys.meta)
-            .key(&keys.rev)
-            .key(&keys.leases)
-            .key(&keys.members);
-        invocation
     }
 
     /// `renew.lua`: renews `member`'s lease to Redis time + `session_ms` if the revision is still
@@ -249,21 +236,46 @@ pub(super) fn decode_reply(
     }
 }
 
-/// `load.lua`'s reply as redis-rs decodes it.
+/// The load: Redis time, header, revision, leases, member records, in one transaction. Not a script:
+/// a script copies every record and lease into Lua and back, which made a load of 2,000 members cost
+/// Redis 2.7 ms against 1.35 ms for the same reads in `MULTI`/`EXEC`, and a group that large has every
+/// member load at least once after a join storm.
+pub(super) fn load(keys: &GroupKeys) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("TIME")
+        .cmd("GET")
+        .arg(&keys.meta)
+        .cmd("GET")
+        .arg(&keys.rev)
+        .cmd("ZRANGE")
+        .arg(&keys.leases)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .cmd("HGETALL")
+        .arg(&keys.members);
+    pipe
+}
+
+/// The load's reply as redis-rs decodes it: `TIME` (seconds, microseconds), header, revision, leases,
+/// records.
 pub(super) type LoadTuple = (
+    (i64, i64),
     Option<Vec<u8>>,
-    i64,
+    Option<i64>,
     Vec<(String, i64)>,
-    i64,
     Vec<(String, Vec<u8>)>,
 );
 
-pub(super) fn decode_load((meta, revision, leases, now, records): LoadTuple) -> LoadReply {
+pub(super) fn decode_load(
+    ((secs, micros), meta, revision, leases, records): LoadTuple,
+) -> LoadReply {
     LoadReply {
         meta,
-        revision,
+        revision: revision.unwrap_or(0),
         leases,
-        now,
+        now: secs * 1000 + micros / 1000,
         records,
     }
 }

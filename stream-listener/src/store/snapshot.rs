@@ -40,7 +40,7 @@ pub(super) struct Stored {
     pub(super) created: bool,
 }
 
-/// `load.lua`'s reply.
+/// What a load read ([`scripts::load`](super::scripts::load)).
 #[derive(Debug)]
 pub(super) struct LoadReply {
     /// The metadata header, if any.
@@ -368,7 +368,7 @@ pub(super) mod tests {
         )
     }
 
-    /// A group as Redis holds it after `members` joined and one commit stored them, as `load.lua` would
+    /// A group as Redis holds it after `members` joined and one commit stored them, as a load would
     /// return it.
     pub(in crate::store) fn stored_group(members: &[&str]) -> LoadReply {
         let Loaded { mut snapshot, .. } = load(reply(None, 0, &[], Vec::new())).unwrap();
