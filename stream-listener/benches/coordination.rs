@@ -511,6 +511,8 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     for wakeups in &subscriptions {
         wakeups.subscribed(Duration::from_secs(1)).await;
     }
+    let mut control = connect(url).await;
+    let redis_before = info(&mut control, "commandstats").await;
     let stats_before = stream_listener::store::stats();
     let start = Instant::now();
     for (i, member_store) in stores.into_iter().enumerate() {
@@ -552,6 +554,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let after = stream_listener::store::stats();
+    let redis_after = info(&mut control, "commandstats").await;
     let n = members as f64;
     let commits = (after.commits - stats_before.commits) as f64;
     println!(
@@ -569,6 +572,10 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         after.batched - stats_before.batched,
         (after.batched - stats_before.batched) as f64 / commits.max(1.0),
     );
+    println!(
+        "  Redis until then, per member (calls, server ms): {}",
+        busiest_commands(&redis_before, &redis_after, n)
+    );
     for stop in &stops {
         let _ = stop.send(true);
     }
@@ -576,6 +583,45 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
     result
+}
+
+/// The commands Redis spent the most time on between two `INFO commandstats`, per member.
+fn busiest_commands(before: &str, after: &str, members: f64) -> String {
+    let parse = |text: &str| -> BTreeMap<String, (f64, f64)> {
+        text.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let field = |key: &str| -> Option<f64> {
+                    stats
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(key)?.trim().parse().ok())
+                };
+                Some((name.to_string(), (field("calls=")?, field("usec=")?)))
+            })
+            .collect()
+    };
+    let before = parse(before);
+    let mut delta: Vec<(String, f64, f64)> = parse(after)
+        .into_iter()
+        .map(|(name, (calls, usec))| {
+            let (c0, u0) = before.get(&name).copied().unwrap_or_default();
+            (name, calls - c0, usec - u0)
+        })
+        .filter(|(name, calls, _)| *calls > 0.0 && name != "info")
+        .collect();
+    delta.sort_by(|a, b| b.2.total_cmp(&a.2));
+    delta
+        .iter()
+        .take(6)
+        .map(|(name, calls, usec)| {
+            format!(
+                "{name} {:.1} / {:.2}",
+                calls / members,
+                usec / 1000.0 / members
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 fn main() {
     let members = env_u64("SL_BENCH_MEMBERS", 64) as usize;

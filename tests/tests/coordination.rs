@@ -1268,6 +1268,77 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
     );
 }
 
+/// Members whose heartbeats another process's writer answered have no cache, and only one heartbeat in
+/// four reloads it while they are in flux (so that a large group's members do not all read the whole
+/// snapshot after every change): they still go back to renewing their leases on their own, each with
+/// one script call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_answered_by_another_writer_go_back_to_renewing_on_their_own() {
+    let redis = RedisServer::start();
+    let mut conn = connect(&redis.url()).await;
+    let config = GroupConfig {
+        heartbeat_interval_ms: 5_000,
+        session_timeout_ms: 30_000,
+        rebalance_timeout_ms: 30_000,
+    };
+    let probe = GroupStore::open(connect(&redis.url()).await, "orders", "flux").unwrap();
+    // Someone holds the writer lock: every join queues, and one writer answers them all.
+    let _: () = redis::cmd("SET")
+        .arg(&probe.keys().writer)
+        .arg("someone")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let ids = ["a", "b", "c", "d"];
+    let mut joins = Vec::new();
+    for id in ids {
+        let url = redis.url();
+        joins.push(tokio::spawn(async move {
+            let mut store =
+                GroupStore::create(connect(&url).await, "orders", "flux", 8, config).unwrap();
+            let mut session = session(id);
+            let response = store
+                .heartbeat(&session.heartbeat(LocalMillis(0), 1))
+                .await
+                .expect("join answered");
+            let _ = session.on_response(&response);
+            (session, store)
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inbox_len(&mut conn, &probe).await < ids.len() as i64 {
+        assert!(Instant::now() < deadline, "the joins did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&probe.keys().writer)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut members = Vec::new();
+    for join in joins {
+        members.push(join.await.unwrap());
+    }
+    // Bounded: 64 heartbeats each, a (3/4)^64 chance per member of never drawing a reload.
+    for (round, (session, store)) in members.iter_mut().enumerate() {
+        let mut renewed = false;
+        for tick in 0..64 {
+            let before = store.stats().renewals;
+            let response = store
+                .heartbeat(&session.heartbeat(LocalMillis(100 + tick), 1))
+                .await
+                .expect("heartbeat");
+            assert!(response.status.is_accepted(), "{response:?}");
+            let _ = session.on_response(&response);
+            if store.stats().renewals > before {
+                renewed = true;
+                break;
+            }
+        }
+        assert!(renewed, "member {round} went back to renewing on its own");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_and_expired_queue_entries_are_dropped_never_applied() {
     let redis = RedisServer::start();

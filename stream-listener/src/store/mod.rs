@@ -32,7 +32,8 @@
 //!   would have done itself, under the same compare-and-set; an answer its sender stopped waiting for is a
 //!   lost response, which the core already handles.
 //! * On any refusal the store reloads and applies the input again, up to 16 attempts (ticks and operator
-//!   commands spread theirs with jitter).
+//!   commands spread theirs with jitter). A member whose heartbeats go through the writer reloads only
+//!   now and then without a cache, so a large group is not read whole by every member after every answer.
 //! * **Lost metadata.** A missing snapshot is never trusted to mean a new group: the store creates it with
 //!   [`Coordinator::create`], which pauses grants until members of a lost state have self-fenced
 //!   ([`Creation::AfterLoss`] when the revision or leases survived, [`Creation::Fresh`] otherwise), and
@@ -79,6 +80,9 @@ use writer::{Answering, Prepared};
 
 /// Attempts of one input before giving up with [`StoreError::Contention`].
 const MAX_ATTEMPTS: u32 = 16;
+/// While a member's heartbeats go through the writer, one in this many reads the snapshot (to go back to
+/// renewing on its own); the others are queued again.
+const RELOAD_ONE_IN: u64 = 4;
 
 /// One process's handle on one group's metadata in Redis. Cheap to create; keeps a cached snapshot.
 #[derive(Debug)]
@@ -101,6 +105,10 @@ pub struct GroupStore {
     /// Our last heartbeat changed the group and was answered by another process's commit: queue the
     /// next one without reading the snapshot first (see [`GroupStore::heartbeat`]).
     defer_reload: bool,
+    /// Our heartbeats were queued for the writer since our last successful renewal (they changed the
+    /// group, or one failed or was abandoned): without a cache, only one heartbeat in [`RELOAD_ONE_IN`]
+    /// reads the snapshot; the others are queued again (see [`GroupStore::heartbeat`]).
+    in_flux: bool,
     /// The group's heartbeat interval as last read.
     interval_ms: i64,
     /// The group's session timeout as last read.
@@ -156,6 +164,7 @@ impl GroupStore {
             state: None,
             clock: None,
             defer_reload: false,
+            in_flux: false,
             interval_ms: config.heartbeat_interval_ms,
             session_ms: config.session_timeout_ms,
             last_round_trip: Duration::ZERO,
@@ -199,8 +208,14 @@ impl GroupStore {
                 Some(snapshot) => snapshot,
                 // Our last heartbeat changed the group and was applied by another process: the
                 // assignment is still moving, so queue this one too instead of reading the whole
-                // snapshot now (in a storm, a reload per member per change is O(n^2) bytes).
-                None if self.defer_reload => return self.queued(req, None).await,
+                // snapshot now (in a storm, a reload per member per change is O(n^2) bytes). While
+                // our heartbeats go through the writer, only some reload, so that a large group's
+                // members do not all read it at once after every change or every slow answer.
+                None if self.defer_reload
+                    || (self.in_flux && crate::util::random_below(RELOAD_ONE_IN) != 0) =>
+                {
+                    return self.queued(req, None).await
+                }
                 None => self.read_snapshot().await?,
             };
             let now = self.now();
@@ -220,6 +235,7 @@ impl GroupStore {
                 }
                 Change::Lease => {
                     if self.renew(&mut snapshot, &req.member_id).await? {
+                        self.in_flux = false;
                         self.cache = Some(snapshot);
                         return Ok(outcome.response);
                     }

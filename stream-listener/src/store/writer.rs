@@ -118,6 +118,7 @@ impl GroupStore {
         prepared: Option<Prepared>,
     ) -> Result<HeartbeatResponse, StoreError> {
         self.defer_reload = false;
+        self.in_flux = true;
         let id = format!("{:x}", crate::util::random_u64());
         let token = format!("{:x}", crate::util::random_u64());
         let ttl = self.queue_ttl_ms();
