@@ -238,12 +238,14 @@ impl GroupStore {
 
     /// How long one wait for the writer's turn blocks in Redis, in seconds. A release wakes one waiter at
     /// once, so this only bounds how late waiters notice a writer that died holding the lock (which
-    /// expires after `WRITER_LOCK_MS` by itself), and each waiter polls the lock once per wait: at a fixed
-    /// 50 ms, 2,000 members joining at once sent Redis about 80,000 commands a second and the group did
-    /// not converge in 90 s. Half an interval (the heartbeat connection's response timeout is one), within
-    /// 50-500 ms, less up to a quarter at random so that waiters do not poll in step.
+    /// expires after `WRITER_LOCK_MS` by itself), and each waiter polls the lock once per wait (a `BLPOP`
+    /// and a `SET NX`): at a fixed 50 ms, every waiting member of a join storm polled 20 times a second.
+    /// Half an interval less the last round trip, so that the wait's answer still comes within the
+    /// heartbeat connection's response timeout (one interval) over a slow link; within 50-500 ms, less up
+    /// to a quarter at random so that waiters do not poll in step.
     fn turn_wait(&self) -> f64 {
-        let ms = (self.interval_ms / 2).clamp(TURN_WAIT_MS.0, TURN_WAIT_MS.1) as u64;
+        let round_trip = self.last_round_trip.as_millis() as i64;
+        let ms = (self.interval_ms / 2 - round_trip).clamp(TURN_WAIT_MS.0, TURN_WAIT_MS.1) as u64;
         (ms - crate::util::random_below(ms / 4 + 1)) as f64 / 1000.0
     }
 
