@@ -576,6 +576,31 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         "  Redis until then, per member (calls, server ms): {}",
         busiest_commands(&redis_before, &redis_after, n)
     );
+    if result.is_some() {
+        // What the converged group costs once it settled: the members' store work over intervals 5-10
+        // after convergence.
+        let interval = Duration::from_millis(config.heartbeat_interval_ms as u64);
+        tokio::time::sleep(interval * 5).await;
+        let (from, redis_from) = (
+            stream_listener::store::stats(),
+            info(&mut control, "commandstats").await,
+        );
+        tokio::time::sleep(interval * 5).await;
+        let (to, redis_to) = (
+            stream_listener::store::stats(),
+            info(&mut control, "commandstats").await,
+        );
+        let per = |a: u64, b: u64| (b - a) as f64 / n / 5.0;
+        println!(
+            "  settled (intervals 5-10 after convergence), per member per interval: {:.2} renewals, {:.2} \
+             heartbeats queued, {:.3} loads; {:.1} commits per interval; Redis per member per interval: {}",
+            per(from.renewals, to.renewals),
+            per(from.queued, to.queued),
+            per(from.loads, to.loads),
+            (to.commits - from.commits) as f64 / 5.0,
+            busiest_commands(&redis_from, &redis_to, n * 5.0)
+        );
+    }
     for stop in &stops {
         let _ = stop.send(true);
     }
@@ -585,7 +610,7 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
     result
 }
 
-/// The commands Redis spent the most time on between two `INFO commandstats`, per member.
+/// The commands Redis spent the most time on between two `INFO commandstats`, divided by `members`.
 fn busiest_commands(before: &str, after: &str, members: f64) -> String {
     let parse = |text: &str| -> BTreeMap<String, (f64, f64)> {
         text.lines()

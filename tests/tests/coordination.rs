@@ -388,8 +388,8 @@ async fn corrupt_metadata_and_unknown_schema_are_reported_and_left_untouched() {
         .contains("schema version 99"));
 }
 
-/// A load is one `MULTI`/`EXEC`: a key of the group holding another type fails it as a whole, with Redis's
-/// `WRONGTYPE` naming the problem, and nothing is written over it (and no half-read snapshot is used).
+/// A key of the group holding another type fails the load (one pipeline of reads) as a whole, with
+/// Redis's `WRONGTYPE` naming the problem, and nothing is written over it (no half-read snapshot is used).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_key_of_the_wrong_type_fails_the_load_and_is_left_untouched() {
     let redis = RedisServer::start();

@@ -105,9 +105,9 @@ pub struct GroupStore {
     /// Our last heartbeat changed the group and was answered by another process's commit: queue the
     /// next one without reading the snapshot first (see [`GroupStore::heartbeat`]).
     defer_reload: bool,
-    /// Our heartbeats were queued for the writer since our last successful renewal (they changed the
-    /// group, or one failed or was abandoned): without a cache, only one heartbeat in [`RELOAD_ONE_IN`]
-    /// reads the snapshot; the others are queued again (see [`GroupStore::heartbeat`]).
+    /// Our heartbeats were queued for the writer since one was last served by our own cache (they
+    /// changed the group, or one failed or was abandoned): without a cache, only one heartbeat in
+    /// [`RELOAD_ONE_IN`] reads the snapshot; the others are queued again (see [`GroupStore::heartbeat`]).
     in_flux: bool,
     /// The group's heartbeat interval as last read.
     interval_ms: i64,
@@ -203,16 +203,20 @@ impl GroupStore {
         &mut self,
         req: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
             let mut snapshot = match self.cache.take() {
                 Some(snapshot) => snapshot,
                 // Our last heartbeat changed the group and was applied by another process: the
                 // assignment is still moving, so queue this one too instead of reading the whole
                 // snapshot now (in a storm, a reload per member per change is O(n^2) bytes). While
                 // our heartbeats go through the writer, only some reload, so that a large group's
-                // members do not all read it at once after every change or every slow answer.
+                // members do not all read it at once after every answer or every slow attempt. A
+                // renewal refused just now reloads: queueing it would commit, move the revision and
+                // refuse the others' renewals in turn.
                 None if self.defer_reload
-                    || (self.in_flux && crate::util::random_below(RELOAD_ONE_IN) != 0) =>
+                    || (attempt == 0
+                        && self.in_flux
+                        && crate::util::random_below(RELOAD_ONE_IN) != 0) =>
                 {
                     return self.queued(req, None).await
                 }
@@ -230,6 +234,7 @@ impl GroupStore {
             };
             match change {
                 Change::None => {
+                    self.in_flux = false;
                     self.cache = Some(snapshot);
                     return Ok(outcome.response);
                 }
@@ -373,13 +378,21 @@ impl GroupStore {
         self.clock = Some((redis_ms, Instant::now()));
     }
 
-    /// Reads the group's snapshot from Redis (one transaction, [`scripts::load`], then [`loaded`]), for the caller to cache once
+    /// Reads the group's snapshot from Redis (one pipeline of reads, [`scripts::load`], then [`loaded`]), for the caller to cache once
     /// what it does with it is in Redis. The cache is left as it is.
     async fn read_snapshot(&mut self) -> Result<Snapshot, StoreError> {
-        let reply: LoadTuple = scripts::load(&self.keys)
-            .query_async(&mut self.conn)
-            .await?;
-        let reply = decode_load(reply);
+        let mut torn = 0;
+        let reply = loop {
+            let reply: LoadTuple = scripts::load(&self.keys)
+                .query_async(&mut self.conn)
+                .await?;
+            match decode_load(reply) {
+                Some(reply) => break reply,
+                // A commit came between the reads: read again.
+                None if torn + 1 < MAX_ATTEMPTS => torn += 1,
+                None => return Err(StoreError::Contention),
+            }
+        };
         self.observe_time(reply.now);
         self.stats.add(Stat::Loads, 1);
         self.stats.add(Stat::LoadBytes, reply.bytes() as u64);
