@@ -2,7 +2,7 @@
 -- changed or went, leases, audit events, all or nothing. Only what changed is sent: the cost of a commit
 -- grows with the change, not with the group.
 -- KEYS: meta, rev, leases, audit, projection (schema version 1's; deleted), inbox, members, reply key*n
--- ARGV: expected revision, now the core used, header, audit max length,
+-- ARGV: expected revision, now the core used, header (empty: leases only, keep it and the revision), audit max length,
 --       member records the caller's snapshot saw (-1: replace the whole hash, e.g. after a loss or an upgrade),
 --       n checks, (memberId, lease the core used)*n   -- members it removed: their lease must be unchanged
 --       n leases, (memberId, lease)*n                 -- leases that moved (only ever moved forward)
@@ -42,9 +42,14 @@ for _ = 1, n do
   if score and tonumber(score) ~= tonumber(ARGV[i + 1]) then return {0, now} end
   i = i + 2
 end
-redis.call('SET', KEYS[1], ARGV[3])
-local rev = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now * 1000)
-redis.call('SET', KEYS[2], string.format('%d', rev))
+-- An empty header: only leases move (no record, no event), and the header and revision stay, as with
+-- renew.lua; every cache at this revision stays valid.
+local rev = tonumber(redis.call('GET', KEYS[2]) or '0')
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[3])
+  rev = math.max(rev + 1, now * 1000)
+  redis.call('SET', KEYS[2], string.format('%d', rev))
+end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('ZADD', KEYS[3], 'GT', ARGV[i + 1], ARGV[i])

@@ -446,9 +446,12 @@ impl GroupStore {
         events: &[AuditEvent],
         answering: &Answering,
     ) -> Result<bool, StoreError> {
-        let delta = snapshot
-            .stored
-            .delta(snapshot.coordinator.metadata(), writes, now);
+        let delta = snapshot.stored.delta(
+            snapshot.coordinator.metadata(),
+            writes,
+            now,
+            events.is_empty() && writes.lease_checks.is_empty(),
+        );
         let wake = wakeup::to_wake(events, &answering.answered);
         let args = CommitArgs {
             revision: snapshot.revision,

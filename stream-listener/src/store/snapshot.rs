@@ -35,6 +35,9 @@ pub(super) struct Stored {
     pub(super) rewrite: bool,
     /// Store time of the commit that wrote the header, when it says.
     pub(super) committed_at: Option<StoreMillis>,
+    /// The header as stored (empty when unknown): a commit that would write it again unchanged, with no
+    /// record either, only moves leases ([`CommitDelta::leases_only`]).
+    pub(super) header: Vec<u8>,
     /// Redis held no usable metadata: this snapshot was created in memory and is not stored yet (readers
     /// report no group).
     pub(super) created: bool,
@@ -112,6 +115,7 @@ pub(super) fn loaded(
                 }
                 SCHEMA_VERSION => {
                     stored.members = records.iter().cloned().collect();
+                    stored.header = bytes.clone();
                     match GroupMetadata::from_parts(&bytes, records) {
                         Ok((meta, committed_at)) => {
                             stored.committed_at = Some(StoreMillis(committed_at));
@@ -232,6 +236,17 @@ pub(super) struct CommitDelta {
 }
 
 impl CommitDelta {
+    /// Nothing but leases moves: no record, no removal, and the header as stored (written with its
+    /// earlier commit time). `commit.lua` then keeps the header and the revision, as `renew.lua` does:
+    /// the revision guards the header and the records, which did not change, so every cache at that
+    /// revision stays valid (its leases stay lower bounds) and a batch of queued renewals does not refuse
+    /// every other member's next renewal.
+    pub(super) fn leases_only(&self) -> bool {
+        self.header.is_empty()
+    }
+}
+
+impl CommitDelta {
     /// Bytes of metadata sent (for [`StoreStats::commit_bytes`](super::StoreStats)): the header and the
     /// member records written or deleted.
     pub(super) fn bytes(&self) -> usize {
@@ -245,17 +260,23 @@ impl CommitDelta {
     }
 }
 
+fn records_empty(records: &[(String, Vec<u8>)], gone: &[String], removed: &[String]) -> bool {
+    records.is_empty() && gone.is_empty() && removed.is_empty()
+}
+
 impl Stored {
     /// What a commit of `meta` at store time `now` must write, given what Redis holds (`self`) and what
     /// the core said about leases (`writes`): only what Redis does not hold yet, everything when the
     /// hash is to be replaced.
+    /// `quiet`: the commit has no audit event and no lease check (only then may it move leases alone).
     pub(super) fn delta(
         &self,
         meta: &GroupMetadata,
         writes: &Writes,
         now: StoreMillis,
+        quiet: bool,
     ) -> CommitDelta {
-        let records = meta
+        let records: Vec<(String, Vec<u8>)> = meta
             .members
             .iter()
             .map(|(id, m)| (id.clone(), MemberRecord::to_stored_json(m)))
@@ -277,15 +298,25 @@ impl Stored {
             .filter(|(id, lease)| self.leases.get(id).is_none_or(|known| lease > known))
             .collect();
         // A member removed by one input of a batch and back by a later one keeps its lease.
-        let removed = writes
+        let removed: Vec<String> = writes
             .removed
             .iter()
             .filter(|id| !meta.members.contains_key(*id))
             .cloned()
             .collect();
+        let unchanged = !self.rewrite
+            && records_empty(&records, &gone, &removed)
+            && self.committed_at.is_some_and(|at| {
+                !self.header.is_empty() && meta.to_header_json(at.0) == self.header
+            });
+        let (committed_at, header) = if unchanged && quiet {
+            (self.committed_at.expect("checked"), Vec::new())
+        } else {
+            (now, meta.to_header_json(now.0))
+        };
         CommitDelta {
-            committed_at: now,
-            header: meta.to_header_json(now.0),
+            committed_at,
+            header,
             expected_records: (!self.rewrite).then_some(self.members.len()),
             records,
             gone,
@@ -296,6 +327,9 @@ impl Stored {
 
     /// What Redis holds once it accepted `delta`.
     pub(super) fn committed(&mut self, delta: CommitDelta) {
+        if !delta.leases_only() {
+            self.header = delta.header;
+        }
         if self.rewrite {
             self.members.clear();
             self.rewrite = false;
@@ -394,6 +428,48 @@ pub(super) mod tests {
         )
     }
 
+    /// A commit that moves nothing but leases (queued renewals answered by the writer) keeps the header
+    /// and so the revision; an event, a lease check, a record or a header change makes it a full commit.
+    #[test]
+    fn only_a_quiet_commit_of_leases_keeps_the_header_and_the_revision() {
+        let loaded = load(stored_group(&["a", "b"])).unwrap();
+        let mut snapshot = loaded.snapshot;
+        let later = StoreMillis(NOW + 500);
+        snapshot.coordinator.set_lease("a", NOW + 60_000);
+        let meta = snapshot.coordinator.metadata().clone();
+        let quiet = snapshot
+            .stored
+            .delta(&meta, &Writes::default(), later, true);
+        assert!(quiet.leases_only(), "{quiet:?}");
+        assert_eq!(quiet.leases, [("a".to_string(), NOW + 60_000)]);
+        assert_eq!(
+            quiet.committed_at,
+            StoreMillis(NOW),
+            "the header's commit time stays"
+        );
+        let loud = snapshot
+            .stored
+            .delta(&meta, &Writes::default(), later, false);
+        assert!(
+            !loud.leases_only(),
+            "an event or a lease check: a full commit"
+        );
+        assert_eq!(loud.header, meta.to_header_json(later.0));
+        // A record that changed is a full commit even when quiet.
+        let mut changed = meta.clone();
+        changed.members.get_mut("b").unwrap().weight = 7;
+        assert!(!snapshot
+            .stored
+            .delta(&changed, &Writes::default(), later, true)
+            .leases_only());
+        // Committing the quiet delta keeps what Redis holds of the header.
+        let header = snapshot.stored.header.clone();
+        snapshot.stored.committed(quiet);
+        assert_eq!(snapshot.stored.header, header);
+        assert_eq!(snapshot.stored.committed_at, Some(StoreMillis(NOW)));
+        assert_eq!(snapshot.stored.leases["a"], NOW + 60_000);
+    }
+
     #[test]
     fn no_trace_of_the_group_creates_it_fresh() {
         let loaded = load(reply(None, 0, &[], Vec::new())).unwrap();
@@ -487,7 +563,7 @@ pub(super) mod tests {
         let writes = Writes::default();
         let first = snapshot
             .stored
-            .delta(snapshot.coordinator.metadata(), &writes, now);
+            .delta(snapshot.coordinator.metadata(), &writes, now, false);
         assert_eq!(
             first.expected_records, None,
             "a new group replaces the hash"
@@ -501,7 +577,7 @@ pub(super) mod tests {
         // Nothing changed: only the header goes.
         let again = snapshot
             .stored
-            .delta(snapshot.coordinator.metadata(), &writes, now);
+            .delta(snapshot.coordinator.metadata(), &writes, now, false);
         assert_eq!(again.expected_records, Some(1));
         assert!(again.records.is_empty() && again.gone.is_empty() && again.leases.is_empty());
         assert_eq!(again.bytes(), again.header.len());
@@ -511,7 +587,7 @@ pub(super) mod tests {
         assert_eq!(outcome.change, Change::Metadata);
         let join = snapshot
             .stored
-            .delta(snapshot.coordinator.metadata(), &writes, now);
+            .delta(snapshot.coordinator.metadata(), &writes, now, false);
         assert!(join.records.iter().any(|(id, _)| id == "b"));
         assert_eq!(
             join.leases
@@ -536,7 +612,9 @@ pub(super) mod tests {
             lease_checks: Vec::new(),
             removed: vec!["a".into(), "b".into()],
         };
-        let delta = snapshot.stored.delta(&meta, &writes, StoreMillis(NOW + 1));
+        let delta = snapshot
+            .stored
+            .delta(&meta, &writes, StoreMillis(NOW + 1), false);
         assert_eq!(delta.gone, ["b"]);
         assert_eq!(
             delta.removed,
@@ -565,6 +643,7 @@ pub(super) mod tests {
             snapshot.coordinator.metadata(),
             &Writes::default(),
             StoreMillis(NOW),
+            false,
         );
         assert!(delta.leases.is_empty(), "{:?}", delta.leases);
     }
