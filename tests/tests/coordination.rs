@@ -1181,6 +1181,34 @@ async fn audit_events(conn: &mut ConnectionManager, store: &GroupStore) -> Vec<(
         .collect()
 }
 
+/// Someone else holds the group's writer lock (and never releases it by itself).
+async fn hold_writer_lock(conn: &mut ConnectionManager, store: &GroupStore) {
+    let _: () = redis::cmd("SET")
+        .arg(&store.keys().writer)
+        .arg("someone")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Once `queued` heartbeats wait in the inbox (bounded: 10 s), the holder goes away without a release.
+async fn release_writer_lock_once_queued(
+    conn: &mut ConnectionManager,
+    store: &GroupStore,
+    queued: i64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while inbox_len(conn, store).await < queued {
+        assert!(Instant::now() < deadline, "the heartbeats did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&store.keys().writer)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 async fn inbox_len(conn: &mut ConnectionManager, store: &GroupStore) -> i64 {
     redis::cmd("LLEN")
         .arg(&store.keys().inbox)
@@ -1195,12 +1223,7 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
     let mut conn = connect(&redis.url()).await;
     let probe = store(&redis.url(), "batch", 8).await;
     // Someone holds the writer lock: every join queues in the inbox.
-    let _: () = redis::cmd("SET")
-        .arg(&probe.keys().writer)
-        .arg("someone")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    hold_writer_lock(&mut conn, &probe).await;
     let monitor = Monitor::start(redis.addr()).await;
     let mut joins = Vec::new();
     for id in ["a", "b", "c", "d"] {
@@ -1218,17 +1241,8 @@ async fn heartbeats_queued_while_the_writer_is_busy_are_committed_together_in_on
             s.heartbeat(&member.heartbeat(LocalMillis(0), 1)).await
         }));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while inbox_len(&mut conn, &probe).await < 4 {
-        assert!(Instant::now() < deadline, "the joins did not queue");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
     // The holder goes away: the first waiter to take the lock applies all four and commits once.
-    let _: () = redis::cmd("DEL")
-        .arg(&probe.keys().writer)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    release_writer_lock_once_queued(&mut conn, &probe, 4).await;
     for join in joins {
         let response = join.await.unwrap().expect("join answered");
         assert!(response.status.is_accepted(), "{response:?}");
@@ -1283,12 +1297,7 @@ async fn members_answered_by_another_writer_go_back_to_renewing_on_their_own() {
     };
     let probe = GroupStore::open(connect(&redis.url()).await, "orders", "flux").unwrap();
     // Someone holds the writer lock: every join queues, and one writer answers them all.
-    let _: () = redis::cmd("SET")
-        .arg(&probe.keys().writer)
-        .arg("someone")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    hold_writer_lock(&mut conn, &probe).await;
     let ids = ["a", "b", "c", "d"];
     let mut joins = Vec::new();
     for id in ids {
@@ -1305,16 +1314,7 @@ async fn members_answered_by_another_writer_go_back_to_renewing_on_their_own() {
             (session, store)
         }));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while inbox_len(&mut conn, &probe).await < ids.len() as i64 {
-        assert!(Instant::now() < deadline, "the joins did not queue");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let _: () = redis::cmd("DEL")
-        .arg(&probe.keys().writer)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    release_writer_lock_once_queued(&mut conn, &probe, ids.len() as i64).await;
     let mut members = Vec::new();
     for join in joins {
         members.push(join.await.unwrap());
