@@ -84,6 +84,15 @@ const MAX_ATTEMPTS: u32 = 16;
 /// renewing on its own); the others are queued again.
 const RELOAD_ONE_IN: u64 = 4;
 
+/// The rule for a heartbeat that finds no cache: queue it for the writer (`true`) or read the snapshot.
+/// Queue when our last heartbeat changed the group and another writer applied it (`defer_reload`), and,
+/// while our heartbeats go through the writer (`in_flux`), on a heartbeat's first attempt unless `draw`
+/// (uniform in `0..RELOAD_ONE_IN`) is 0. A renewal refused just now (a later attempt) reloads: queueing
+/// it would commit, and refuse the other members' renewals in turn.
+fn queues_without_cache(defer_reload: bool, in_flux: bool, attempt: u32, draw: u64) -> bool {
+    defer_reload || (attempt == 0 && in_flux && draw != 0)
+}
+
 /// One process's handle on one group's metadata in Redis. Cheap to create; keeps a cached snapshot.
 #[derive(Debug)]
 pub struct GroupStore {
@@ -213,10 +222,12 @@ impl GroupStore {
                 // members do not all read it at once after every answer or every slow attempt. A
                 // renewal refused just now reloads: queueing it would commit, move the revision and
                 // refuse the others' renewals in turn.
-                None if self.defer_reload
-                    || (attempt == 0
-                        && self.in_flux
-                        && crate::util::random_below(RELOAD_ONE_IN) != 0) =>
+                None if queues_without_cache(
+                    self.defer_reload,
+                    self.in_flux,
+                    attempt,
+                    crate::util::random_below(RELOAD_ONE_IN),
+                ) =>
                 {
                     return self.queued(req, None).await
                 }
@@ -489,6 +500,31 @@ mod tests {
     use super::*;
     use crate::coordinator::metadata::GroupMetadata;
     use proptest::prelude::*;
+
+    #[test]
+    fn rule_without_a_cache_a_member_in_flux_reloads_one_first_attempt_in_four() {
+        let queued = |defer, flux, attempt| {
+            (0..RELOAD_ONE_IN)
+                .filter(|&draw| queues_without_cache(defer, flux, attempt, draw))
+                .count()
+        };
+        assert_eq!(queued(false, false, 0), 0, "settled: always reload");
+        assert_eq!(
+            queued(false, true, 0),
+            3,
+            "in flux: one draw in four reloads"
+        );
+        assert_eq!(
+            queued(false, true, 1),
+            0,
+            "a renewal refused just now reloads"
+        );
+        assert_eq!(
+            queued(true, false, 3),
+            4,
+            "answered as a change: always queue"
+        );
+    }
 
     proptest! {
         /// Stored JSON comes from Redis: whatever it holds, a load fails cleanly, never panics.

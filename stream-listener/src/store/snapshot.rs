@@ -244,9 +244,7 @@ impl CommitDelta {
     pub(super) fn leases_only(&self) -> bool {
         self.header.is_empty()
     }
-}
 
-impl CommitDelta {
     /// Bytes of metadata sent (for [`StoreStats::commit_bytes`](super::StoreStats)): the header and the
     /// member records written or deleted.
     pub(super) fn bytes(&self) -> usize {
@@ -258,10 +256,6 @@ impl CommitDelta {
                 .sum::<usize>()
             + self.gone.iter().map(String::len).sum::<usize>()
     }
-}
-
-fn records_empty(records: &[(String, Vec<u8>)], gone: &[String], removed: &[String]) -> bool {
-    records.is_empty() && gone.is_empty() && removed.is_empty()
 }
 
 impl Stored {
@@ -304,15 +298,19 @@ impl Stored {
             .filter(|id| !meta.members.contains_key(*id))
             .cloned()
             .collect();
-        let unchanged = !self.rewrite
-            && records_empty(&records, &gone, &removed)
-            && self.committed_at.is_some_and(|at| {
-                !self.header.is_empty() && meta.to_header_json(at.0) == self.header
-            });
-        let (committed_at, header) = if unchanged && quiet {
-            (self.committed_at.expect("checked"), Vec::new())
-        } else {
-            (now, meta.to_header_json(now.0))
+        // Unchanged: no record to write or delete and the header as stored, at its stored commit time.
+        let unchanged_since = self.committed_at.filter(|at| {
+            quiet
+                && !self.rewrite
+                && records.is_empty()
+                && gone.is_empty()
+                && removed.is_empty()
+                && !self.header.is_empty()
+                && meta.to_header_json(at.0) == self.header
+        });
+        let (committed_at, header) = match unchanged_since {
+            Some(at) => (at, Vec::new()),
+            None => (now, meta.to_header_json(now.0)),
         };
         CommitDelta {
             committed_at,
