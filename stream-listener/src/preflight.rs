@@ -24,8 +24,10 @@ pub const MINIMUM_VERSION: (u32, u32) = (6, 2);
 /// The command rules of a least-privilege ACL user for everything stream-listener runs (members,
 /// producers, the lag exporter, `serve`, the CLI's reads), to give with its keys (`~<stream>:*`,
 /// `~sl:*`) and channels (`&sl:*`): `ACL SETUSER <user> on ><password> ~sl:* ~orders:* &sl:* <these>`.
-/// `CONFIG GET` (the eviction check) and `MEMORY USAGE` (`serve`'s offsets) are optional: without them
-/// that check or number is skipped. The serve conformance tests run a mixed group as such a user.
+/// `MULTI`, `EXEC` and `DISCARD` are for the consumer's dead letters and the cluster producer's batches
+/// (each one transaction, see `producer.rs`); [`check`] refuses a user without them. `CONFIG GET` (the
+/// eviction check) and `MEMORY USAGE` (`serve`'s offsets) are optional: without them that check or
+/// number is skipped. The serve conformance tests run a mixed group as such a user.
 pub const ACL_COMMANDS: &[&str] = &[
     "-@all",
     "+@stream",
@@ -45,6 +47,9 @@ pub const ACL_COMMANDS: &[&str] = &[
     "+ping",
     "+client",
     "+role",
+    "+multi",
+    "+exec",
+    "+discard",
     "+cluster|slots",
     "+config|get",
     "+memory|usage",
@@ -141,7 +146,8 @@ impl fmt::Display for Refusal {
             Self::Permission => f.write_str(
                 "the ACL user may not run a command stream-listener needs: give it the stream, script, \
                  sorted set, hash, string, list and pub/sub commands plus DEL, EXISTS, TYPE, PEXPIRE, SCAN, \
-                 INFO, TIME, PING, CLIENT and ROLE on its keys (`preflight::ACL_COMMANDS` lists them; \
+                 INFO, TIME, PING, CLIENT, ROLE, MULTI, EXEC and DISCARD on its keys \
+                 (`preflight::ACL_COMMANDS` lists them; \
                  ACL SETUSER <user> +@all ~* &* allows everything)",
             ),
             Self::DatabaseIndex => f.write_str(
@@ -311,8 +317,8 @@ pub fn version_refusal(version: ServerVersion) -> Option<Refusal> {
 }
 
 /// One attempt: connect to `target` through a fresh connection (authenticating and selecting the
-/// database), read `INFO server` and check the version, within [`ATTEMPT_TIMEOUT`]. `url` is named in a
-/// [`Refused`].
+/// database), read `INFO server` and check the version, and open and discard a transaction (the ACL
+/// must allow `MULTI`), within [`ATTEMPT_TIMEOUT`]. `url` is named in a [`Refused`].
 pub async fn check(target: &RedisTarget, url: &RedisUrl) -> Result<ServerVersion, Failure> {
     let refused = |refusal, error| {
         Failure::Permanent(Refused {

@@ -45,15 +45,19 @@ async fn start(
     orders: &[(String, Order)],
     builder: ConsumerBuilder,
 ) -> RunningRuntime {
-    let producer = Producer::connect_creating(&redis.url(), stream, 1)
-        .await
-        .unwrap();
+    start_at(&redis.url(), stream, orders, builder).await
+}
+
+/// [`start`] at `url`.
+async fn start_at(
+    url: &str,
+    stream: &str,
+    orders: &[(String, Order)],
+    builder: ConsumerBuilder,
+) -> RunningRuntime {
+    let producer = Producer::connect_creating(url, stream, 1).await.unwrap();
     producer.send_batch(orders).await.unwrap();
-    let running = test_runtime(&redis.url())
-        .consumer(builder)
-        .start()
-        .await
-        .unwrap();
+    let running = test_runtime(url).consumer(builder).start().await.unwrap();
     let id = running.listener_ids().remove(0);
     assert_eq!(running.wait_until_assigned(&id, WAIT).await.unwrap(), [0]);
     running
@@ -165,6 +169,87 @@ async fn a_permanent_error_dead_letters_a_whole_batch_on_its_first_delivery() {
         assert_eq!(letter[dlq::ERROR], "seq 1 is poison");
         assert_eq!(letter[dlq::DELIVERY_COUNT], "1");
         assert_eq!(letter[dlq::PERMANENT], "true");
+    }
+}
+
+/// The letters of a batch go as one transaction, which the documented ACL must allow: a refused
+/// `MULTI` broke redis-rs's count of replies (it panicked). Run as a user with only
+/// `preflight::ACL_COMMANDS`, a batch handler's permanent error dead-letters every entry of its batch,
+/// in one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_with_only_the_documented_commands_dead_letters_a_whole_batch() {
+    let redis = RedisServer::start();
+    let stream = "acl-batch";
+    let mut admin = connect(&redis.url()).await;
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg(&["SETUSER", "app", "on", ">app-pw", "resetkeys", "~sl:*"])
+        .arg(format!("~{stream}:*"))
+        .arg(&["resetchannels", "&sl:*"])
+        .arg(stream_listener::preflight::ACL_COMMANDS);
+    let () = setuser.query_async(&mut admin).await.unwrap();
+    let as_user = format!("redis://app:app-pw@127.0.0.1:{}/", redis.port());
+    let calls: Calls = Arc::default();
+    let seen = calls.clone();
+    let builder = ConsumerBuilder::new(stream, "g")
+        .failure(quick(5))
+        .batch_handler(move |batch: Vec<Message<Order>>| {
+            let ids = batch.iter().map(|m| m.id.clone()).collect();
+            record(&seen, batch[0].delivery_count, ids);
+            async { Err::<(), _>(HandlerError::permanent("poison")) }
+        });
+    let orders: Vec<(String, Order)> = (0..5).map(|i| order("a", i)).collect();
+    let running = start_at(&as_user, stream, &orders, builder).await;
+    running.wait_until_idle(stream, "g", WAIT).await.unwrap();
+    running.stop().await.unwrap();
+
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1, "one call, no retry: {calls:?}");
+    assert_eq!(calls[0].2.len(), 5, "the five entries in one batch");
+    let letters = dead_letters(&redis, stream).await;
+    let ids: Vec<&str> = letters.iter().map(|l| l[dlq::SOURCE_ID].as_str()).collect();
+    assert_eq!(ids, calls[0].2, "each entry dead-lettered once, in order");
+    let stats = info(&mut admin, "commandstats").await;
+    let execs: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_exec:calls="))
+        .and_then(|l| l.split(',').next()?.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(execs, 1, "the letters in one transaction: {stats}");
+}
+
+/// An entry of many fields is dead-lettered whole (a letter copies every field; a Lua script could not
+/// take more than about 8,000 arguments). Two undecodable entries (no payload), one of 4,000 fields,
+/// written before the consumer starts: both letters hold every field of their entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_of_thousands_of_fields_is_dead_lettered_whole() {
+    let redis = RedisServer::start();
+    let stream = "long-letter";
+    let producer = Producer::connect_creating(&redis.url(), stream, 1)
+        .await
+        .unwrap();
+    let shard_stream = producer.topology().stream_key(0);
+    let mut conn = connect(&redis.url()).await;
+    for fields in [2, 4_000] {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(&shard_stream).arg("*").arg("k").arg("a");
+        for i in 0..fields {
+            xadd.arg(format!("f{i}")).arg(i);
+        }
+        let _: String = xadd.query_async(&mut conn).await.unwrap();
+    }
+    let builder = ConsumerBuilder::new(stream, "g")
+        .failure(quick(5))
+        .batch_handler(|_: Vec<Message<Order>>| async { Ok::<(), HandlerError>(()) });
+    let running = start(&redis, stream, &[], builder).await;
+    running.wait_until_idle(stream, "g", WAIT).await.unwrap();
+    running.stop().await.unwrap();
+
+    let letters = dead_letters(&redis, stream).await;
+    assert_eq!(letters.len(), 2, "each entry dead-lettered once");
+    for (letter, fields) in letters.iter().zip([2, 4_000]) {
+        assert_eq!(letter[dlq::PERMANENT], "true");
+        assert!((0..fields).all(|i| letter[&format!("f{i}")] == i.to_string()));
     }
 }
 

@@ -329,6 +329,41 @@ fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
     );
 }
 
+/// The consumer's dead letters and the cluster producer's batches are transactions. A user without
+/// `MULTI` (an ACL written for an older release) fails the start naming it, not its first batch, where a
+/// refused `MULTI` broke redis-rs's count of replies.
+#[test]
+fn an_acl_user_without_transactions_fails_the_start_at_once() {
+    let redis = RedisServer::start();
+    let port = redis.port();
+    let output = Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">app-pw",
+        ])
+        .args(["~*", "&*", "+@all", "-multi"])
+        .output()
+        .expect("redis-cli (it comes with redis-server)");
+    assert!(output.status.success(), "{output:?}");
+    let stderr = fails_fast(&format!("redis://app:app-pw@127.0.0.1:{port}/"));
+    assert!(
+        stderr.starts_with(&format!(
+            "Error: Redis at redis://app:***@127.0.0.1:{port}/: the ACL user may not run a command \
+             stream-listener needs"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("this user has no permissions to run the 'multi' command"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_database_index_out_of_range_fails_the_start_at_once() {
     let redis =

@@ -312,21 +312,25 @@ impl RedisTarget {
 
     /// `INFO server` through a fresh connection (the cluster: through its discovery, of one node), for
     /// the start's checks ([`crate::preflight`]): it connects, authenticates, selects the database and
-    /// reads the version in one round trip more.
+    /// reads the version in one round trip more. The same round trip opens a transaction and discards
+    /// it: the consumer's dead letters and the cluster producer's batches are transactions, and an ACL
+    /// user without `MULTI` must fail here (`NOPERM`), not at its first batch (where a refused `MULTI`
+    /// also breaks redis-rs's count of replies).
     pub(crate) async fn server_info(&self) -> RedisResult<String> {
-        match self {
+        let mut pipe = redis::pipe();
+        pipe.cmd("INFO").arg("server");
+        pipe.cmd("MULTI").ignore().cmd("DISCARD").ignore();
+        let (info,): (String,) = match self {
             Self::Single(client) => {
                 let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("INFO")
-                    .arg("server")
-                    .query_async(&mut conn)
-                    .await
+                pipe.query_async(&mut conn).await?
             }
             Self::Sentinel(_) | Self::Cluster { .. } => {
                 let mut conn = self.connect(ConnectOptions::default()).await?;
-                conn.server_info().await
+                pipe.query_async(&mut conn).await?
             }
-        }
+        };
+        Ok(info)
     }
 }
 

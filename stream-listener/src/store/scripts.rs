@@ -239,9 +239,8 @@ pub(super) fn decode_reply(
 /// The load: the revision, Redis time, header, leases, member records and the revision again, in one
 /// pipeline of plain reads. Not a script: a script copies every record and lease into Lua and back, which
 /// made a load of 2,000 members cost Redis 2.7 ms against 1.2 ms for the same reads, and a group that
-/// large has every member load at least once after a join storm. Not `MULTI`/`EXEC` either: the
-/// documented ACL (`preflight::ACL_COMMANDS`) has no `@transaction`, and a user's ACL must not need
-/// more after an upgrade. A commit writes the header, the records and a new revision (never an earlier
+/// large has every member load at least once after a join storm. Not `MULTI`/`EXEC` either: it needs
+/// no atomicity, only to know whether a commit came between its reads. A commit writes the header, the records and a new revision (never an earlier
 /// one) at once, so the same revision before and after the reads means no commit came between them
 /// ([`decode_load`]); leases only move forward between commits, as in any load.
 pub(super) fn load(keys: &GroupKeys) -> redis::Pipeline {
