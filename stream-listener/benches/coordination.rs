@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p stream-listener --bench coordination`
 //! (`SL_BENCH_MEMBERS`: simulated members, default 64; `SL_BENCH_SECONDS`: length of each timed phase,
-//! default 5; `SL_BENCH_ONLY_JOIN`: run only the joining phase; `SL_BENCH_DEFAULT_TIMING_ONLY`: join with
+//! default 5; `SL_BENCH_ONLY_JOIN`: run only the joining phase; `SL_BENCH_SETTLED_WINDOWS`: windows of 5
+//! intervals measured after the join converged, default 2; `SL_BENCH_DEFAULT_TIMING_ONLY`: join with
 //! 1 s heartbeats only).
 //!
 //! Every simulated member is a [`MemberSession`] with its own [`GroupStore`] and its own
@@ -577,29 +578,58 @@ async fn run_join(url: &str, members: usize, group: &str, config: GroupConfig) -
         busiest_commands(&redis_before, &redis_after, n)
     );
     if result.is_some() {
-        // What the converged group costs once it settled: the members' store work over intervals 5-10
-        // after convergence.
+        // What the converged group costs once it settled: the members' store work per window of 5
+        // intervals after convergence (`SL_BENCH_SETTLED_WINDOWS`, default 2), with what tells a
+        // protocol that does not settle from a bench short of CPU: metadata committed (a commit of
+        // leases alone sends none), leases past their deadline at the window's end, and this process's
+        // CPU per second.
         let interval = Duration::from_millis(config.heartbeat_interval_ms as u64);
+        let keys = GroupKeys::new(STREAM, group);
         tokio::time::sleep(interval * 5).await;
-        let (from, redis_from) = (
-            stream_listener::store::stats(),
-            info(&mut control, "commandstats").await,
-        );
-        tokio::time::sleep(interval * 5).await;
-        let (to, redis_to) = (
-            stream_listener::store::stats(),
-            info(&mut control, "commandstats").await,
-        );
-        let per = |a: u64, b: u64| (b - a) as f64 / n / 5.0;
-        println!(
-            "  settled (intervals 5-10 after convergence), per member per interval: {:.2} renewals, {:.2} \
-             heartbeats queued, {:.3} loads; {:.1} commits per interval; Redis per member per interval: {}",
-            per(from.renewals, to.renewals),
-            per(from.queued, to.queued),
-            per(from.loads, to.loads),
-            (to.commits - from.commits) as f64 / 5.0,
-            busiest_commands(&redis_from, &redis_to, n * 5.0)
-        );
+        let windows = env_u64("SL_BENCH_SETTLED_WINDOWS", 2);
+        for window in 1..windows {
+            let late_leases = async |control: &mut ConnectionManager| {
+                let (secs, micros): (u64, u64) =
+                    redis::cmd("TIME").query_async(control).await.expect("TIME");
+                let now = secs * 1000 + micros / 1000;
+                let late: u64 = redis::cmd("ZCOUNT")
+                    .arg(&keys.leases)
+                    .arg("-inf")
+                    .arg(now)
+                    .query_async(control)
+                    .await
+                    .expect("ZCOUNT");
+                late
+            };
+            let (from, redis_from, cpu_from) = (
+                stream_listener::store::stats(),
+                info(&mut control, "commandstats").await,
+                stream_listener_test_support::cpu::process_cpu(),
+            );
+            let started = Instant::now();
+            tokio::time::sleep(interval * 5).await;
+            let (to, redis_to, cpu_to, late) = (
+                stream_listener::store::stats(),
+                info(&mut control, "commandstats").await,
+                stream_listener_test_support::cpu::process_cpu(),
+                late_leases(&mut control).await,
+            );
+            let per = |a: u64, b: u64| (b - a) as f64 / n / 5.0;
+            println!(
+                "  settled (intervals {}-{} after convergence), per member per interval: {:.2} renewals, \
+                 {:.2} heartbeats queued, {:.3} loads; {:.1} commits of {:.1} KB of metadata per interval, {late} \
+                 leases past due at the end, bench CPU {:.2} cores; Redis per member per interval: {}",
+                window * 5,
+                window * 5 + 5,
+                per(from.renewals, to.renewals),
+                per(from.queued, to.queued),
+                per(from.loads, to.loads),
+                (to.commits - from.commits) as f64 / 5.0,
+                (to.commit_bytes - from.commit_bytes) as f64 / 1024.0 / 5.0,
+                (cpu_to - cpu_from).as_secs_f64() / started.elapsed().as_secs_f64(),
+                busiest_commands(&redis_from, &redis_to, n * 5.0)
+            );
+        }
     }
     for stop in &stops {
         let _ = stop.send(true);
