@@ -296,11 +296,10 @@ fn a_wrong_or_missing_password_fails_the_start_at_once_naming_the_cause() {
     assert!(stderr.contains("NOAUTH"), "{stderr}");
 }
 
-#[test]
-fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
+/// Starts as an ACL user that may run everything but `command`: the start fails at once, naming it.
+fn start_as_a_user_without(command: &str) {
     let redis = RedisServer::start();
     let port = redis.port();
-    // Every command but INFO, which the start reads the server's version with.
     let output = Command::new("redis-cli")
         .args([
             "-p",
@@ -311,7 +310,7 @@ fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
             "on",
             ">app-pw",
         ])
-        .args(["~*", "&*", "+@all", "-info"])
+        .args(["~*", "&*", "+@all", &format!("-{command}")])
         .output()
         .expect("redis-cli (it comes with redis-server)");
     assert!(output.status.success(), "{output:?}");
@@ -324,9 +323,17 @@ fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("this user has no permissions to run the 'info' command"),
+        stderr.contains(&format!(
+            "this user has no permissions to run the '{command}' command"
+        )),
         "{stderr}"
     );
+}
+
+/// Every command but INFO, which the start reads the server's version with.
+#[test]
+fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
+    start_as_a_user_without("info");
 }
 
 /// The consumer's dead letters and the cluster producer's batches are transactions. A user without
@@ -334,34 +341,7 @@ fn an_acl_user_without_a_command_it_needs_fails_the_start_at_once() {
 /// refused `MULTI` broke redis-rs's count of replies.
 #[test]
 fn an_acl_user_without_transactions_fails_the_start_at_once() {
-    let redis = RedisServer::start();
-    let port = redis.port();
-    let output = Command::new("redis-cli")
-        .args([
-            "-p",
-            &port.to_string(),
-            "ACL",
-            "SETUSER",
-            "app",
-            "on",
-            ">app-pw",
-        ])
-        .args(["~*", "&*", "+@all", "-multi"])
-        .output()
-        .expect("redis-cli (it comes with redis-server)");
-    assert!(output.status.success(), "{output:?}");
-    let stderr = fails_fast(&format!("redis://app:app-pw@127.0.0.1:{port}/"));
-    assert!(
-        stderr.starts_with(&format!(
-            "Error: Redis at redis://app:***@127.0.0.1:{port}/: the ACL user may not run a command \
-             stream-listener needs"
-        )),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("this user has no permissions to run the 'multi' command"),
-        "{stderr}"
-    );
+    start_as_a_user_without("multi");
 }
 
 #[test]
