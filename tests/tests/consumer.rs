@@ -2025,13 +2025,13 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
     .await;
     // The old owner's consumer holds nothing. (The new owner may hold the entry: its idle wait can take
     // it before the pause's interrupt reaches Redis, and it was granted the shard.)
-    let (_, _, _, holders): (u64, Option<String>, Option<String>, Vec<(String, String)>) =
-        redis::cmd("XPENDING")
-            .arg("late:0")
-            .arg(GROUP)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    type Summary = (u64, Option<String>, Option<String>, Vec<(String, String)>);
+    let (_, _, _, holders): Summary = redis::cmd("XPENDING")
+        .arg("late:0")
+        .arg(GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(
         holders.iter().all(|(consumer, _)| consumer != "old"),
         "the late read took the entry from the new owner: {holders:?}"
