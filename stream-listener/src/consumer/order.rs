@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 use super::entry::Entry;
 use super::shard_io::ShardIo;
+use crate::clock::LocalMillis;
+use crate::throttle::Throttle;
 use crate::topology::{consumed_before, ConsumedBefore, Placement, Topology, TopologyError};
 
 /// How old the cached topology may get before a job re-reads it, in the background: the job gates with
@@ -70,6 +72,21 @@ struct LayoutCache {
     /// Old shard -> bound (ms) below which the group is known to have consumed it, for `view`'s version.
     /// Consumption below a bound never goes back, so this only grows.
     consumed: HashMap<u32, u64>,
+    /// The WARNs of reads that fail: during a Redis outage every re-read fails the same way.
+    warnings: Throttle,
+    /// The origin of the throttle's clock.
+    origin: Option<Instant>,
+}
+
+impl LayoutCache {
+    /// A failed read: logged at once, then at most once per [`crate::throttle::WARN_EVERY_MS`].
+    fn warn(&mut self, stream: &str, error: &dyn std::fmt::Display) {
+        let origin = *self.origin.get_or_insert_with(Instant::now);
+        let now = LocalMillis(origin.elapsed().as_millis() as i64);
+        if let Some(not_logged) = self.warnings.admit(now) {
+            tracing::warn!(%stream, %error, not_logged, "cannot read the stream's topology");
+        }
+    }
 }
 
 /// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
@@ -127,10 +144,11 @@ impl OrderGate {
             return;
         }
         let (gate, io) = (self.clone(), io.clone());
-        tokio::spawn(async move {
+        // In the member's span, so that a failed re-read's WARN says whose it is.
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             gate.read(&io).await;
             gate.refreshing.store(false, Ordering::Release);
-        });
+        }));
     }
 
     /// Re-reads the topology and caches it, unless a read that started later was cached first.
@@ -148,8 +166,10 @@ impl OrderGate {
             return cache.view.clone();
         }
         cache.read_at = Some(started);
+        let stream = &io.config.stream_prefix;
         match read {
             Ok((read_ms, Ok(topology))) => {
+                cache.warnings.clear();
                 let version = cache.view.as_ref().map(|l| l.topology.version());
                 if version != Some(topology.version()) {
                     cache.consumed.clear();
@@ -159,13 +179,12 @@ impl OrderGate {
                     read_ms,
                 });
             }
-            Ok((_, Err(TopologyError::Missing { .. }))) => cache.view = None,
-            Ok((_, Err(error))) => {
-                tracing::warn!(stream = %io.config.stream_prefix, %error, "cannot read the stream's topology")
+            Ok((_, Err(TopologyError::Missing { .. }))) => {
+                cache.warnings.clear();
+                cache.view = None
             }
-            Err(error) => {
-                tracing::warn!(stream = %io.config.stream_prefix, %error, "cannot read the stream's topology")
-            }
+            Ok((_, Err(error))) => cache.warn(stream, &error),
+            Err(error) => cache.warn(stream, &error),
         }
         cache.view.clone()
     }
@@ -398,6 +417,50 @@ mod tests {
             gate.version() == Some(2)
         })
         .await;
+    }
+
+    /// Fault: the topology record becomes unreadable (here a key of the wrong type: every read fails with
+    /// `WRONGTYPE` at once, as every read fails in an outage) while the jobs and the wait keep re-reading
+    /// it. Every read keeps the copy from before; the first failure is logged and the repeats are held
+    /// back (the next line counts them), so a lasting failure is not a WARN per re-read; a read that works
+    /// again clears that, and brings the record back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_re_reads_keep_the_copy_and_are_logged_once_in_a_while() {
+        let server = RedisServer::start();
+        let (io, mut admin) = set_up(&server).await;
+        let gate = Arc::new(OrderGate::default());
+        let version = |layout: Option<Layout>| layout.map(|l| l.topology.version());
+        assert_eq!(version(gate.read(&io).await), Some(1));
+        let key = crate::names::topology("orders");
+        let _: () = redis::cmd("RENAME")
+            .arg(&key)
+            .arg("saved")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg(&key)
+            .arg("garbage")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(version(gate.read(&io).await), Some(1), "the copy is kept");
+        }
+        let held = gate.cache().warnings.clone().clear();
+        assert_eq!(
+            held, 2,
+            "the first failure is logged, the two repeats held back"
+        );
+
+        let _: () = redis::cmd("RENAME")
+            .arg("saved")
+            .arg(&key)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(version(gate.read(&io).await), Some(1));
+        assert_eq!(gate.cache().warnings, Throttle::default(), "cleared");
     }
 
     /// Fault: Redis freezes while the cached topology is older than [`LAYOUT_MAX_AGE`]. The gate does not
