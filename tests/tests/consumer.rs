@@ -1384,6 +1384,88 @@ async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
     running.stop().await;
 }
 
+/// An entry on an idle shard is handled by the idle wait's own task (it goes on as the shard's job: the
+/// `hand_on` module). Fault: the shard is revoked while that handler runs. The revocation drains it like
+/// any running job: REVOKED comes after the handler returned and its entry was acknowledged, never while
+/// it runs (a wait's shards are idle, and an idle shard is reported REVOKED at once).
+/// Single node only: it waits for a blocked client in one node's `INFO`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_revoked_while_its_idle_pickup_runs_is_revoked_after_the_handler() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "handon", 0..1).await;
+    let reports: Arc<std::sync::OnceLock<Arc<Mutex<Vec<ShardReport>>>>> = Arc::default();
+    let (started, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    // Whether REVOKED was reported when the handler returned.
+    let revoked_before_return = Arc::new(Mutex::new(None::<bool>));
+    let handler = {
+        let (reports, started, release, seen) = (
+            reports.clone(),
+            started.clone(),
+            release.clone(),
+            revoked_before_return.clone(),
+        );
+        BoxedHandler::json(move |_msg: Message<Order>| {
+            let (reports, started, release, seen) = (
+                reports.clone(),
+                started.clone(),
+                release.clone(),
+                seen.clone(),
+            );
+            async move {
+                started.notify_one();
+                release.notified().await;
+                let revoked = reports.get().is_some_and(|r| {
+                    r.lock()
+                        .unwrap()
+                        .iter()
+                        .any(|r| matches!(r, ShardReport::Revoked { shard: 0 }))
+                });
+                *seen.lock().unwrap() = Some(revoked);
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let running = Running::start(redis.url(), config("handon", "m0"), handler).await;
+    reports.set(running.reports.clone()).unwrap();
+    running.assign([0]).await;
+    wait_for_blocked_client(&mut conn).await;
+    let ids = produce(&mut conn, "handon", 0, 0, 1).await;
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("the handler started");
+    running.revoke(0).await;
+    wait_until_async("draining reported", Duration::from_secs(10), || async {
+        running
+            .reports()
+            .iter()
+            .any(|r| matches!(r, ShardReport::Draining { shard: 0, .. }))
+    })
+    .await;
+    assert_eq!(
+        xpending_count(&mut conn, "handon:0", GROUP).await,
+        1,
+        "handling"
+    );
+    release.notify_one();
+    wait_until_async("revoked", Duration::from_secs(10), || async {
+        running.revoked(0)
+    })
+    .await;
+    assert_eq!(
+        *revoked_before_return.lock().unwrap(),
+        Some(false),
+        "REVOKED was reported while the handler of {ids:?} ran"
+    );
+    assert_eq!(
+        xpending_count(&mut conn, "handon:0", GROUP).await,
+        0,
+        "acknowledged before REVOKED"
+    );
+    running.stop().await;
+}
+
 /// Single node only: it restarts Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_recovers_after_a_redis_restart() {

@@ -19,6 +19,7 @@ use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 
 use super::cluster_wait::ClusterWait;
 use super::fence::Fence;
+use super::hand_on::{HandOn, HandedOn, Ownership};
 use super::hooks::{self, HookCall, LifecycleHooks};
 use super::job_spec::{JobSignals, JobSpec};
 use super::message::{BoxedHandler, ShardOwnership};
@@ -49,9 +50,10 @@ struct Running {
     signals: Option<Arc<JobSignals>>,
 }
 
-/// One ownership's handle: its stream key, its fence, and whether it may still act.
+/// One ownership's handle: its stream key, its token, its fence, and whether it may still act.
 struct Owned {
     key: Arc<str>,
+    token: crate::member::lifecycle::FencingToken,
     fence: Arc<Fence>,
     ownership: Arc<ShardOwnership>,
     /// How many entries the last idle wait that watched the shard read from it at most.
@@ -74,6 +76,11 @@ pub(crate) struct Driver {
     wait_conn: Option<super::wait_spec::WaitConnection>,
     /// Ends the running wait early (see the `unblock` module).
     interrupt: Arc<Interrupt>,
+    /// A wait that went on as a shard's job says so here (see the `hand_on` module).
+    handed_on: (
+        mpsc::UnboundedSender<HandedOn>,
+        mpsc::UnboundedReceiver<HandedOn>,
+    ),
     reports: mpsc::UnboundedSender<ShardReport>,
     hook_calls: Option<mpsc::UnboundedSender<HookCall>>,
     /// Revoked shards whose hook returned, with the fence generation they were revoked in.
@@ -115,6 +122,7 @@ impl Driver {
             owned: HashMap::new(),
             wait_conn: None,
             interrupt: Arc::default(),
+            handed_on: mpsc::unbounded_channel(),
             reports,
             hook_calls,
             hooks_done,
@@ -175,6 +183,8 @@ impl Driver {
                         }
                     }
                 },
+                // Before the job ends: a wait's hand-on is told before the job it went on as runs.
+                Some(handed) = self.handed_on.1.recv() => self.on_handed_on(handed, &mut jobs),
                 Some(joined) = jobs.join_next_with_id(), if !jobs.is_empty() => {
                     self.observe_lease(&mut jobs);
                     let (id, ended) = match joined {
@@ -252,6 +262,10 @@ impl Driver {
         ended: Option<Ended>,
         jobs: &mut JoinSet<Ended>,
     ) {
+        // A wait that went on as a job told so before it ended (or was aborted).
+        while let Ok(handed) = self.handed_on.1.try_recv() {
+            self.on_handed_on(handed, jobs);
+        }
         let Some(running) = self.tasks.remove(&id) else {
             // A retention task: nothing to tell the scheduler.
             return;
@@ -292,14 +306,16 @@ impl Driver {
         let mut queue: VecDeque<Command> = out.into();
         while let Some(command) = queue.pop_front() {
             match command {
-                Command::Own { shard, epoch } => {
+                Command::Own { shard, token } => {
                     let key: Arc<str> = self.io.config.shard_key(shard).into();
+                    let epoch = token.member_epoch;
                     let fence = Arc::new(Fence::new(&key, &self.io.config.group, epoch));
                     let ownership = ShardOwnership::new(self.deadline.clone(), epoch);
                     self.owned.insert(
                         shard,
                         Owned {
                             key,
+                            token,
                             fence,
                             ownership,
                             wait_count: self.io.config.batch_size,
@@ -447,6 +463,7 @@ impl Driver {
     ) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
+        let mut ownerships = HashMap::with_capacity(shards.len());
         let count = self.io.wait_count(shards.len());
         for (shard, from) in shards {
             if let Some(owned) = self.owned.get_mut(&shard) {
@@ -456,6 +473,15 @@ impl Driver {
                     key: owned.key.clone(),
                     fence: owned.fence.key.clone(),
                 });
+                ownerships.insert(
+                    shard,
+                    Ownership {
+                        key: owned.key.clone(),
+                        token: owned.token.clone(),
+                        fence: owned.fence.clone(),
+                        ownership: owned.ownership.clone(),
+                    },
+                );
                 if let Some(id) = from {
                     watch_from.insert(shard, id);
                 }
@@ -473,11 +499,65 @@ impl Driver {
             retention: self.retention.clone(),
             order: self.order.clone(),
         };
+        let hand_on = HandOn {
+            wait: job,
+            shards: ownerships,
+            count,
+            interrupt: self.interrupt.clone(),
+            handler: self.handler.clone(),
+            retention: self.retention.clone(),
+            order: self.order.clone(),
+            tell: self.handed_on.0.clone(),
+        };
         let (io, pool) = (self.io.clone(), self.cluster_wait.clone());
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
-            Ended::Wait(wait::run(io, pool, spec).await)
+            let mut end = wait::run(io.clone(), pool, spec).await;
+            match hand_on.take(&mut end) {
+                Some(spec) => Ended::Job(job::run(io, spec).await),
+                None => Ended::Wait(end),
+            }
         }));
         self.track(job, abort, None);
+    }
+
+    /// The wait went on as the job of one shard it delivered to (see the `hand_on` module): the
+    /// scheduler hears the wait's end and names the job, which the wait's task now is.
+    fn on_handed_on(&mut self, handed: HandedOn, jobs: &mut JoinSet<Ended>) {
+        let HandedOn {
+            wait,
+            shard,
+            end,
+            signals,
+        } = handed;
+        if end.conn.is_some() {
+            self.wait_conn = end.conn;
+        }
+        let (job, out) = self
+            .machine
+            .wait_handed_on(self.now(), wait, end.report, shard);
+        match (job, self.by_job.remove(&wait)) {
+            (Some(job), Some(task)) => {
+                self.by_job.insert(job, task);
+                if let Some(running) = self.tasks.get_mut(&task) {
+                    running.job = job;
+                    running.signals = Some(signals);
+                }
+            }
+            // Not reachable: only the running wait hands on, to a shard it watches.
+            (job, task) => {
+                tracing::error!(
+                    shard,
+                    ?job,
+                    "a wait handed on to a shard it did not wait on"
+                );
+                if let Some(task) = task {
+                    self.by_job.insert(wait, task);
+                }
+            }
+        }
+        // After the shards' next jobs start: their entries come first.
+        self.execute(out, jobs);
+        self.run_retention(end.retention_due, jobs);
     }
 
     /// Runs the retention steps of idle shards (see [`wait::WaitEnd::retention_due`]) in a task of the

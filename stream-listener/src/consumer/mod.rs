@@ -59,6 +59,7 @@ mod driver;
 mod entry;
 mod fence;
 mod fields;
+mod hand_on;
 mod hooks;
 mod job;
 mod job_spec;
