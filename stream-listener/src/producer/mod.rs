@@ -61,6 +61,12 @@
 //! two nodes, unreported. A shard's transaction is written once, or not at all (an `OOM` while queued
 //! refuses the shard's whole part). A shard's part of one message (every [`send`](Producer::send)) is a
 //! plain `XADD`: one command, which `ASKING` covers.
+//!
+//! A producer made by [`Producer::connect`] (or [`connect_creating`](Producer::connect_creating)) sends the
+//! parts of one master as one pipeline, on a connection of its own to that master (the `nodes` module):
+//! a batch over many shards is then one request per master, not one per shard. A part refused there with
+//! `MOVED` or `ASK` was not written and goes again through the cluster connection. A producer given a
+//! connection ([`Producer::new`]) cannot open connections of its own, and sends each part on its own.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,7 +77,10 @@ use serde::Serialize;
 
 use crate::headers::Headers;
 use crate::tls::TlsFiles;
+
+mod nodes;
 use crate::topology::{Topology, TopologyError};
+use nodes::{Answer, Nodes, Part};
 
 /// Entry field holding the partition key ([`crate::names::field::KEY`]).
 pub const KEY_FIELD: &str = crate::names::field::KEY;
@@ -209,6 +218,9 @@ pub struct Producer<C = crate::connection::Connection> {
     prefix: Arc<str>,
     config: ProducerConfig,
     cache: Arc<Mutex<Cached>>,
+    /// On a cluster the producer connected to itself: its own connections to the masters (see the
+    /// `nodes` module).
+    nodes: Option<Arc<Nodes>>,
 }
 
 impl<C> std::fmt::Debug for Producer<C> {
@@ -281,7 +293,8 @@ impl Producer<crate::connection::Connection> {
         stream: &str,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        Self::new(connect_url(url, tls).await?, stream).await
+        let (conn, target) = connect_url(url, tls).await?;
+        Ok(Self::new(conn, stream).await?.by_node(target))
     }
 
     /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
@@ -302,16 +315,39 @@ impl Producer<crate::connection::Connection> {
         shard_count: u32,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        let mut conn = connect_url(url, tls).await?;
+        let (mut conn, target) = connect_url(url, tls).await?;
         Topology::ensure(&mut conn, stream, shard_count).await?;
-        Self::new(conn, stream).await
+        Ok(Self::new(conn, stream).await?.by_node(target))
+    }
+
+    /// On a cluster, sends a write's parts one pipeline per master, on connections of its own to them
+    /// (see the `nodes` module), made from `target` as the cluster connection's.
+    fn by_node(mut self, target: crate::connection::RedisTarget) -> Self {
+        if self.conn.is_cluster() {
+            let options = crate::connection::ConnectOptions::default();
+            let mut config = redis::AsyncConnectionConfig::new();
+            if let Some(timeout) = options.response_timeout {
+                config = config.set_response_timeout(Some(timeout));
+            }
+            if let Some(timeout) = options.connection_timeout {
+                config = config.set_connection_timeout(Some(timeout));
+            }
+            self.nodes = Some(Arc::new(Nodes::new(target, config)));
+        }
+        self
     }
 }
 
 async fn connect_url(
     url: &str,
     tls: &TlsFiles,
-) -> Result<crate::connection::Connection, ProducerError> {
+) -> Result<
+    (
+        crate::connection::Connection,
+        crate::connection::RedisTarget,
+    ),
+    ProducerError,
+> {
     let target =
         crate::tls::open_target::<ProducerError>(url, "the url of Producer::connect", tls)?;
     // What will never pass fails at once, as the runtime's start does; anything else is left to the
@@ -322,9 +358,10 @@ async fn connect_url(
     {
         return Err(refused.into());
     }
-    Ok(target
+    let conn = target
         .connect(crate::connection::ConnectOptions::default())
-        .await?)
+        .await?;
+    Ok((conn, target))
 }
 
 impl<C> Producer<C>
@@ -353,6 +390,7 @@ where
                 topology,
                 checked_at: Instant::now(),
             })),
+            nodes: None,
         })
     }
 
@@ -599,9 +637,18 @@ where
         let mut topology = self.current_topology().await?;
         let mut refreshed = false;
         loop {
-            let missing = self
-                .write(&topology, messages, &pending, &mut receipts)
+            let (mut missing, redirected) = self
+                .write(&topology, messages, &pending, &mut receipts, true)
                 .await?;
+            if !redirected.is_empty() {
+                // Not written (their slots moved): through the cluster connection, which follows
+                // redirections.
+                let (more, _) = self
+                    .write(&topology, messages, &redirected, &mut receipts, false)
+                    .await?;
+                missing.extend(more);
+                missing.sort_unstable();
+            }
             let Some(&first_missing) = missing.first() else {
                 break;
             };
@@ -625,15 +672,17 @@ where
     }
 
     /// XADDs `messages[i]` for each `i` in `indices`; returns the indices whose stream was missing (nil
-    /// reply). One pipeline, one round trip; on a cluster one pipeline per shard, sent at once (see
-    /// [`send_pipelines`](Self::send_pipelines)).
+    /// reply), and those not written because their slot moved (only `by_node`: see
+    /// [`send_pipelines`](Self::send_pipelines)). One pipeline, one round trip; on a cluster one part per
+    /// shard, sent at once.
     async fn write(
         &self,
         topology: &Topology,
         messages: &[Outgoing<'_>],
         indices: &[usize],
         receipts: &mut [Option<SendReceipt>],
-    ) -> Result<Vec<usize>, ProducerError> {
+        by_node: bool,
+    ) -> Result<(Vec<usize>, Vec<usize>), ProducerError> {
         let mut targets = Vec::with_capacity(indices.len());
         let mut pipelines = Pipelines::new(
             crate::connection::as_cluster(&self.conn).is_some(),
@@ -648,12 +697,16 @@ where
                 .get_or_insert_with(|| topology.stream_key(shard))
                 .clone();
             let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
-            pipelines.add(shard, &stream).add_command(cmd);
+            pipelines.add(shard, &stream, cmd);
             targets.push((i, shard, stream));
         }
-        let replies = self.send_pipelines(pipelines).await?;
-        let mut missing = Vec::new();
+        let replies = self.send_pipelines(pipelines, by_node).await?;
+        let (mut missing, mut redirected) = (Vec::new(), Vec::new());
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
+            let Some(reply) = reply else {
+                redirected.push(i);
+                continue;
+            };
             match reply {
                 // Missing, or frozen: a shard a shrink removed, past its cut.
                 Value::Nil => missing.push(i),
@@ -693,7 +746,7 @@ where
                 reply => return Err(ProducerError::UnexpectedReply { stream, reply }),
             }
         }
-        Ok(missing)
+        Ok((missing, redirected))
     }
 }
 
@@ -757,15 +810,15 @@ fn xadd_capacity(
     (args, bytes)
 }
 
-/// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
-/// is split (each command copied) again by the connection.
+/// The XADDs of one write: one pipeline, or on a cluster one part per shard (each of one slot, so that
+/// none is split, each command copied, again by the connection).
 enum Pipelines {
     One(redis::Pipeline),
-    /// Per shard: the slot of its stream, its pipeline, and its commands' positions in the write.
+    /// Per shard: its part, and its commands' positions in the write.
     PerShard {
         /// Where each shard's part is in `parts`.
         part_of: Vec<Option<usize>>,
-        parts: Vec<(u16, redis::Pipeline, Vec<usize>)>,
+        parts: Vec<(Part, Vec<usize>)>,
         len: usize,
     },
 }
@@ -783,10 +836,12 @@ impl Pipelines {
         }
     }
 
-    /// The pipeline the next XADD, to `stream` of `shard`, goes in.
-    fn add(&mut self, shard: u32, stream: &str) -> &mut redis::Pipeline {
+    /// Adds the next XADD, to `stream` of `shard`.
+    fn add(&mut self, shard: u32, stream: &str, cmd: redis::Cmd) {
         match self {
-            Self::One(pipe) => pipe,
+            Self::One(pipe) => {
+                pipe.add_command(cmd);
+            }
             Self::PerShard {
                 part_of,
                 parts,
@@ -794,14 +849,19 @@ impl Pipelines {
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
                     let slot = crate::connection::slot_of(stream.as_bytes());
-                    // Made a transaction when sent, if it has more than one XADD (`exec_replies`).
-                    parts.push((slot, redis::pipe(), Vec::new()));
+                    parts.push((
+                        Part {
+                            slot,
+                            commands: Vec::new(),
+                        },
+                        Vec::new(),
+                    ));
                     parts.len() - 1
                 });
-                let (_, pipe, positions) = &mut parts[part];
+                let (part, positions) = &mut parts[part];
+                part.commands.push(cmd);
                 positions.push(*len);
                 *len += 1;
-                pipe
             }
         }
     }
@@ -811,47 +871,68 @@ impl<C> Producer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Sends a write's pipelines and returns the replies in the order the XADDs were added.
+    /// Sends a write's pipelines and returns the replies in the order the XADDs were added; `None` for
+    /// an XADD not written because its slot moved (only `by_node`).
+    ///
     /// Per-command errors come back in place, so a frozen shard fails only its own messages. On a
-    /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
-    /// write's error, as when the connection split one pipeline, though the other parts may have been
-    /// written.
-    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Vec<Value>, ProducerError> {
-        match pipelines {
+    /// cluster the parts go out at once: `by_node`, and with the producer's own connections to the
+    /// masters, one pipeline per master (see the `nodes` module); else one request per part through the
+    /// cluster connection. If a part fails as a whole (its node unreachable), that is the write's error,
+    /// though the other parts may have been written.
+    async fn send_pipelines(
+        &self,
+        pipelines: Pipelines,
+        by_node: bool,
+    ) -> Result<Vec<Option<Value>>, ProducerError> {
+        let (parts, len) = match pipelines {
             Pipelines::One(mut pipe) => {
                 pipe.ignore_errors();
                 let mut conn = self.conn.clone();
-                Ok(pipe.query_async(&mut conn).await?)
+                let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+                return Ok(replies.into_iter().map(Some).collect());
             }
-            Pipelines::PerShard { parts, len, .. } => {
-                let cluster = crate::connection::as_cluster(&self.conn)
-                    .expect("per-shard pipelines only on a cluster");
-                let (sends, positions): (Vec<_>, Vec<_>) = parts
+            Pipelines::PerShard { parts, len, .. } => (parts, len),
+        };
+        let cluster =
+            crate::connection::as_cluster(&self.conn).expect("per-shard parts only on a cluster");
+        let (parts, layout): (Vec<Part>, Vec<(Vec<usize>, bool)>) = parts
+            .into_iter()
+            .map(|(part, positions)| {
+                let transaction = part.transaction();
+                (part, (positions, transaction))
+            })
+            .unzip();
+        let answers = match self.nodes.as_ref().filter(|_| by_node) {
+            Some(nodes) => nodes.send(cluster, parts).await,
+            None => {
+                let parts = parts
                     .into_iter()
-                    .map(|(slot, mut pipe, positions)| {
-                        // One XADD needs no transaction (see `exec_replies`).
-                        let transaction = positions.len() > 1;
-                        if transaction {
-                            pipe.atomic();
-                        }
-                        ((Some(slot), pipe), (positions, transaction))
-                    })
-                    .unzip();
-                let answers = crate::connection::send_to_slots(cluster, sends).await;
-                let mut replies = vec![Value::Nil; len];
-                for ((positions, transaction), answer) in positions.into_iter().zip(answers) {
-                    let answer = if transaction {
-                        exec_replies(answer?)
-                    } else {
-                        answer?
-                    };
-                    for (position, reply) in positions.into_iter().zip(answer) {
-                        replies[position] = reply;
+                    .map(|part| (Some(part.slot), part.into_pipeline()))
+                    .collect();
+                crate::connection::send_to_slots(cluster, parts)
+                    .await
+                    .into_iter()
+                    .map(Answer::Replies)
+                    .collect()
+            }
+        };
+        let mut replies = vec![Some(Value::Nil); len];
+        for ((positions, transaction), answer) in layout.into_iter().zip(answers) {
+            let answer = match answer {
+                Answer::Replies(answer) if transaction => exec_replies(answer?),
+                Answer::Replies(answer) => answer?,
+                Answer::Redirected => {
+                    for position in positions {
+                        replies[position] = None;
                     }
+                    continue;
                 }
-                Ok(replies)
+            };
+            for (position, reply) in positions.into_iter().zip(answer) {
+                replies[position] = Some(reply);
             }
         }
+        Ok(replies)
     }
 }
 
