@@ -6,9 +6,10 @@
 //!
 //! The slot map is `CLUSTER SLOTS`, read once and again after any redirection. A part refused with
 //! `MOVED` or `ASK` (its slot moved, or is migrating) was not written: it is sent again through the
-//! cluster connection, which follows redirections, and the map is read again before the next write. A
-//! node's pipeline that fails as a whole (its connection broke, its reply did not come) is in doubt: the
-//! write fails, as when the cluster connection fails a part, and the node's connection is made again.
+//! cluster connection, which follows redirections, and the map is read again before the next write; so
+//! are the parts of a master the producer cannot connect to (nothing was sent: a failover). A node's
+//! pipeline that fails once sent (its connection broke, its reply did not come) is in doubt: the write
+//! fails, as when the cluster connection fails a part, and the node's connection is made again.
 //!
 //! redis-rs's cluster pipelines cannot do this: on a `MOVED` or `ASK` in any reply it sends the whole
 //! pipeline again, which would write the other shards' parts twice.
@@ -193,11 +194,20 @@ impl Nodes {
             layout.push((index, replies));
         }
         pipe.ignore_errors();
-        let reply: RedisResult<Vec<Value>> = async {
-            let mut conn = self.conn(&node).await?;
-            pipe.query_async(&mut conn).await
-        }
-        .await;
+        let mut conn = match self.conn(&node).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                // Nothing was sent: through the cluster connection, which finds the slots' masters
+                // again (a failover).
+                tracing::debug!(%error, ?node, "cannot connect to a master: its parts go shard by shard");
+                self.forget_slots();
+                return layout
+                    .into_iter()
+                    .map(|(index, _)| (index, Answer::Redirected))
+                    .collect();
+            }
+        };
+        let reply: RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
         let mut replies = match reply {
             Ok(replies) => replies.into_iter(),
             Err(error) => {
@@ -287,7 +297,8 @@ mod tests {
     /// On a real cluster: every part written once, in one pipeline per master; with a stale map (every
     /// slot placed on one master), the parts of the other masters' slots are refused with `MOVED`,
     /// written nowhere, and said to be redirected, and the map is read again; a master's connection
-    /// killed under the producer fails that master's parts (in doubt), and the next write connects again.
+    /// killed under the producer fails that master's parts (in doubt), and the next write connects again;
+    /// a master that cannot be reached gets nothing, its parts said to be redirected.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn parts_go_per_master_and_a_moved_slot_or_a_broken_connection_is_never_written_twice() {
         let cluster = RedisCluster::start();
@@ -367,5 +378,19 @@ mod tests {
         let answers = nodes.send(&conn, parts("d")).await;
         assert_eq!(written(&answers), vec![true; 8], "connected again");
         assert_eq!(lengths(&mut admin, "d").await, [3, 3, 3, 3, 1, 1, 1, 1]);
+
+        // A map naming a master that is gone (a failover): nothing can be sent there, so every part
+        // goes through the cluster connection instead.
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = gone.local_addr().unwrap().port();
+        drop(gone);
+        *nodes.slots.lock().unwrap() = Some(Arc::new(vec![(0, 16383, ("127.0.0.1".into(), port))]));
+        let answers = nodes.send(&conn, parts("e")).await;
+        assert!(answers.iter().all(|a| matches!(a, Answer::Redirected)));
+        assert_eq!(lengths(&mut admin, "e").await, [0; 8]);
+        assert!(
+            nodes.slots.lock().unwrap().is_none(),
+            "the map is read again"
+        );
     }
 }
