@@ -1,7 +1,5 @@
 //! Single node vs Redis Cluster, in one run: production (the [`Producer`]'s `send_batch` against a
-//! hand-written loop of per-shard XADD pipelines; the producer both as `Producer::connect` makes it, on a
-//! cluster a pipeline per master on connections of its own, and given the connection, a request per shard
-//! through the cluster connection) and consumption (the [`Consumer`], no-op handler,
+//! hand-written loop of per-shard XADD pipelines) and consumption (the [`Consumer`], no-op handler,
 //! against a hand-written per-shard `XREADGROUP` + `XACK` loop), on a redis-server and on a 3-master +
 //! 3-replica cluster this benchmark starts itself, all through [`Connection`].
 //!
@@ -72,20 +70,12 @@ async fn produce_raw(conn: &Connection, prefix: &str, per_shard: u64) -> Duratio
 /// The library's producer: as many concurrent `send_batch` callers as the hand-written loop has shard
 /// tasks, each sending batches of the same size (keyed messages, routed, split per slot), so both sides
 /// keep the same number of pipelines in flight.
-///
-/// With `url`, the producer connects itself (`Producer::connect`: on a cluster, a pipeline per master on
-/// its own connections); without, it is given the connection (`Producer::new`: a request per shard
-/// through the cluster connection).
-async fn produce_lib(conn: &Connection, url: Option<&str>, prefix: &str, total: u64) -> Duration {
+async fn produce_lib(conn: &Connection, prefix: &str, total: u64) -> Duration {
     let mut c = conn.clone();
     Topology::ensure(&mut c, prefix, SHARDS)
         .await
         .expect("topology");
-    let producer = match url {
-        Some(url) => Producer::connect(url, prefix).await,
-        None => Producer::new(conn.clone(), prefix).await,
-    };
-    let producer = Arc::new(producer.expect("producer"));
+    let producer = Arc::new(Producer::new(conn.clone(), prefix).await.expect("producer"));
     let (tasks, batch) = (u64::from(SHARDS), SEND_BATCH / u64::from(SHARDS));
     let started = Instant::now();
     let mut running = Vec::new();
@@ -217,15 +207,9 @@ async fn consume_lib(
     elapsed
 }
 
-/// Rates (entries/s): raw production, producer, raw consumption, consumer, and the producer given the
-/// connection; and client CPU per entry (µs) of raw production, the producer, and the producer given the
-/// connection.
-async fn measure(
-    target: &RedisTarget,
-    url: &str,
-    per_shard: u64,
-    round: u64,
-) -> ([f64; 5], [f64; 3]) {
+/// Rates (entries/s): raw production, producer, raw consumption, consumer; and client CPU per entry (µs)
+/// of raw production and of the producer.
+async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4], [f64; 2]) {
     let conn = target
         .connect(ConnectOptions::default())
         .await
@@ -240,11 +224,8 @@ async fn measure(
     let produced_raw = produce_raw(&conn, &raw_prefix, per_shard).await;
     let raw_cpu = cpu_us(cpu);
     let cpu = process_cpu();
-    let produced_lib = produce_lib(&conn, Some(url), &lib_prefix, total).await;
+    let produced_lib = produce_lib(&conn, &lib_prefix, total).await;
     let lib_cpu = cpu_us(cpu);
-    let cpu = process_cpu();
-    let produced_given = produce_lib(&conn, None, &format!("given{round}"), total).await;
-    let given_cpu = cpu_us(cpu);
     create_groups(&conn, &lib_prefix).await;
     let (consumed_raw, n) = consume_raw(&conn, &lib_prefix).await;
     assert_eq!(n, total, "baseline read everything");
@@ -255,9 +236,8 @@ async fn measure(
             rate(produced_lib),
             rate(consumed_raw),
             rate(consumed_lib),
-            rate(produced_given),
         ],
-        [raw_cpu, lib_cpu, given_cpu],
+        [raw_cpu, lib_cpu],
     )
 }
 
@@ -284,18 +264,12 @@ fn main() {
     );
     runtime.block_on(async {
         for round in 0..rounds {
-            let (s, s_cpu) = measure(&single, &server.url(), per_shard, round).await;
-            let (c, c_cpu) = measure(&clustered, &cluster.url(), per_shard, round).await;
-            let names = [
-                "produce raw",
-                "producer",
-                "consume raw",
-                "consumer",
-                "producer given the connection",
-            ];
-            for i in 0..5 {
+            let (s, s_cpu) = measure(&single, per_shard, round).await;
+            let (c, c_cpu) = measure(&clustered, per_shard, round).await;
+            let names = ["produce raw", "producer", "consume raw", "consumer"];
+            for i in 0..4 {
                 println!(
-                    "round {round} {:<30} single {:>9.0}/s  cluster {:>9.0}/s  cluster/single {:.2}",
+                    "round {round} {:<12} single {:>9.0}/s  cluster {:>9.0}/s  cluster/single {:.2}",
                     names[i],
                     s[i],
                     c[i],
@@ -310,15 +284,9 @@ fn main() {
                 c[3] / c[2]
             );
             println!(
-                "round {round} ours/raw: producer given the connection single {:.2} cluster {:.2}",
-                s[4] / s[0],
-                c[4] / c[0]
-            );
-            println!(
                 "round {round} client CPU per entry: produce raw single {:.2} µs cluster {:.2} µs; \
-                 producer single {:.2} µs cluster {:.2} µs; given the connection single {:.2} µs \
-                 cluster {:.2} µs",
-                s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1], s_cpu[2], c_cpu[2]
+                 producer single {:.2} µs cluster {:.2} µs",
+                s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1]
             );
         }
     });

@@ -61,12 +61,6 @@
 //! two nodes, unreported. A shard's transaction is written once, or not at all (an `OOM` while queued
 //! refuses the shard's whole part). A shard's part of one message (every [`send`](Producer::send)) is a
 //! plain `XADD`: one command, which `ASKING` covers.
-//!
-//! A producer made by [`Producer::connect`] (or [`connect_creating`](Producer::connect_creating)) sends the
-//! parts of one master as one pipeline, on a connection of its own to that master (the `nodes` module):
-//! a batch over many shards is then one request per master, not one per shard. A part refused there with
-//! `MOVED` or `ASK` was not written and goes again through the cluster connection. A producer given a
-//! connection ([`Producer::new`]) cannot open connections of its own, and sends each part on its own.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,10 +71,7 @@ use serde::Serialize;
 
 use crate::headers::Headers;
 use crate::tls::TlsFiles;
-
-mod nodes;
 use crate::topology::{Topology, TopologyError};
-use nodes::{Answer, Nodes, Part};
 
 /// Entry field holding the partition key ([`crate::names::field::KEY`]).
 pub const KEY_FIELD: &str = crate::names::field::KEY;
@@ -218,9 +209,6 @@ pub struct Producer<C = crate::connection::Connection> {
     prefix: Arc<str>,
     config: ProducerConfig,
     cache: Arc<Mutex<Cached>>,
-    /// On a cluster the producer connected to itself: its own connections to the masters (see the
-    /// `nodes` module).
-    nodes: Option<Arc<Nodes>>,
 }
 
 impl<C> std::fmt::Debug for Producer<C> {
@@ -293,8 +281,7 @@ impl Producer<crate::connection::Connection> {
         stream: &str,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        let (conn, target) = connect_url(url, tls).await?;
-        Ok(Self::new(conn, stream).await?.by_node(target))
+        Self::new(connect_url(url, tls).await?, stream).await
     }
 
     /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
@@ -315,39 +302,16 @@ impl Producer<crate::connection::Connection> {
         shard_count: u32,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        let (mut conn, target) = connect_url(url, tls).await?;
+        let mut conn = connect_url(url, tls).await?;
         Topology::ensure(&mut conn, stream, shard_count).await?;
-        Ok(Self::new(conn, stream).await?.by_node(target))
-    }
-
-    /// On a cluster, sends a write's parts one pipeline per master, on connections of its own to them
-    /// (see the `nodes` module), made from `target` as the cluster connection's.
-    fn by_node(mut self, target: crate::connection::RedisTarget) -> Self {
-        if self.conn.is_cluster() {
-            let options = crate::connection::ConnectOptions::default();
-            let mut config = redis::AsyncConnectionConfig::new();
-            if let Some(timeout) = options.response_timeout {
-                config = config.set_response_timeout(Some(timeout));
-            }
-            if let Some(timeout) = options.connection_timeout {
-                config = config.set_connection_timeout(Some(timeout));
-            }
-            self.nodes = Some(Arc::new(Nodes::new(target, config)));
-        }
-        self
+        Self::new(conn, stream).await
     }
 }
 
 async fn connect_url(
     url: &str,
     tls: &TlsFiles,
-) -> Result<
-    (
-        crate::connection::Connection,
-        crate::connection::RedisTarget,
-    ),
-    ProducerError,
-> {
+) -> Result<crate::connection::Connection, ProducerError> {
     let target =
         crate::tls::open_target::<ProducerError>(url, "the url of Producer::connect", tls)?;
     // What will never pass fails at once, as the runtime's start does; anything else is left to the
@@ -358,10 +322,9 @@ async fn connect_url(
     {
         return Err(refused.into());
     }
-    let conn = target
+    Ok(target
         .connect(crate::connection::ConnectOptions::default())
-        .await?;
-    Ok((conn, target))
+        .await?)
 }
 
 impl<C> Producer<C>
@@ -390,7 +353,6 @@ where
                 topology,
                 checked_at: Instant::now(),
             })),
-            nodes: None,
         })
     }
 
@@ -637,18 +599,9 @@ where
         let mut topology = self.current_topology().await?;
         let mut refreshed = false;
         loop {
-            let (mut missing, redirected) = self
-                .write(&topology, messages, &pending, &mut receipts, true)
+            let missing = self
+                .write(&topology, messages, &pending, &mut receipts)
                 .await?;
-            if !redirected.is_empty() {
-                // Not written (their slots moved): through the cluster connection, which follows
-                // redirections.
-                let (more, _) = self
-                    .write(&topology, messages, &redirected, &mut receipts, false)
-                    .await?;
-                missing.extend(more);
-                missing.sort_unstable();
-            }
             let Some(&first_missing) = missing.first() else {
                 break;
             };
@@ -672,17 +625,15 @@ where
     }
 
     /// XADDs `messages[i]` for each `i` in `indices`; returns the indices whose stream was missing (nil
-    /// reply), and those not written because their slot moved (only `by_node`: see
-    /// [`send_pipelines`](Self::send_pipelines)). One pipeline, one round trip; on a cluster one part per
-    /// shard, sent at once.
+    /// reply). One pipeline, one round trip; on a cluster one pipeline per shard, sent at once (see
+    /// [`send_pipelines`](Self::send_pipelines)).
     async fn write(
         &self,
         topology: &Topology,
         messages: &[Outgoing<'_>],
         indices: &[usize],
         receipts: &mut [Option<SendReceipt>],
-        by_node: bool,
-    ) -> Result<(Vec<usize>, Vec<usize>), ProducerError> {
+    ) -> Result<Vec<usize>, ProducerError> {
         let mut targets = Vec::with_capacity(indices.len());
         let mut pipelines = Pipelines::new(
             crate::connection::as_cluster(&self.conn).is_some(),
@@ -697,16 +648,12 @@ where
                 .get_or_insert_with(|| topology.stream_key(shard))
                 .clone();
             let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
-            pipelines.add(shard, &stream, cmd);
+            pipelines.add(shard, &stream).add_command(cmd);
             targets.push((i, shard, stream));
         }
-        let replies = self.send_pipelines(pipelines, by_node).await?;
-        let (mut missing, mut redirected) = (Vec::new(), Vec::new());
+        let replies = self.send_pipelines(pipelines).await?;
+        let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
-            let Some(reply) = reply else {
-                redirected.push(i);
-                continue;
-            };
             match reply {
                 // Missing, or frozen: a shard a shrink removed, past its cut.
                 Value::Nil => missing.push(i),
@@ -746,7 +693,7 @@ where
                 reply => return Err(ProducerError::UnexpectedReply { stream, reply }),
             }
         }
-        Ok((missing, redirected))
+        Ok(missing)
     }
 }
 
@@ -810,15 +757,15 @@ fn xadd_capacity(
     (args, bytes)
 }
 
-/// The XADDs of one write: one pipeline, or on a cluster one part per shard (each of one slot, so that
-/// none is split, each command copied, again by the connection).
+/// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
+/// is split (each command copied) again by the connection.
 enum Pipelines {
     One(redis::Pipeline),
-    /// Per shard: its part, and its commands' positions in the write.
+    /// Per shard: the slot of its stream, its pipeline, and its commands' positions in the write.
     PerShard {
         /// Where each shard's part is in `parts`.
         part_of: Vec<Option<usize>>,
-        parts: Vec<(Part, Vec<usize>)>,
+        parts: Vec<(u16, redis::Pipeline, Vec<usize>)>,
         len: usize,
     },
 }
@@ -836,12 +783,10 @@ impl Pipelines {
         }
     }
 
-    /// Adds the next XADD, to `stream` of `shard`.
-    fn add(&mut self, shard: u32, stream: &str, cmd: redis::Cmd) {
+    /// The pipeline the next XADD, to `stream` of `shard`, goes in.
+    fn add(&mut self, shard: u32, stream: &str) -> &mut redis::Pipeline {
         match self {
-            Self::One(pipe) => {
-                pipe.add_command(cmd);
-            }
+            Self::One(pipe) => pipe,
             Self::PerShard {
                 part_of,
                 parts,
@@ -849,19 +794,14 @@ impl Pipelines {
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
                     let slot = crate::connection::slot_of(stream.as_bytes());
-                    parts.push((
-                        Part {
-                            slot,
-                            commands: Vec::new(),
-                        },
-                        Vec::new(),
-                    ));
+                    // Made a transaction when sent, if it has more than one XADD (`exec_replies`).
+                    parts.push((slot, redis::pipe(), Vec::new()));
                     parts.len() - 1
                 });
-                let (part, positions) = &mut parts[part];
-                part.commands.push(cmd);
+                let (_, pipe, positions) = &mut parts[part];
                 positions.push(*len);
                 *len += 1;
+                pipe
             }
         }
     }
@@ -871,68 +811,47 @@ impl<C> Producer<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Sends a write's pipelines and returns the replies in the order the XADDs were added; `None` for
-    /// an XADD not written because its slot moved (only `by_node`).
-    ///
+    /// Sends a write's pipelines and returns the replies in the order the XADDs were added.
     /// Per-command errors come back in place, so a frozen shard fails only its own messages. On a
-    /// cluster the parts go out at once: `by_node`, and with the producer's own connections to the
-    /// masters, one pipeline per master (see the `nodes` module); else one request per part through the
-    /// cluster connection. If a part fails as a whole (its node unreachable), that is the write's error,
-    /// though the other parts may have been written.
-    async fn send_pipelines(
-        &self,
-        pipelines: Pipelines,
-        by_node: bool,
-    ) -> Result<Vec<Option<Value>>, ProducerError> {
-        let (parts, len) = match pipelines {
+    /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
+    /// write's error, as when the connection split one pipeline, though the other parts may have been
+    /// written.
+    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Vec<Value>, ProducerError> {
+        match pipelines {
             Pipelines::One(mut pipe) => {
                 pipe.ignore_errors();
                 let mut conn = self.conn.clone();
-                let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
-                return Ok(replies.into_iter().map(Some).collect());
+                Ok(pipe.query_async(&mut conn).await?)
             }
-            Pipelines::PerShard { parts, len, .. } => (parts, len),
-        };
-        let cluster =
-            crate::connection::as_cluster(&self.conn).expect("per-shard parts only on a cluster");
-        let (parts, layout): (Vec<Part>, Vec<(Vec<usize>, bool)>) = parts
-            .into_iter()
-            .map(|(part, positions)| {
-                let transaction = part.transaction();
-                (part, (positions, transaction))
-            })
-            .unzip();
-        let answers = match self.nodes.as_ref().filter(|_| by_node) {
-            Some(nodes) => nodes.send(cluster, parts).await,
-            None => {
-                let parts = parts
+            Pipelines::PerShard { parts, len, .. } => {
+                let cluster = crate::connection::as_cluster(&self.conn)
+                    .expect("per-shard pipelines only on a cluster");
+                let (sends, positions): (Vec<_>, Vec<_>) = parts
                     .into_iter()
-                    .map(|part| (Some(part.slot), part.into_pipeline()))
-                    .collect();
-                crate::connection::send_to_slots(cluster, parts)
-                    .await
-                    .into_iter()
-                    .map(Answer::Replies)
-                    .collect()
-            }
-        };
-        let mut replies = vec![Some(Value::Nil); len];
-        for ((positions, transaction), answer) in layout.into_iter().zip(answers) {
-            let answer = match answer {
-                Answer::Replies(answer) if transaction => exec_replies(answer?),
-                Answer::Replies(answer) => answer?,
-                Answer::Redirected => {
-                    for position in positions {
-                        replies[position] = None;
+                    .map(|(slot, mut pipe, positions)| {
+                        // One XADD needs no transaction (see `exec_replies`).
+                        let transaction = positions.len() > 1;
+                        if transaction {
+                            pipe.atomic();
+                        }
+                        ((Some(slot), pipe), (positions, transaction))
+                    })
+                    .unzip();
+                let answers = crate::connection::send_to_slots(cluster, sends).await;
+                let mut replies = vec![Value::Nil; len];
+                for ((positions, transaction), answer) in positions.into_iter().zip(answers) {
+                    let answer = if transaction {
+                        exec_replies(answer?)
+                    } else {
+                        answer?
+                    };
+                    for (position, reply) in positions.into_iter().zip(answer) {
+                        replies[position] = reply;
                     }
-                    continue;
                 }
-            };
-            for (position, reply) in positions.into_iter().zip(answer) {
-                replies[position] = Some(reply);
+                Ok(replies)
             }
         }
-        Ok(replies)
     }
 }
 
