@@ -50,12 +50,10 @@ struct Running {
     signals: Option<Arc<JobSignals>>,
 }
 
-/// One ownership's handle: its stream key, its token, its fence, and whether it may still act.
+/// One ownership's handle (its stream key, token, fence, and whether it may still act), and what the
+/// idle wait reads from it.
 struct Owned {
-    key: Arc<str>,
-    token: crate::member::lifecycle::FencingToken,
-    fence: Arc<Fence>,
-    ownership: Arc<ShardOwnership>,
+    handle: Ownership,
     /// How many entries the last idle wait that watched the shard read from it at most.
     wait_count: usize,
 }
@@ -314,17 +312,19 @@ impl Driver {
                     self.owned.insert(
                         shard,
                         Owned {
-                            key,
-                            token,
-                            fence,
-                            ownership,
+                            handle: Ownership {
+                                key,
+                                token,
+                                fence,
+                                ownership,
+                            },
                             wait_count: self.io.config.batch_size,
                         },
                     );
                 }
                 Command::Disown { shard } => {
                     if let Some(owned) = self.owned.remove(&shard) {
-                        owned.ownership.end();
+                        owned.handle.ownership.end();
                     }
                 }
                 Command::StartJob(plan) => {
@@ -417,11 +417,11 @@ impl Driver {
         let job = plan.job;
         let spec = JobSpec {
             shard: plan.shard,
-            fence: owned.fence.clone(),
-            key: owned.key.clone(),
+            fence: owned.handle.fence.clone(),
+            key: owned.handle.key.clone(),
             token: plan.token,
             install_fence: plan.install_fence,
-            ownership: owned.ownership.clone(),
+            ownership: owned.handle.ownership.clone(),
             read_mode: plan.read_mode,
             signals: signals.clone(),
             deferred: plan.deferred,
@@ -470,18 +470,10 @@ impl Driver {
                 owned.wait_count = count;
                 keys.push(Watched {
                     shard,
-                    key: owned.key.clone(),
-                    fence: owned.fence.key.clone(),
+                    key: owned.handle.key.clone(),
+                    fence: owned.handle.fence.key.clone(),
                 });
-                ownerships.insert(
-                    shard,
-                    Ownership {
-                        key: owned.key.clone(),
-                        token: owned.token.clone(),
-                        fence: owned.fence.clone(),
-                        ownership: owned.ownership.clone(),
-                    },
-                );
+                ownerships.insert(shard, owned.handle.clone());
                 if let Some(id) = from {
                     watch_from.insert(shard, id);
                 }

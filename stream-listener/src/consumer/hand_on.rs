@@ -34,7 +34,7 @@ pub(crate) struct HandedOn {
     pub(crate) signals: Arc<JobSignals>,
 }
 
-/// One watched shard's ownership, as its jobs get it.
+/// One shard's ownership, as its jobs get it (the driver keeps one per owned shard).
 #[derive(Clone)]
 pub(crate) struct Ownership {
     pub(crate) key: Arc<str>,
@@ -59,7 +59,7 @@ pub(crate) struct HandOn {
 impl HandOn {
     /// The job the wait goes on as, if it may (see the module docs): takes the first delivered shard's
     /// entries out of `end`, tells the driver, and returns the job to run.
-    pub(crate) fn take(self, end: &mut WaitEnd) -> Option<JobSpec> {
+    pub(crate) fn take(mut self, end: &mut WaitEnd) -> Option<JobSpec> {
         let report = &mut end.report;
         if self.interrupt.is_set()
             || report.failed()
@@ -74,7 +74,7 @@ impl HandOn {
             .iter()
             .position(|(shard, entries)| !entries.is_empty() && self.shards.contains_key(shard))?;
         let (shard, entries) = report.delivered.remove(at);
-        let owned = self.shards.get(&shard)?.clone();
+        let owned = self.shards.remove(&shard).expect("found above");
         let signals = Arc::new(JobSignals::default());
         let end = std::mem::replace(
             end,
