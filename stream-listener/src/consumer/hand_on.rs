@@ -61,12 +61,7 @@ impl HandOn {
     /// entries out of `end`, tells the driver, and returns the job to run.
     pub(crate) fn take(mut self, end: &mut WaitEnd) -> Option<JobSpec> {
         let report = &mut end.report;
-        if self.interrupt.is_set()
-            || report.failed()
-            || report.in_doubt
-            || report.expired
-            || report.missing_group
-        {
+        if self.interrupt.is_set() || !report.may_go_on() {
             return None;
         }
         let at = report
