@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use stream_listener::connection::{slot_of, ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
+use stream_listener::routing::shard_for_key;
 use stream_listener::topology::{Topology, TopologyError};
 use stream_listener::{ConsumerBuilder, Message, Producer, RunningRuntime, Runtime};
-use stream_listener_test_support::aio::wait_until;
+use stream_listener_test_support::aio::{poll_until, wait_until};
 use stream_listener_test_support::RedisCluster;
 use stream_listener_tests::Order;
 use tokio::time::Instant;
@@ -27,6 +28,17 @@ const KEYS: u32 = 16;
 
 /// One handled message: key, seq, shard, member, member epoch.
 type Seen = Arc<Mutex<Vec<(String, u32, u32, String, i64)>>>;
+
+/// The library's INFO lines (or `RUST_LOG`'s choice) go to the test's output, shown when it fails.
+fn log_to_the_test() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "stream_listener=info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
+}
 
 async fn connect(url: &str) -> Connection {
     RedisTarget::open(url)
@@ -141,6 +153,53 @@ fn check(seen: &Seen, sent: u32, per_key: u32) {
     assert_eq!(total, sent);
 }
 
+/// What a timed-out run needs to be understood: the (key, seq) pairs not handled and their shards, and per
+/// shard stream its length, its group's state (last delivered, entries read, lag, pending) and its
+/// pending entries.
+async fn where_are_the_missing(
+    conn: &mut Connection,
+    stream: &str,
+    seen: &Seen,
+    per_key: u32,
+) -> String {
+    let handled: BTreeSet<(String, u32)> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, s, ..)| (k.clone(), *s))
+        .collect();
+    let mut report = String::from("missing:");
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let shard = shard_for_key(key.as_bytes(), SHARDS);
+        let missing: Vec<u32> = (0..per_key)
+            .filter(|seq| !handled.contains(&(key.clone(), *seq)))
+            .collect();
+        if !missing.is_empty() {
+            report += &format!("\n  {key} (shard {shard}): {missing:?}");
+        }
+    }
+    for shard in 0..SHARDS {
+        let key = format!("{stream}:{shard}");
+        let len: redis::RedisResult<u64> = redis::cmd("XLEN").arg(&key).query_async(conn).await;
+        let groups: redis::RedisResult<redis::Value> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&key)
+            .query_async(conn)
+            .await;
+        let pending: redis::RedisResult<redis::Value> = redis::cmd("XPENDING")
+            .arg(&key)
+            .arg("g")
+            .arg("-")
+            .arg("+")
+            .arg(20)
+            .query_async(conn)
+            .await;
+        report += &format!("\n{key}: XLEN {len:?}\n  groups {groups:?}\n  pending {pending:?}");
+    }
+    report
+}
+
 /// Two runtimes consume `stream` while `per_key` rounds are produced; `disrupt` runs once the first
 /// messages were handled. Then everything must be handled and checked.
 async fn consume_through(
@@ -148,6 +207,7 @@ async fn consume_through(
     stream: &'static str,
     disrupt: impl FnOnce(&mut RedisCluster),
 ) {
+    log_to_the_test();
     let url = cluster.url();
     let mut conn = connect(&url).await;
     Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
@@ -167,10 +227,14 @@ async fn consume_through(
     .await;
     tokio::task::block_in_place(|| disrupt(cluster));
     let sent = producer.await.unwrap();
-    wait_until("every message handled", Duration::from_secs(60), || {
-        distinct(&seen) as u32 == sent
+    let all_handled = poll_until(Duration::from_secs(60), Duration::from_millis(20), || {
+        std::future::ready(distinct(&seen) as u32 == sent)
     })
     .await;
+    if !all_handled {
+        let report = where_are_the_missing(&mut conn, stream, &seen, per_key).await;
+        panic!("timed out after 60 s waiting for every message handled\n{report}");
+    }
     let _ = a.stop().await;
     let _ = b.stop().await;
     check(&seen, sent, per_key);
@@ -262,10 +326,7 @@ fn info_sum(cluster: &RedisCluster, section: &str, field: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idle_wait_blocks_per_slot_and_ends_when_any_read_returns() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    log_to_the_test();
     let cluster = RedisCluster::start();
     let url = cluster.url();
     let stream = "idle";
