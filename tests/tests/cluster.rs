@@ -324,6 +324,65 @@ fn info_sum(cluster: &RedisCluster, section: &str, field: &str) -> u64 {
         .sum()
 }
 
+/// `blocked_clients` of the node at `index`.
+fn blocked_on(cluster: &RedisCluster, index: usize) -> u64 {
+    let info = cluster
+        .cli(cluster.nodes()[index].port(), &["INFO", "clients"])
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_waited_masters_failover_the_idle_wait_blocks_on_the_promoted_replica() {
+    log_to_the_test();
+    let mut cluster = RedisCluster::start();
+    let url = cluster.url();
+    let stream = "moved";
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
+    let seen: Seen = Arc::default();
+    let runtime = start(&url, stream, "solo", seen.clone()).await;
+    wait_until("an idle wait", Duration::from_secs(20), || {
+        info_sum(&cluster, "clients", "blocked_clients:") >= 2
+    })
+    .await;
+    // The master of shard 0's slot dies while the member waits on it (SIGKILL: its connections reset).
+    let master = cluster.master_of(slot_of(format!("{stream}:0").as_bytes()));
+    let promoted = cluster.fail_master(master).unwrap();
+    let producer = Producer::new(connect(&url).await, stream).await.unwrap();
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let order = Order {
+            key: key.clone(),
+            seq: 0,
+        };
+        let start = Instant::now();
+        while producer.send(&key, &order).await.is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "send failed for 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    wait_until("every message handled", Duration::from_secs(30), || {
+        distinct(&seen) as u32 == KEYS
+    })
+    .await;
+    // Idle again: the wait reads the slots' new master instead of failing against the dead one (and
+    // polling every shard one by one) until a redirection happens to refresh its map.
+    wait_until(
+        "a wait blocked on the promoted replica",
+        Duration::from_secs(20),
+        || blocked_on(&cluster, promoted) >= 1,
+    )
+    .await;
+    let _ = runtime.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idle_wait_blocks_per_slot_and_ends_when_any_read_returns() {
     log_to_the_test();

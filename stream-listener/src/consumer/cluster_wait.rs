@@ -8,9 +8,10 @@
 //! no read outlives the wait in Redis. They are the single-node wait's reads (see `wait`): group reads
 //! behind the fences that deliver, or on Redis 6.2 `XREAD`s that deliver nothing.
 //!
-//! A read answered with `MOVED` / `ASK` (a slot migrating or failed over) drops the cached slot map and
-//! ends the wait as failed: the scheduler then polls the shards one by one through the cluster connection,
-//! which follows redirections, and the next wait reads the new map.
+//! A read that fails drops the cached slot map and ends the wait as failed: the scheduler then polls the
+//! shards one by one through the cluster connection, which follows redirections, and the next wait reads
+//! the new map. Any failure, not only `MOVED` / `ASK` (a slot migrating or failed over): a master that died
+//! answers nothing, and a map that still names it would fail every wait after it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -149,6 +150,8 @@ pub(crate) async fn read(
         match blocking_for(&io, pool, slot, node).await {
             Ok(blocking) => connected.push((slot, keys, blocking)),
             Err(error) => {
+                // Perhaps a master that died: the next wait asks where the slot went.
+                pool.forget_slots();
                 outcome.error = Some(error);
                 return outcome;
             }
@@ -225,9 +228,9 @@ pub(crate) async fn read(
                 got
             }
             Err(error) => {
-                if error.redirect_node().is_some() {
-                    pool.forget_slots();
-                }
+                // A redirection, or a connection reset or refused: the slot may have moved or failed
+                // over, and a master that died never answers with a redirection.
+                pool.forget_slots();
                 outcome.fail(error, group_wait);
                 true
             }
