@@ -124,16 +124,49 @@ impl RedisCluster {
         password: Option<String>,
         client_certs: Option<ClientCerts>,
     ) -> io::Result<RedisCluster> {
-        let tls = if client_certs.is_some() {
+        let mut tls = if client_certs.is_some() {
             let dir = TempDir::new()?;
             crate::tls::certificates(&dir.path);
             Some((dir, Vec::new()))
         } else {
             None
         };
-        let mut tls = tls;
         let mut nodes = Vec::new();
         for _ in 0..6 {
+            nodes.push(Self::start_node(password.clone(), client_certs, &mut tls)?);
+        }
+        let cluster = RedisCluster {
+            nodes,
+            password,
+            tls,
+        };
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(
+            cluster
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port())),
+        );
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let out = cluster.cli_raw(&args)?;
+        if !out.contains("[OK] All 16384 slots covered") {
+            return Err(io::Error::other(format!("cluster create failed:\n{out}")));
+        }
+        cluster.wait_ok()?;
+        Ok(cluster)
+    }
+
+    /// Starts one node on free ports (its own, its bus's, and with TLS its TLS port). A port found free
+    /// can be taken before the server binds it (by another test's server or an outgoing connection):
+    /// then it tries again with other ports.
+    fn start_node(
+        password: Option<String>,
+        client_certs: Option<ClientCerts>,
+        tls: &mut Option<(TempDir, Vec<u16>)>,
+    ) -> io::Result<RedisServer> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             // The bus port must be free too; port + 10000 may be out of range, so pick it.
             let bus = free_port()?;
             let extra = [
@@ -156,9 +189,10 @@ impl RedisCluster {
             .map(String::from)
             .to_vec();
             let mut extra = extra;
-            if let Some((dir, ports)) = &mut tls {
+            let mut tls_port = None;
+            if let Some((dir, _)) = tls.as_ref() {
                 let port = free_port()?;
-                ports.push(port);
+                tls_port = Some(port);
                 let file = |name: &str| dir.path.join(name).display().to_string();
                 extra.extend([
                     "--tls-port".into(),
@@ -185,27 +219,17 @@ impl RedisCluster {
                         .into(),
                 ]);
             }
-            nodes.push(RedisServer::try_start_with_args(extra, password.clone())?);
+            match RedisServer::try_start_with_args(extra, password.clone()) {
+                Ok(node) => {
+                    if let (Some((_, ports)), Some(port)) = (tls.as_mut(), tls_port) {
+                        ports.push(port);
+                    }
+                    return Ok(node);
+                }
+                Err(error) if error.kind() == io::ErrorKind::AddrInUse && attempt < 5 => {}
+                Err(error) => return Err(error),
+            }
         }
-        let cluster = RedisCluster {
-            nodes,
-            password,
-            tls,
-        };
-        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
-        args.extend(
-            cluster
-                .nodes
-                .iter()
-                .map(|n| format!("127.0.0.1:{}", n.port())),
-        );
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
-        let out = cluster.cli_raw(&args)?;
-        if !out.contains("[OK] All 16384 slots covered") {
-            return Err(io::Error::other(format!("cluster create failed:\n{out}")));
-        }
-        cluster.wait_ok()?;
-        Ok(cluster)
     }
 
     /// `redis+cluster://[:password@]127.0.0.1:p1,...` with every node as a seed; with TLS,
