@@ -74,31 +74,33 @@ struct LayoutCache {
     consumed: HashMap<u32, u64>,
     /// The WARNs of reads that fail: during a Redis outage every re-read fails the same way.
     warnings: Throttle,
-    /// The origin of the throttle's clock.
+    /// The WARNs of stale-layout writes: a producer left behind writes many.
+    stale_warnings: Throttle,
+    /// The origin of the throttles' clock.
     origin: Option<Instant>,
 }
 
 impl LayoutCache {
+    /// The throttles' clock.
+    fn now(&mut self) -> LocalMillis {
+        let origin = *self.origin.get_or_insert_with(Instant::now);
+        LocalMillis(origin.elapsed().as_millis() as i64)
+    }
+
     /// A failed read: logged at once, then at most once per [`crate::throttle::WARN_EVERY_MS`].
     fn warn(&mut self, stream: &str, error: &dyn std::fmt::Display) {
-        let origin = *self.origin.get_or_insert_with(Instant::now);
-        let now = LocalMillis(origin.elapsed().as_millis() as i64);
+        let now = self.now();
         if let Some(not_logged) = self.warnings.admit(now) {
             tracing::warn!(%stream, %error, not_logged, "cannot read the stream's topology");
         }
     }
 }
 
-/// At most one stale-layout warning per consumer this often (the rest are counted into the next one).
-const STALE_WARN_EVERY: Duration = Duration::from_secs(10);
-
 /// One consumer's order gate: the cached topology and what it knows of old shards' consumption, and the
 /// stale-layout warnings. Shared by the consumer's jobs.
 #[derive(Default)]
 pub(crate) struct OrderGate {
     cache: Mutex<LayoutCache>,
-    /// Last stale-layout warning, and stale writes seen since.
-    stale_warned: Mutex<(Option<Instant>, u64)>,
     /// A background re-read is under way (at most one at a time).
     refreshing: AtomicBool,
 }
@@ -251,7 +253,8 @@ impl OrderGate {
     }
 
     /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
-    /// for the group in Redis and in the process, and warns (at most every [`STALE_WARN_EVERY`]).
+    /// for the group in Redis and in the process, and warns (at once, then at most once per
+    /// [`crate::throttle::WARN_EVERY_MS`], counting the writes held back).
     pub(crate) async fn note_stale_write(
         self: &Arc<Self>,
         io: &Arc<ShardIo>,
@@ -280,17 +283,13 @@ impl OrderGate {
             tracing::debug!(stream = %prefix, %error, "cannot count a stale-layout write");
         }
         let since_last_warning = {
-            let mut warned = self
-                .stale_warned
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            warned.1 += 1;
-            if warned.0.is_some_and(|at| at.elapsed() < STALE_WARN_EVERY) {
-                return;
+            let mut cache = self.cache();
+            let now = cache.now();
+            match cache.stale_warnings.admit(now) {
+                // The repeats held back, and this one.
+                Some(held) => held + 1,
+                None => return,
             }
-            let seen = warned.1;
-            *warned = (Some(Instant::now()), 0);
-            seen
         };
         tracing::warn!(
             stale_writes = since_last_warning,
@@ -461,6 +460,49 @@ mod tests {
             .unwrap();
         assert_eq!(version(gate.read(&io).await), Some(1));
         assert_eq!(gate.cache().warnings, Throttle::default(), "cleared");
+    }
+
+    /// Garbage input of a kind: a producer that missed a resize keeps writing with the old layout past
+    /// the cut. Every such entry is counted in Redis; the WARN goes out for the first, then the repeats
+    /// are held back and counted on the next line (one stale producer writes thousands).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stale_writes_are_all_counted_and_warned_of_once_in_a_while() {
+        let server = RedisServer::start();
+        let (io, mut admin) = set_up(&server).await;
+        let topology = Topology::resize(&mut admin, "orders", 4).await.unwrap();
+        let cut = topology.migration().expect("a resize").cut_ms();
+        let key = (0..100)
+            .map(|i| format!("key-{i}"))
+            .find(|k| {
+                crate::routing::shard_for_key(k.as_bytes(), 2)
+                    != topology.shard_for_key(k.as_bytes())
+            })
+            .expect("a key that moved");
+        let old_shard = crate::routing::shard_for_key(key.as_bytes(), 2);
+        // Routed with version 1 (no `v` field), a second past the cut, into the key's old shard.
+        let entry = Entry {
+            id: format!("{}-0", cut + 1_000),
+            fields: vec![(b"k".to_vec(), key.clone().into_bytes())],
+            delivery_count: 1,
+            deleted: false,
+            retries: 0,
+        };
+        let gate = Arc::new(OrderGate::default());
+        for _ in 0..3 {
+            gate.note_stale_write(&io, old_shard, &mut GateMemo::default(), &entry)
+                .await;
+        }
+        let counted: u64 = Topology::stale_writes(&mut admin, "orders")
+            .await
+            .unwrap()
+            .values()
+            .sum();
+        assert_eq!(counted, 3, "every stale write is counted in Redis");
+        assert_eq!(
+            gate.cache().stale_warnings.clone().clear(),
+            2,
+            "the first one is warned of, the two after it held back"
+        );
     }
 
     /// Fault: Redis freezes while the cached topology is older than [`LAYOUT_MAX_AGE`]. The gate does not
