@@ -20,6 +20,15 @@
 //! When Redis is out of memory (`maxmemory` with the policy `noeviction`) a write fails with
 //! [`ProducerError::OutOfMemory`] and nothing is written: retry once the consumers caught up.
 //!
+//! # Durability
+//!
+//! Redis replicates asynchronously: a master that acknowledged a write and died (or was failed over)
+//! before a replica had it loses it, and a successful send with it. [`ProducerConfig::min_replicas`]
+//! makes a send succeed only once that many replicas of the shard's master have the write (`WAIT`, in the
+//! same pipeline, on the connection that wrote), as Kafka's `acks=all`: a failover then loses nothing a
+//! send reported. While the replicas are missing (a promoted master without a replica yet) sends fail
+//! with [`ProducerError::NotReplicated`], and resending them is at-least-once.
+//!
 //! # Entry layout
 //!
 //! Every entry has these fields (the first two the same for the spec's JVM and Python clients, which do not
@@ -140,6 +149,21 @@ pub enum ProducerError {
         /// Redis's error.
         error: RedisError,
     },
+    /// The write is on `stream`'s master, but fewer replicas than
+    /// [`ProducerConfig::min_replicas`] acknowledged it within [`ProducerConfig::replica_timeout`] (a
+    /// replica down or lagging): a failover now could lose it. Resending is at-least-once.
+    #[error(
+        "the write to `{stream}` was acknowledged by {acknowledged} of the {wanted} replicas asked for \
+         within the timeout: it is on the master, and a failover could lose it"
+    )]
+    NotReplicated {
+        /// The stream written to (the first such of a batch).
+        stream: String,
+        /// Replicas that acknowledged the write.
+        acknowledged: u32,
+        /// [`ProducerConfig::min_replicas`].
+        wanted: u32,
+    },
     /// Redis answered XADD with something other than an entry id or nil.
     #[error("unexpected reply to XADD on `{stream}`: {reply:?}")]
     UnexpectedReply {
@@ -166,6 +190,16 @@ pub struct ProducerConfig {
     /// How often the cached topology is re-read to notice a resize. A missing shard stream triggers a
     /// re-read at once regardless.
     pub refresh_interval: Duration,
+    /// How many replicas of the shard's master must have each write before a send succeeds (`WAIT`, in
+    /// the write's own pipeline). Replication is asynchronous: a master that acknowledged a write and died
+    /// before any replica had it loses it in the failover, so with the default `0` a successful send can
+    /// still be lost to a failover. With `1` (and a replica per master), a write a send reported is on the
+    /// replica the failover promotes. A write the replicas did not acknowledge within
+    /// [`replica_timeout`](Self::replica_timeout) fails the send with [`ProducerError::NotReplicated`]:
+    /// it is on the master, so resending is at-least-once.
+    pub min_replicas: u32,
+    /// How long a send waits for [`min_replicas`](Self::min_replicas) at most.
+    pub replica_timeout: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -173,6 +207,8 @@ impl Default for ProducerConfig {
         ProducerConfig {
             cap_unread: None,
             refresh_interval: Duration::from_secs(1),
+            min_replicas: 0,
+            replica_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -651,7 +687,8 @@ where
             pipelines.add(shard, &stream).add_command(cmd);
             targets.push((i, shard, stream));
         }
-        let replies = self.send_pipelines(pipelines).await?;
+        let (replies, short) = self.send_pipelines(pipelines).await?;
+        let short = short.map(|(position, n)| (targets[position].2.clone(), n));
         let mut missing = Vec::new();
         for ((i, shard, stream), reply) in targets.into_iter().zip(replies) {
             match reply {
@@ -692,6 +729,13 @@ where
                 }
                 reply => return Err(ProducerError::UnexpectedReply { stream, reply }),
             }
+        }
+        if let Some((stream, acknowledged)) = short {
+            return Err(ProducerError::NotReplicated {
+                stream,
+                acknowledged,
+                wanted: self.config.min_replicas,
+            });
         }
         Ok(missing)
     }
@@ -816,12 +860,32 @@ where
     /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
     /// write's error, as when the connection split one pipeline, though the other parts may have been
     /// written.
-    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Vec<Value>, ProducerError> {
+    ///
+    /// With [`ProducerConfig::min_replicas`], each pipeline ends with `WAIT` (on the connection that
+    /// wrote, which is what `WAIT` counts): the second value is the position of the first XADD of a
+    /// pipeline fewer replicas acknowledged, and how many did.
+    async fn send_pipelines(&self, pipelines: Pipelines) -> Result<Replies, ProducerError> {
+        let wanted = self.config.min_replicas;
+        let wait = (wanted > 0).then(|| {
+            let mut wait = redis::cmd("WAIT");
+            let ms = u64::try_from(self.config.replica_timeout.as_millis()).unwrap_or(u64::MAX);
+            // `WAIT n 0` blocks for ever.
+            wait.arg(wanted).arg(ms.max(1));
+            wait
+        });
         match pipelines {
             Pipelines::One(mut pipe) => {
                 pipe.ignore_errors();
+                if let Some(wait) = &wait {
+                    pipe.add_command(wait.clone());
+                }
                 let mut conn = self.conn.clone();
-                Ok(pipe.query_async(&mut conn).await?)
+                let mut replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+                let short = match &wait {
+                    Some(_) => replicas_short(replies.pop(), wanted)?.map(|n| (0, n)),
+                    None => None,
+                };
+                Ok((replies, short))
             }
             Pipelines::PerShard { parts, len, .. } => {
                 let cluster = crate::connection::as_cluster(&self.conn)
@@ -831,27 +895,74 @@ where
                     .map(|(slot, mut pipe, positions)| {
                         // One XADD needs no transaction (see `exec_replies`).
                         let transaction = positions.len() > 1;
-                        if transaction {
-                            pipe.atomic();
-                        }
+                        let pipe = match &wait {
+                            // `WAIT` after `EXEC` (inside it would not block): the transaction is
+                            // spelled out.
+                            Some(wait) => {
+                                let mut waiting = redis::pipe();
+                                if transaction {
+                                    waiting.cmd("MULTI");
+                                }
+                                for cmd in pipe.cmd_iter() {
+                                    waiting.add_command(cmd.clone());
+                                }
+                                if transaction {
+                                    waiting.cmd("EXEC");
+                                }
+                                waiting.add_command(wait.clone());
+                                waiting
+                            }
+                            None => {
+                                if transaction {
+                                    pipe.atomic();
+                                }
+                                pipe
+                            }
+                        };
                         ((Some(slot), pipe), (positions, transaction))
                     })
                     .unzip();
                 let answers = crate::connection::send_to_slots(cluster, sends).await;
                 let mut replies = vec![Value::Nil; len];
+                let mut short = None;
                 for ((positions, transaction), answer) in positions.into_iter().zip(answers) {
+                    let mut answer = answer?;
+                    if wait.is_some() {
+                        if let Some(n) = replicas_short(answer.pop(), wanted)? {
+                            short = short.or(positions.first().map(|&p| (p, n)));
+                        }
+                    }
                     let answer = if transaction {
-                        exec_replies(answer?)
+                        exec_replies(answer)
                     } else {
-                        answer?
+                        answer
                     };
                     for (position, reply) in positions.into_iter().zip(answer) {
                         replies[position] = reply;
                     }
                 }
-                Ok(replies)
+                Ok((replies, short))
             }
         }
+    }
+}
+
+/// The XADDs' replies in the order they were added, and where the replicas fell short (see
+/// `send_pipelines`).
+type Replies = (Vec<Value>, Option<(usize, u32)>);
+
+/// How many replicas acknowledged, if fewer than `wanted`, from `WAIT`'s reply.
+fn replicas_short(reply: Option<Value>, wanted: u32) -> Result<Option<u32>, ProducerError> {
+    match reply {
+        Some(Value::Int(n)) => {
+            let n = u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+            Ok((n < wanted).then_some(n))
+        }
+        Some(Value::ServerError(error)) => Err(ProducerError::Redis(error.into())),
+        reply => Err(ProducerError::UnexpectedReply {
+            stream: "WAIT".into(),
+            reply: reply.unwrap_or(Value::Nil),
+        }),
     }
 }
 

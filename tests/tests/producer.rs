@@ -466,3 +466,107 @@ async fn works_with_a_connection_manager() {
     producer.send("b", &2).await.unwrap();
     assert!(format!("{producer:?}").contains("orders"));
 }
+
+/// A master with one replica, online.
+async fn with_a_replica() -> (RedisServer, RedisServer) {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::try_start_with_args(
+        ["--replicaof", "127.0.0.1", port.as_str()]
+            .map(String::from)
+            .to_vec(),
+        None,
+    )
+    .unwrap();
+    let mut conn = connect_multiplexed(&master.url()).await;
+    stream_listener_test_support::aio::wait_until_async(
+        "the replica online",
+        Duration::from_secs(20),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                info.contains("state=online")
+            }
+        },
+    )
+    .await;
+    Topology::ensure(&mut conn, "orders", 4).await.unwrap();
+    (master, replica)
+}
+
+/// A send with `min_replicas` succeeds once the replicas have the write; the fault: the replica freezes
+/// (SIGSTOP), and a send fails with `NotReplicated` after the timeout, its write on the master (resending
+/// is at-least-once), as does a send asking for more replicas than there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
+    let (master, replica) = with_a_replica().await;
+    let mut conn = connect_multiplexed(&master.url()).await;
+    let config = |min_replicas| ProducerConfig {
+        min_replicas,
+        replica_timeout: Duration::from_millis(300),
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::with_config(conn.clone(), "orders", config(1))
+        .await
+        .unwrap();
+    let receipt = producer.send_bytes("k", "one").await.unwrap();
+    assert!(receipt.stream.starts_with("orders:"));
+    let batch: Vec<(String, String)> = (0..10).map(|i| (format!("k{i}"), format!("{i}"))).collect();
+    assert_eq!(producer.send_batch_bytes(&batch).await.unwrap().len(), 10);
+    let written = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let mut total = 0;
+            for shard in 0..4 {
+                total += xlen(&mut conn, &format!("orders:{shard}")).await;
+            }
+            total
+        }
+    };
+    assert_eq!(written(&mut conn).await, 11);
+
+    replica.freeze();
+    let error = producer.send_bytes("k", "two").await.unwrap_err();
+    let batch_error = producer.send_batch_bytes(&batch).await.unwrap_err();
+    replica.thaw();
+    for error in [error, batch_error] {
+        match error {
+            ProducerError::NotReplicated {
+                stream,
+                acknowledged: 0,
+                wanted: 1,
+            } => assert!(stream.starts_with("orders:"), "{stream}"),
+            other => panic!("expected NotReplicated, got {other}"),
+        }
+    }
+    assert_eq!(written(&mut conn).await, 22, "on the master all the same");
+
+    let greedy = Producer::with_config(conn.clone(), "orders", config(2))
+        .await
+        .unwrap();
+    assert!(matches!(
+        greedy.send_bytes("k", "three").await,
+        Err(ProducerError::NotReplicated {
+            acknowledged: 1,
+            wanted: 2,
+            ..
+        })
+    ));
+    // The replica has every write the master has.
+    let mut on_replica = connect_multiplexed(&replica.url()).await;
+    stream_listener_test_support::aio::wait_until_async(
+        "the replica caught up",
+        Duration::from_secs(10),
+        || {
+            let (mut a, mut b) = (conn.clone(), on_replica.clone());
+            async move { written(&mut a).await == written(&mut b).await }
+        },
+    )
+    .await;
+    assert_eq!(written(&mut on_replica).await, 23);
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::coordinator::metadata::GroupConfig;
 use stream_listener::preflight::{self, Failure, Refusal};
+use stream_listener::producer::ProducerConfig;
 use stream_listener::redact::RedisUrl;
 use stream_listener::store::GroupStore;
 use stream_listener::tls::TlsFiles;
@@ -349,8 +350,16 @@ async fn send_and_handle(producer: &Producer, seen: &Seen, seqs: std::ops::Range
 const MAX_ROUNDS: u32 = 2_000;
 
 /// Sends orders for every key, round by round, until `stop` is set (at most [`MAX_ROUNDS`] rounds).
-async fn produce(url: String, stream: &'static str, sent: Sent, stop: Arc<AtomicBool>) {
-    let producer = Producer::connect(&url, stream).await.unwrap();
+async fn produce(
+    url: String,
+    stream: &'static str,
+    config: ProducerConfig,
+    sent: Sent,
+    stop: Arc<AtomicBool>,
+) {
+    let producer = Producer::with_config(connect(&url).await, stream, config)
+        .await
+        .unwrap();
     for seq in 0..MAX_ROUNDS {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -388,7 +397,20 @@ async fn stored(conn: &mut Connection, stream: &str) -> BTreeSet<(String, u32)> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_traffic_loses_only_unreplicated_writes_and_never_gives_a_shard_two_owners(
 ) {
-    failover_under_traffic(&[], RedisSentinels::failover).await;
+    failover_under_traffic(&[], ProducerConfig::default(), RedisSentinels::failover).await;
+}
+
+/// With the producer's `min_replicas` at 1, a send succeeds only once the replica has its write
+/// (`WAIT`): writes the old master takes after its replica was promoted are never acknowledged, and
+/// sent again to the new master. Nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_producers_min_replicas_a_failover_under_traffic_loses_nothing_acknowledged() {
+    let config = ProducerConfig {
+        min_replicas: 1,
+        replica_timeout: Duration::from_millis(500),
+        ..ProducerConfig::default()
+    };
+    failover_under_traffic(&[], config, RedisSentinels::failover).await;
 }
 
 /// With `min-replicas-to-write 1` the old master refuses writes as soon as its replica is promoted
@@ -397,7 +419,12 @@ async fn a_failover_under_traffic_loses_only_unreplicated_writes_and_never_gives
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_min_replicas_to_write_a_failover_under_traffic_pauses_writes_instead_of_losing_them()
 {
-    failover_under_traffic(&["--min-replicas-to-write", "1"], RedisSentinels::failover).await;
+    failover_under_traffic(
+        &["--min-replicas-to-write", "1"],
+        ProducerConfig::default(),
+        RedisSentinels::failover,
+    )
+    .await;
 }
 
 /// A master frozen (SIGSTOP) past the sentinels' down-after time: they fail over to the replica, and
@@ -405,15 +432,23 @@ async fn with_min_replicas_to_write_a_failover_under_traffic_pauses_writes_inste
 /// second master for a while, which nobody writes to any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_master_is_failed_over_and_consumption_moves_to_the_new_one() {
-    failover_under_traffic(&[], RedisSentinels::freeze_master_until_failed_over).await;
+    failover_under_traffic(
+        &[],
+        ProducerConfig::default(),
+        RedisSentinels::freeze_master_until_failed_over,
+    )
+    .await;
 }
 
 /// Three runtimes consume while a producer writes; a settled group is failed over by `fail_over`;
 /// checks and prints what happened (the table of the module docs).
+/// With the producer's `min_replicas`, nothing it acknowledged may be lost.
 async fn failover_under_traffic(
     node_args: &[&str],
+    producer: ProducerConfig,
     fail_over: fn(&RedisSentinels) -> std::io::Result<u16>,
 ) {
+    let replicated = producer.min_replicas > 0;
     let sentinels = RedisSentinels::start_with(1, node_args);
     let url = sentinels.url();
     let stream = "orders";
@@ -425,7 +460,13 @@ async fn failover_under_traffic(
     let c = start(&url, stream, "c", seen.clone()).await;
     let sent: Sent = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = tokio::spawn(produce(url.clone(), stream, sent.clone(), stop.clone()));
+    let producer = tokio::spawn(produce(
+        url.clone(),
+        stream,
+        producer,
+        sent.clone(),
+        stop.clone(),
+    ));
     wait_until("first messages", Duration::from_secs(30), || {
         handled(&seen).len() >= 100
     })
@@ -478,6 +519,10 @@ async fn failover_under_traffic(
         .iter()
         .filter(|(entry, _)| !present.contains(*entry))
         .collect();
+    assert!(
+        !replicated || lost.is_empty(),
+        "acknowledged after the replica had them, and lost: {lost:?}"
+    );
     for (entry, at) in &lost {
         assert!(
             **at + Duration::from_secs(1) >= failover_start && **at <= failover_end,
@@ -555,10 +600,11 @@ async fn failover_under_traffic(
         changes
     };
     println!(
-        "data nodes with {node_args:?}:\n\
+        "data nodes with {node_args:?}, producer's min_replicas {}:\n\
          | produced (acknowledged) | lost (unreplicated; never handled; last at) | handled | duplicates | overlaps | owner changes (during the failover) | failover (fault to settled) | longest pause in handling |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |\n\
          | {} | {} ({never_handled}; {}) | {} | {} | 0 | {} ({changes_during}) | {:.2} s | {:.2} s |",
+        u32::from(replicated),
         acknowledged.len(),
         lost.len(),
         last_lost.map_or("-".into(), |at| format!("+{:.2} s", at.as_secs_f64())),
