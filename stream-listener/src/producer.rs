@@ -309,6 +309,17 @@ impl Producer<crate::connection::Connection> {
         Self::connect_with_tls(url, stream, &TlsFiles::default()).await
     }
 
+    /// [`connect`](Self::connect) with settings other than the defaults (for example
+    /// [`ProducerConfig::min_replicas`]).
+    pub async fn connect_with_config(
+        url: &str,
+        stream: &str,
+        config: ProducerConfig,
+    ) -> Result<Self, ProducerError> {
+        let conn = connect_url(url, &TlsFiles::default()).await?;
+        Self::with_config(conn, stream, config).await
+    }
+
     /// [`connect`](Self::connect) to a `rediss://` or `rediss+cluster://` URL with these TLS files (a CA
     /// to trust, a client certificate: see [`TlsFiles`], [`TlsFiles::from_env`]). A file that cannot be
     /// used is [`ProducerError::Tls`], naming it.

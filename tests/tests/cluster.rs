@@ -96,7 +96,7 @@ fn replicated() -> ProducerConfig {
 async fn produce(url: String, stream: &'static str, per_key: u32, pause: Duration) -> u32 {
     // A master that acknowledged a write and died before its replica had it loses it (replication is
     // asynchronous): a send succeeds once the replica has its write (`WAIT`), else it is sent again.
-    let producer = Producer::with_config(connect(&url).await, stream, replicated())
+    let producer = Producer::connect_with_config(&url, stream, replicated())
         .await
         .unwrap();
     for seq in 0..per_key {

@@ -357,7 +357,7 @@ async fn produce(
     sent: Sent,
     stop: Arc<AtomicBool>,
 ) {
-    let producer = Producer::with_config(connect(&url).await, stream, config)
+    let producer = Producer::connect_with_config(&url, stream, config)
         .await
         .unwrap();
     for seq in 0..MAX_ROUNDS {
