@@ -8,6 +8,9 @@
 //! Beside the rates it prints the client CPU each side spent per entry (this process's CPU time over its
 //! slices, `/proc/self/task/*/schedstat`; the runtime is single-threaded and Redis is another process).
 //!
+//! Last, with a replica attached: the producer with `min_replicas: 1` against raw pipelines that end in
+//! `WAIT 1`, and against itself without waiting.
+//!
 //! `cargo bench -p stream-listener --bench producer` (set `SL_BENCH_ENTRIES` to change the entry count,
 //! `SL_BENCH_ROUNDS` the rounds).
 
@@ -88,11 +91,13 @@ async fn run_producer(
 }
 
 /// The floor: the same XADDs (same routing, same JSON, the same fields: `v` past version 1), pipelined
-/// BATCH at a time, with no producer logic.
+/// BATCH at a time, with no producer logic; with `wait`, each pipeline ends with `WAIT 1`, as the
+/// producer's `min_replicas: 1` does.
 async fn run_raw(
     conn: &mut MultiplexedConnection,
     range: std::ops::Range<u64>,
     version: u64,
+    wait: bool,
 ) -> Duration {
     let start = Instant::now();
     let mut next = range.start;
@@ -115,6 +120,9 @@ async fn run_raw(
                 cmd.arg("v").arg(version);
             }
         }
+        if wait {
+            pipe.cmd("WAIT").arg(1).arg(1000);
+        }
         let _: Vec<redis::Value> = pipe.query_async(conn).await.expect("pipeline");
         next = end;
     }
@@ -123,11 +131,21 @@ async fn run_raw(
 
 /// One round on one layout: `entries` for each side, written in SLICES alternating slices (which side
 /// goes first alternates too), so a machine that speeds up or slows down mid-round weighs on both alike.
-/// Returns (producer, raw) total times and client CPU times.
-async fn round(conn: &mut MultiplexedConnection, entries: u64, resized: bool) -> [Duration; 4] {
+/// Returns (producer, raw) total times and client CPU times. With `min_replicas` (a replica attached),
+/// both sides wait for it.
+async fn round(
+    conn: &mut MultiplexedConnection,
+    entries: u64,
+    resized: bool,
+    min_replicas: u32,
+) -> [Duration; 4] {
     let version = fresh_stream(conn, resized).await;
     // The default producer: no cap (the consumers trim what every group acknowledged).
-    let producer = Producer::with_config(conn.clone(), "bench", ProducerConfig::default())
+    let config = ProducerConfig {
+        min_replicas,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::with_config(conn.clone(), "bench", config)
         .await
         .expect("producer");
     let slice = entries.div_ceil(SLICES).max(1);
@@ -140,7 +158,7 @@ async fn round(conn: &mut MultiplexedConnection, entries: u64, resized: bool) ->
                 ours += run_producer(&producer, range.clone()).await;
                 ours_cpu += process_cpu().saturating_sub(cpu);
             } else {
-                raw += run_raw(conn, range.clone(), version).await;
+                raw += run_raw(conn, range.clone(), version, min_replicas > 0).await;
                 raw_cpu += process_cpu().saturating_sub(cpu);
             }
         }
@@ -187,7 +205,7 @@ fn main() {
         );
         // Warm up every path once.
         for resized in [false, true] {
-            round(&mut conn, entries.min(10_000), resized).await;
+            round(&mut conn, entries.min(10_000), resized, 0).await;
         }
         let rounds: usize = std::env::var("SL_BENCH_ROUNDS")
             .ok()
@@ -198,8 +216,8 @@ fn main() {
         let mut ratios = [Vec::new(), Vec::new()];
         let mut cpus = [Vec::new(), Vec::new()];
         for round_no in 0..rounds {
-            let [p1, r1, pc1, rc1] = round(&mut conn, entries, false).await;
-            let [p2, r2, pc2, rc2] = round(&mut conn, entries, true).await;
+            let [p1, r1, pc1, rc1] = round(&mut conn, entries, false, 0).await;
+            let [p2, r2, pc2, rc2] = round(&mut conn, entries, true, 0).await;
             let (v1, v2) = (
                 r1.as_secs_f64() / p1.as_secs_f64(),
                 r2.as_secs_f64() / p2.as_secs_f64(),
@@ -246,5 +264,59 @@ fn main() {
             median_cpu(&cpus[1], 1),
             median_cpu(&cpus[1], 0) / median_cpu(&cpus[1], 1).max(1e-9),
         );
+        replicated(&server, &mut conn, entries, rounds).await;
     });
+}
+
+/// With a replica attached: the producer with `min_replicas: 1` against the raw pipelines ending in
+/// `WAIT 1`, and against itself without waiting (what the wait costs).
+async fn replicated(
+    server: &RedisServer,
+    conn: &mut MultiplexedConnection,
+    entries: u64,
+    rounds: usize,
+) {
+    let port = server.port().to_string();
+    let _replica = RedisServer::try_start_with_args(
+        ["--replicaof", "127.0.0.1", port.as_str()]
+            .map(String::from)
+            .to_vec(),
+        None,
+    )
+    .expect("a replica");
+    let started = Instant::now();
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(conn)
+            .await
+            .expect("INFO");
+        if info.contains("state=online") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no replica online: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    round(conn, entries.min(10_000), false, 1).await;
+    let (mut ratios, mut waiting, mut not_waiting) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let [ours, raw, ..] = round(conn, entries, false, 1).await;
+        ratios.push(raw.as_secs_f64() / ours.as_secs_f64());
+        waiting.push(rate(entries, ours));
+        let [ours, ..] = round(conn, entries, false, 0).await;
+        not_waiting.push(rate(entries, ours));
+    }
+    for list in [&mut ratios, &mut waiting, &mut not_waiting] {
+        list.sort_by(f64::total_cmp);
+    }
+    println!(
+        "with a replica (median over {rounds} rounds): producer with min_replicas 1 {:.0}/s, ratio to \
+         raw pipelines ending in WAIT 1: {:.3}; the producer without waiting {:.0}/s",
+        waiting[rounds / 2],
+        ratios[rounds / 2],
+        not_waiting[rounds / 2]
+    );
 }

@@ -27,7 +27,9 @@
 //! makes a send succeed only once that many replicas of the shard's master have the write (`WAIT`, in the
 //! same pipeline, on the connection that wrote), as Kafka's `acks=all`: a failover then loses nothing a
 //! send reported. While the replicas are missing (a promoted master without a replica yet) sends fail
-//! with [`ProducerError::NotReplicated`], and resending them is at-least-once.
+//! with [`ProducerError::NotReplicated`], and resending them is at-least-once. The wait costs a round
+//! trip to the replica per write: back-to-back batches of 100 went from about 298,000 to 165,000 entries
+//! a second on one machine, as fast as raw pipelines that end in `WAIT 1` (`--bench producer`).
 //!
 //! # Entry layout
 //!
