@@ -6,8 +6,9 @@
 //! On Redis 7.0 and later (and Valkey) the wait is a group read behind the shards' fences,
 //! `XREADGROUP ... COUNT n BLOCK ms STREAMS s1 f1 s2 f2 ... > > ...`, and it delivers: what it reads goes
 //! to the shards' next jobs, handled first, so an idle pickup costs the read and the ack, as in a
-//! hand-written loop. The first delivered shard's job is this task going on (see the `hand_on` module). It is fenced like any group read (see the `fence` module): a newer owner's fence
-//! install deletes our fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
+//! hand-written loop. The first delivered shard's job is this task going on (see the `hand_on` module).
+//! It is fenced like any group read (see the `fence` module): a newer owner's fence install deletes our
+//! fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
 //! `NOGROUP`, so a zombie's wait (its process froze while it blocked, past its lease) delivers nothing
 //! once the next owner is in, and one that reaches Redis after that fails at once. What it delivered
 //! before is pending for the zombie, never handled by it (its jobs check the deadline first), and claimed
