@@ -15,6 +15,8 @@
 //!   baseline's loop body) reads the clock first thing. Both run on this machine.
 //! - Commands per entry: `INFO commandstats` deltas over the phase, minus the producer's `XADD`s and the
 //!   benchmark's own `INFO` calls.
+//! - Slices per entry: how often the process's threads were scheduled onto a CPU over the phase (each a
+//!   wake-up or a preemption), which says how many thread hand-offs a side makes per entry.
 //! - CPU per entry: the run time of the process's threads over the phase (Linux `schedstat`), without the
 //!   producer's, which is a thread of its own with a synchronous connection, outside both sides' tokio
 //!   runtime.
@@ -28,7 +30,7 @@ use redis::Value;
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener_test_support::aio::command_calls;
-use stream_listener_test_support::cpu::process_cpu;
+use stream_listener_test_support::cpu::{process_cpu, process_slices};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 
@@ -267,6 +269,8 @@ struct Measured {
     latencies: Vec<u64>,
     commands_per_entry: f64,
     cpu_us_per_entry: f64,
+    /// Times the process's threads were scheduled onto a CPU, per entry: its thread hand-offs.
+    slices_per_entry: f64,
 }
 
 fn commands_total(calls: &std::collections::BTreeMap<String, u64>) -> u64 {
@@ -290,6 +294,7 @@ async fn run_phase(
     // The producer's thread starts after this reading and has exited by the last one, so it is in
     // neither: what `process_cpu` counts over the phase is the consuming side's client CPU.
     let cpu_before = process_cpu();
+    let slices_before = process_slices();
     let sent = produce(url, prefix, phase).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while recorder.handled.load(Ordering::Relaxed) - handled_before < sent {
@@ -300,11 +305,13 @@ async fn run_phase(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let cpu = process_cpu().saturating_sub(cpu_before);
+    let slices = process_slices().saturating_sub(slices_before);
     let calls = commands_total(&command_calls(conn).await) - calls_before;
     Measured {
         latencies: recorder.take(),
         commands_per_entry: calls as f64 / sent as f64,
         cpu_us_per_entry: cpu.as_secs_f64() * 1e6 / sent as f64,
+        slices_per_entry: slices as f64 / sent as f64,
     }
 }
 
@@ -417,13 +424,14 @@ fn main() {
                     let mut sorted = measured.latencies.clone();
                     sorted.sort_unstable();
                     println!(
-                        "  round {round} {:<12} {:<11} p50 {:>7.3} ms  p99 {:>8.3} ms  {:>5.2} cmds/entry  {:>6.1} us CPU/entry",
+                        "  round {round} {:<12} {:<11} p50 {:>7.3} ms  p99 {:>8.3} ms  {:>5.2} cmds/entry  {:>6.1} us CPU/entry  {:>6.2} slices/entry",
                         if side == 0 { "hand-written" } else { "library" },
                         phase.name,
                         percentile(&sorted, 0.5),
                         percentile(&sorted, 0.99),
                         measured.commands_per_entry,
                         measured.cpu_us_per_entry,
+                        measured.slices_per_entry,
                     );
                     results[i][side].push(measured);
                 }
@@ -432,9 +440,9 @@ fn main() {
         }
         println!(
             "\n| phase | hand-written p50 / p99 ms | library p50 / p99 ms | p50 ratio | p99 ratio | \
-             cmds/entry hw / lib | CPU us/entry hw / lib | CPU ratio |"
+             cmds/entry hw / lib | CPU us/entry hw / lib | CPU ratio | slices/entry hw / lib |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
         for (phase, sides) in phases.iter().zip(&results) {
             if sides.iter().any(Vec::is_empty) {
                 continue;
@@ -459,8 +467,12 @@ fn main() {
                 stat(0, &|m| m.cpu_us_per_entry),
                 stat(1, &|m| m.cpu_us_per_entry),
             );
+            let (hws, libs) = (
+                stat(0, &|m| m.slices_per_entry),
+                stat(1, &|m| m.slices_per_entry),
+            );
             println!(
-                "| {} | {hw50:.3} / {hw99:.3} | {lib50:.3} / {lib99:.3} | {:.2} | {:.2} | {hwc:.2} / {libc_:.2} | {hwu:.1} / {libu:.1} | {:.2} |",
+                "| {} | {hw50:.3} / {hw99:.3} | {lib50:.3} / {lib99:.3} | {:.2} | {:.2} | {hwc:.2} / {libc_:.2} | {hwu:.1} / {libu:.1} | {:.2} | {hws:.2} / {libs:.2} |",
                 phase.name,
                 lib50 / hw50,
                 lib99 / hw99,
