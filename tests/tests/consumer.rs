@@ -1384,8 +1384,8 @@ async fn revoking_an_idle_shard_is_quick_and_it_can_come_back() {
     running.stop().await;
 }
 
-/// An entry on an idle shard is handled by the idle wait's own task (it goes on as the shard's job: the
-/// `hand_on` module). Fault: the shard is revoked while that handler runs. The revocation drains it like
+/// An entry on an idle shard is delivered by the idle wait's group read to the shard's next job. Fault:
+/// the shard is revoked while that job's handler runs. The revocation drains it like
 /// any running job: REVOKED comes after the handler returned and its entry was acknowledged, never while
 /// it runs (a wait's shards are idle, and an idle shard is reported REVOKED at once).
 /// Single node only: it waits for a blocked client in one node's `INFO`.

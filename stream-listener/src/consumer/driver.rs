@@ -3,7 +3,8 @@
 //!
 //! It decides nothing: every rule is the scheduler's. What it keeps is what cannot be pure: the tasks of
 //! running jobs with their abort handles and signals, each ownership's handle (which the jobs and manual
-//! acks check before every command), the idle wait's connection, and the channels.
+//! acks check before every command), the running idle wait (a future it polls itself, not a task) and
+//! its connection, and the channels.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -19,7 +20,6 @@ use crate::member::lifecycle::{OwnershipDeadline, ShardCommand, ShardReport};
 
 use super::cluster_wait::ClusterWait;
 use super::fence::Fence;
-use super::hand_on::{HandOn, HandedOn, Ownership};
 use super::hooks::{self, HookCall, LifecycleHooks};
 use super::job_spec::{JobSignals, JobSpec};
 use super::message::{BoxedHandler, ShardOwnership};
@@ -37,8 +37,6 @@ use super::{job, wait, PauseHandle};
 /// What a task of the driver's join set returns.
 pub(crate) enum Ended {
     Job(JobReport),
-    /// The idle wait, with its blocking connection and that connection's client id handed back.
-    Wait(wait::WaitEnd),
     /// Idle shards' retention steps, run after a wait (nothing to report).
     Retention,
 }
@@ -46,16 +44,34 @@ pub(crate) enum Ended {
 struct Running {
     job: JobId,
     abort: AbortHandle,
-    /// `None` for the idle wait.
-    signals: Option<Arc<JobSignals>>,
+    signals: Arc<JobSignals>,
 }
 
-/// One ownership's handle (its stream key, token, fence, and whether it may still act), and what the
-/// idle wait reads from it.
+/// One ownership's handle (its stream key, fence, and whether it may still act), and what the idle wait
+/// reads from it.
 struct Owned {
-    handle: Ownership,
+    key: Arc<str>,
+    fence: Arc<Fence>,
+    ownership: Arc<ShardOwnership>,
     /// How many entries the last idle wait that watched the shard read from it at most.
     wait_count: usize,
+}
+
+/// The idle wait, polled by the driver's own task (see [`Driver::start_wait`]).
+struct RunningWait {
+    job: JobId,
+    /// The wait's end, or the message of a panic in it.
+    future: crate::panic::CatchPanic<
+        std::pin::Pin<Box<dyn std::future::Future<Output = wait::WaitEnd> + Send>>,
+    >,
+}
+
+/// The running wait's end; never, when none runs.
+async fn wait_end(wait: &mut Option<RunningWait>) -> Result<wait::WaitEnd, String> {
+    match wait {
+        Some(wait) => (&mut wait.future).await,
+        None => std::future::pending().await,
+    }
 }
 
 pub(crate) struct Driver {
@@ -70,15 +86,14 @@ pub(crate) struct Driver {
     tasks: HashMap<tokio::task::Id, Running>,
     by_job: HashMap<JobId, tokio::task::Id>,
     owned: HashMap<u32, Owned>,
+    /// The idle wait, if one runs.
+    wait: Option<RunningWait>,
+    /// A wait dropped by `AbortAll`, to be reported as aborted.
+    aborted_wait: Option<JobId>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<super::wait_spec::WaitConnection>,
     /// Ends the running wait early (see the `unblock` module).
     interrupt: Arc<Interrupt>,
-    /// A wait that went on as a shard's job says so here (see the `hand_on` module).
-    handed_on: (
-        mpsc::UnboundedSender<HandedOn>,
-        mpsc::UnboundedReceiver<HandedOn>,
-    ),
     reports: mpsc::UnboundedSender<ShardReport>,
     hook_calls: Option<mpsc::UnboundedSender<HookCall>>,
     /// Revoked shards whose hook returned, with the fence generation they were revoked in.
@@ -118,9 +133,10 @@ impl Driver {
             tasks: HashMap::new(),
             by_job: HashMap::new(),
             owned: HashMap::new(),
+            wait: None,
+            aborted_wait: None,
             wait_conn: None,
             interrupt: Arc::default(),
-            handed_on: mpsc::unbounded_channel(),
             reports,
             hook_calls,
             hooks_done,
@@ -150,6 +166,10 @@ impl Driver {
         self.observe_lease(&mut jobs);
         self.on_pause_change(&mut jobs);
         loop {
+            if let Some(job) = self.aborted_wait.take() {
+                let out = self.machine.job_ended(self.now(), job, None);
+                self.execute(out, &mut jobs);
+            }
             let out = self.machine.settle();
             self.execute(out, &mut jobs);
             if self.stopped {
@@ -181,8 +201,19 @@ impl Driver {
                         }
                     }
                 },
-                // Before the job ends: a wait's hand-on is told before the job it went on as runs.
-                Some(handed) = self.handed_on.1.recv() => self.on_handed_on(handed, &mut jobs),
+                end = wait_end(&mut self.wait), if self.wait.is_some() => {
+                    self.observe_lease(&mut jobs);
+                    if let Some(wait) = self.wait.take() {
+                        match end {
+                            Ok(end) => self.on_wait_end(wait.job, end, &mut jobs),
+                            Err(panic) => {
+                                tracing::error!(%panic, "the idle wait panicked");
+                                let out = self.machine.job_ended(self.now(), wait.job, None);
+                                self.execute(out, &mut jobs);
+                            }
+                        }
+                    }
+                }
                 Some(joined) = jobs.join_next_with_id(), if !jobs.is_empty() => {
                     self.observe_lease(&mut jobs);
                     let (id, ended) = match joined {
@@ -260,10 +291,6 @@ impl Driver {
         ended: Option<Ended>,
         jobs: &mut JoinSet<Ended>,
     ) {
-        // A wait that went on as a job told so before it ended (or was aborted).
-        while let Ok(handed) = self.handed_on.1.try_recv() {
-            self.on_handed_on(handed, jobs);
-        }
         let Some(running) = self.tasks.remove(&id) else {
             // A retention task: nothing to tell the scheduler.
             return;
@@ -272,26 +299,27 @@ impl Driver {
         let now = self.now();
         let out = match ended {
             Some(Ended::Job(report)) => self.machine.job_ended(now, running.job, Some(report)),
-            Some(Ended::Wait(end)) => {
-                if end.conn.is_some() {
-                    self.wait_conn = end.conn;
-                }
-                let out = self.machine.wait_ended(now, running.job, Some(end.report));
-                // After the shards' next jobs start: their entries come first.
-                self.execute(out, jobs);
-                self.run_retention(end.retention_due, jobs);
-                return;
-            }
             Some(Ended::Retention) => return,
-            // Aborted or panicked: the scheduler knows a wait from a job.
+            // Aborted or panicked.
             None => self.machine.job_ended(now, running.job, None),
         };
         self.execute(out, jobs);
     }
 
+    /// The idle wait ended: the scheduler starts the jobs of the shards it saw entries on.
+    fn on_wait_end(&mut self, job: JobId, end: wait::WaitEnd, jobs: &mut JoinSet<Ended>) {
+        if end.conn.is_some() {
+            self.wait_conn = end.conn;
+        }
+        let out = self.machine.wait_ended(self.now(), job, Some(end.report));
+        // After the shards' next jobs start: their entries come first.
+        self.execute(out, jobs);
+        self.run_retention(end.retention_due, jobs);
+    }
+
     fn signals(&self, job: JobId) -> Option<&Arc<JobSignals>> {
         let id = self.by_job.get(&job)?;
-        self.tasks.get(id)?.signals.as_ref()
+        Some(&self.tasks.get(id)?.signals)
     }
 
     fn in_flight(&self, job: Option<JobId>) -> u32 {
@@ -304,27 +332,23 @@ impl Driver {
         let mut queue: VecDeque<Command> = out.into();
         while let Some(command) = queue.pop_front() {
             match command {
-                Command::Own { shard, token } => {
+                Command::Own { shard, epoch } => {
                     let key: Arc<str> = self.io.config.shard_key(shard).into();
-                    let epoch = token.member_epoch;
                     let fence = Arc::new(Fence::new(&key, &self.io.config.group, epoch));
                     let ownership = ShardOwnership::new(self.deadline.clone(), epoch);
                     self.owned.insert(
                         shard,
                         Owned {
-                            handle: Ownership {
-                                key,
-                                token,
-                                fence,
-                                ownership,
-                            },
+                            key,
+                            fence,
+                            ownership,
                             wait_count: self.io.config.batch_size,
                         },
                     );
                 }
                 Command::Disown { shard } => {
                     if let Some(owned) = self.owned.remove(&shard) {
-                        owned.handle.ownership.end();
+                        owned.ownership.end();
                     }
                 }
                 Command::StartJob(plan) => {
@@ -338,7 +362,7 @@ impl Driver {
                         queue.extend(self.machine.job_ended(now, not_started.job, None));
                     }
                 }
-                Command::StartWait { job, shards } => self.start_wait(job, shards, jobs),
+                Command::StartWait { job, shards } => self.start_wait(job, shards),
                 Command::InterruptWait { job } => self.interrupt_wait(job),
                 Command::Stop { job } => {
                     if let Some(signals) = self.signals(job) {
@@ -351,10 +375,13 @@ impl Driver {
                     }
                 }
                 Command::AbortAll => {
+                    // Dropped: its reply, if one comes, is never read (the scheduler claims what it
+                    // may have delivered).
+                    if let Some(wait) = self.wait.take() {
+                        self.aborted_wait = Some(wait.job);
+                    }
                     for running in self.tasks.values() {
-                        if let Some(signals) = &running.signals {
-                            signals.stop.store(true, Ordering::Release);
-                        }
+                        running.signals.stop.store(true, Ordering::Release);
                         running.abort.abort();
                     }
                 }
@@ -417,11 +444,11 @@ impl Driver {
         let job = plan.job;
         let spec = JobSpec {
             shard: plan.shard,
-            fence: owned.handle.fence.clone(),
-            key: owned.handle.key.clone(),
+            fence: owned.fence.clone(),
+            key: owned.key.clone(),
             token: plan.token,
             install_fence: plan.install_fence,
-            ownership: owned.handle.ownership.clone(),
+            ownership: owned.ownership.clone(),
             read_mode: plan.read_mode,
             signals: signals.clone(),
             deferred: plan.deferred,
@@ -437,12 +464,12 @@ impl Driver {
         let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
             Ended::Job(job::run(io, spec).await)
         }));
-        self.track(job, abort, Some(signals));
+        self.track(job, abort, signals);
         None
     }
 
-    /// Remembers a spawned job (or the wait) by its task.
-    fn track(&mut self, job: JobId, abort: AbortHandle, signals: Option<Arc<JobSignals>>) {
+    /// Remembers a spawned job by its task.
+    fn track(&mut self, job: JobId, abort: AbortHandle, signals: Arc<JobSignals>) {
         self.by_job.insert(job, abort.id());
         self.tasks.insert(
             abort.id(),
@@ -454,26 +481,23 @@ impl Driver {
         );
     }
 
-    /// Starts the idle wait over `shards` (see the `wait` module).
-    fn start_wait(
-        &mut self,
-        job: JobId,
-        shards: Vec<(u32, Option<String>)>,
-        jobs: &mut JoinSet<Ended>,
-    ) {
+    /// Starts the idle wait over `shards` (see the `wait` module). The wait is not a task of its own: the
+    /// driver polls it beside its other inputs, so its reply reaches the scheduler, and its request the
+    /// connection, without a hand-off between tasks. On a multi-threaded runtime each such hand-off
+    /// after the third in a row wakes another worker thread, and those wake-ups, not the commands, are
+    /// most of a consumer's client CPU at low rates (see the latency bench's slices per entry).
+    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<String>)>) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
-        let mut ownerships = HashMap::with_capacity(shards.len());
         let count = self.io.wait_count(shards.len());
         for (shard, from) in shards {
             if let Some(owned) = self.owned.get_mut(&shard) {
                 owned.wait_count = count;
                 keys.push(Watched {
                     shard,
-                    key: owned.handle.key.clone(),
-                    fence: owned.handle.fence.key.clone(),
+                    key: owned.key.clone(),
+                    fence: owned.fence.key.clone(),
                 });
-                ownerships.insert(shard, owned.handle.clone());
                 if let Some(id) = from {
                     watch_from.insert(shard, id);
                 }
@@ -491,65 +515,14 @@ impl Driver {
             retention: self.retention.clone(),
             order: self.order.clone(),
         };
-        let hand_on = HandOn {
-            wait: job,
-            shards: ownerships,
-            count,
-            interrupt: self.interrupt.clone(),
-            handler: self.handler.clone(),
-            retention: self.retention.clone(),
-            order: self.order.clone(),
-            tell: self.handed_on.0.clone(),
-        };
         let (io, pool) = (self.io.clone(), self.cluster_wait.clone());
-        let abort = jobs.spawn(tracing::Instrument::in_current_span(async move {
-            let mut end = wait::run(io.clone(), pool, spec).await;
-            match hand_on.take(&mut end) {
-                Some(spec) => Ended::Job(job::run(io, spec).await),
-                None => Ended::Wait(end),
-            }
-        }));
-        self.track(job, abort, None);
-    }
-
-    /// The wait went on as the job of one shard it delivered to (see the `hand_on` module): the
-    /// scheduler hears the wait's end and names the job, which the wait's task now is.
-    fn on_handed_on(&mut self, handed: HandedOn, jobs: &mut JoinSet<Ended>) {
-        let HandedOn {
-            wait,
-            shard,
-            end,
-            signals,
-        } = handed;
-        if end.conn.is_some() {
-            self.wait_conn = end.conn;
-        }
-        let (job, out) = self
-            .machine
-            .wait_handed_on(self.now(), wait, end.report, shard);
-        match (job, self.by_job.remove(&wait)) {
-            (Some(job), Some(task)) => {
-                self.by_job.insert(job, task);
-                if let Some(running) = self.tasks.get_mut(&task) {
-                    running.job = job;
-                    running.signals = Some(signals);
-                }
-            }
-            // Not reachable: only the running wait hands on, to a shard it watches.
-            (job, task) => {
-                tracing::error!(
-                    shard,
-                    ?job,
-                    "a wait handed on to a shard it did not wait on"
-                );
-                if let Some(task) = task {
-                    self.by_job.insert(wait, task);
-                }
-            }
-        }
-        // After the shards' next jobs start: their entries come first.
-        self.execute(out, jobs);
-        self.run_retention(end.retention_due, jobs);
+        let future: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = Box::pin(
+            tracing::Instrument::in_current_span(wait::run(io, pool, spec)),
+        );
+        self.wait = Some(RunningWait {
+            job,
+            future: crate::panic::catch_panic(future),
+        });
     }
 
     /// Runs the retention steps of idle shards (see [`wait::WaitEnd::retention_due`]) in a task of the
@@ -577,7 +550,7 @@ impl Driver {
     /// Ends the idle wait early (see the `unblock` module); the wait returns normally with the shards it
     /// saw new entries on.
     fn interrupt_wait(&mut self, job: JobId) {
-        if self.by_job.contains_key(&job) {
+        if self.wait.as_ref().is_some_and(|wait| wait.job == job) {
             self.interrupt.fire();
         }
     }

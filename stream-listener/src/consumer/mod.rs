@@ -59,7 +59,6 @@ mod driver;
 mod entry;
 mod fence;
 mod fields;
-mod hand_on;
 mod hooks;
 mod job;
 mod job_spec;

@@ -6,7 +6,7 @@
 //! On Redis 7.0 and later (and Valkey) the wait is a group read behind the shards' fences,
 //! `XREADGROUP ... COUNT n BLOCK ms STREAMS s1 f1 s2 f2 ... > > ...`, and it delivers: what it reads goes
 //! to the shards' next jobs, handled first, so an idle pickup costs the read and the ack, as in a
-//! hand-written loop. The first delivered shard's job is this task going on (see the `hand_on` module).
+//! hand-written loop. The wait is no task of its own: the driver polls it (see `Driver::start_wait`).
 //! It is fenced like any group read (see the `fence` module): a newer owner's fence install deletes our
 //! fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
 //! `NOGROUP`, so a zombie's wait (its process froze while it blocked, past its lease) delivers nothing

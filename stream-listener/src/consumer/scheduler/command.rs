@@ -9,9 +9,9 @@ use crate::member::lifecycle::FencingToken;
 /// One thing for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Command {
-    /// An ownership of `shard` begins, with fencing token `token`: make its handle (which the handler's
+    /// An ownership of `shard` begins, at fencing token `epoch`: make its handle (which the handler's
     /// manual acks and every job of the ownership check before each command).
-    Own { shard: u32, token: FencingToken },
+    Own { shard: u32, epoch: i64 },
     /// The ownership of `shard` is over (drained, or fenced): its handle refuses everything from now on.
     Disown { shard: u32 },
     /// Start a shard's job.

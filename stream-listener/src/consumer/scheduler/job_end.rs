@@ -89,12 +89,6 @@ impl WaitReport {
     pub(crate) fn failed(&self) -> bool {
         self.error.is_some() || self.expired || self.missing_group
     }
-
-    /// Whether the wait's task may go on as the job of a shard it delivered to (see the `hand_on`
-    /// module): only after a read that Redis answered, all of it, without a failure.
-    pub(crate) fn may_go_on(&self) -> bool {
-        !self.failed() && !self.in_doubt
-    }
 }
 
 /// How a job ended, for the shard's next turn.
@@ -194,32 +188,6 @@ mod tests {
             error: Some(RedisError::from((redis::ErrorKind::Io, "reset"))),
             ..JobReport::default()
         })
-    }
-
-    #[test]
-    fn rule_a_wait_goes_on_as_a_job_only_after_a_whole_answered_read() {
-        assert!(WaitReport::default().may_go_on());
-        let error = || Some(RedisError::from((redis::ErrorKind::Io, "reset")));
-        for report in [
-            WaitReport {
-                error: error(),
-                ..WaitReport::default()
-            },
-            WaitReport {
-                expired: true,
-                ..WaitReport::default()
-            },
-            WaitReport {
-                missing_group: true,
-                ..WaitReport::default()
-            },
-            WaitReport {
-                in_doubt: true,
-                ..WaitReport::default()
-            },
-        ] {
-            assert!(!report.may_go_on(), "{report:?}");
-        }
     }
 
     #[test]

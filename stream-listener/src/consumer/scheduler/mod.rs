@@ -9,7 +9,6 @@
 //! Inputs: [`assign`](ShardScheduler::assign), [`revoke`](ShardScheduler::revoke),
 //! [`fence`](ShardScheduler::fence), [`observe_lease`](ShardScheduler::observe_lease),
 //! [`job_ended`](ShardScheduler::job_ended), [`wait_ended`](ShardScheduler::wait_ended),
-//! [`wait_handed_on`](ShardScheduler::wait_handed_on),
 //! [`hook_done`](ShardScheduler::hook_done), [`settle`](ShardScheduler::settle),
 //! [`tick`](ShardScheduler::tick), [`pause`](ShardScheduler::pause) / [`resume`](ShardScheduler::resume),
 //! [`progress`](ShardScheduler::progress), [`shutdown`](ShardScheduler::shutdown).
@@ -41,9 +40,6 @@
 //!   runs is parked for the next wait (not polled again by a free worker) and the wait is interrupted,
 //!   once, so that the next one covers it too. After a wake-up the next wait holds back for the woken
 //!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt;
-//! * a wait whose group read delivered may go on as the job of one shard it delivered to, on its worker
-//!   ([`wait_handed_on`](ShardScheduler::wait_handed_on)); that job runs whatever came meanwhile, and is
-//!   told to stop if its shard was revoked or fenced, or the member shuts down;
 //! * hooks see one batch of assigned and of drained shards per [`settle`](ShardScheduler::settle) (the
 //!   driver settles after it took every queued command), drained first;
 //! * [`Command::Stopped`] comes once shutting down, with no job running and no revoked hook unanswered.
@@ -270,7 +266,7 @@ impl ShardScheduler {
             return;
         }
         self.next_generation += 1;
-        let state_token = token.clone();
+        let epoch = token.member_epoch;
         let mut state = Shard::new(now, Some(token), self.next_generation);
         let waiting_for_old = self.busy(shard);
         if waiting_for_old {
@@ -280,10 +276,7 @@ impl ShardScheduler {
         if !waiting_for_old {
             self.ready.push_back(shard);
         }
-        out.push(Command::Own {
-            shard,
-            token: state_token,
-        });
+        out.push(Command::Own { shard, epoch });
         self.hooks.assigned.push(shard);
     }
 
@@ -661,59 +654,6 @@ impl ShardScheduler {
         self.dispatch(now, &mut out);
         self.finish(&mut out);
         out
-    }
-
-    /// The idle wait ended with `report`, and its task went on as the job of `shard`, one it delivered to,
-    /// handling that delivery at once on the wait's worker: an idle pickup costs no hand-off to a new
-    /// task. `report` says nothing of `shard` (its entries are the job's). Returns the job's id, which
-    /// ends through [`job_ended`](Self::job_ended) like any other.
-    ///
-    /// The job runs whatever came in meanwhile, since the task runs it already: a revocation, a fence or
-    /// shutdown since the wait started tells it to stop (REVOKED waits for its end, as for a job started
-    /// just before the revocation), a pause or a shard waiting for a worker to yield. `None` (the wait
-    /// ends as usual) if `job` is not the running wait or did not watch `shard`.
-    pub(crate) fn wait_handed_on(
-        &mut self,
-        now: Millis,
-        job: JobId,
-        report: WaitReport,
-        shard: u32,
-    ) -> (Option<JobId>, Vec<Command>) {
-        let Some(generation) = self
-            .jobs
-            .get_mut(&job)
-            .filter(|wait| wait.wait)
-            .and_then(|wait| {
-                let at = wait.shards.iter().position(|(s, _)| *s == shard)?;
-                Some(wait.shards.remove(at).1)
-            })
-        else {
-            return (None, self.wait_ended(now, job, Some(report)));
-        };
-        // Takes the wait's worker before the wait gives it back.
-        let handed = self.new_job(vec![(shard, generation)], false);
-        let mut stop = true;
-        if let Some(state) = self
-            .shards
-            .get_mut(&shard)
-            .filter(|s| s.generation == generation)
-        {
-            state.phase = Phase::Running(handed);
-            // As for a delivered shard's job: its read says where the wait watches from next.
-            state.watch_from = None;
-            state.idle = false;
-            self.woken.insert(shard);
-            stop = state.revoking || self.closing;
-        }
-        let mut out = Vec::new();
-        if stop {
-            if let Some(j) = self.jobs.get_mut(&handed) {
-                j.yielded = true;
-            }
-            out.push(Command::Stop { job: handed });
-        }
-        out.extend(self.wait_ended(now, job, Some(report)));
-        (Some(handed), out)
     }
 
     /// Entries the ended wait may have delivered are pending for us, unseen: each of its shards claims its

@@ -178,18 +178,6 @@ impl ShardScheduler {
         self.seen(out)
     }
 
-    /// The wait went on as `shard`'s job, as the driver hands it over.
-    fn wait_handed_on(
-        &mut self,
-        now: Millis,
-        job: JobId,
-        report: WaitReport,
-        shard: u32,
-    ) -> (Option<JobId>, Vec<Output>) {
-        let (handed, out) = self.0.wait_handed_on(now, job, report, shard);
-        (handed, self.seen(out))
-    }
-
     fn tick(&mut self, now: Millis) -> Vec<Output> {
         let out = self.0.tick(now);
         self.seen(out)
@@ -1104,16 +1092,12 @@ proptest! {
                         if kind == 7 {
                             report.error = Some(redis::RedisError::from((redis::ErrorKind::Io, "reset")));
                         }
-                        // A delivering wait whose reply came goes on as its first delivered shard's job
-                        // (the `hand_on` module) when `d` is even, whatever came in meanwhile.
-                        let handed_to = (delivering && !in_doubt && d % 2 == 0).then(|| woke.first().copied()).flatten();
                         if delivering {
-                            report.delivered = woke.iter().filter(|s| Some(**s) != handed_to).map(|s| (*s, vec![entry(&id)])).collect();
+                            report.delivered = woke.iter().map(|s| (*s, vec![entry(&id)])).collect();
                         }
-                        let current = |m: &Model, shard: u32, grant: u64| m.grants.get(&shard).copied().unwrap_or_default() == grant && m.owned.contains_key(&shard);
-                        for &(shard, grant) in &grants {
+                        for (shard, grant) in grants {
                             // Still the ownership the wait waited on.
-                            if !current(&m, shard, grant) || Some(shard) == handed_to {
+                            if m.grants.get(&shard).copied().unwrap_or_default() != grant || !m.owned.contains_key(&shard) {
                                 continue;
                             }
                             let delivered = (delivering && woke.contains(&shard)).then(|| id.clone());
@@ -1121,26 +1105,7 @@ proptest! {
                                 m.owed.insert(shard, (delivered, in_doubt));
                             }
                         }
-                        match handed_to {
-                            Some(shard) => {
-                                let (handed, out) = s.wait_handed_on(t(m.now), job, report, shard);
-                                let handed = handed.expect("the running wait goes on as a shard's job it waited on");
-                                // The job runs now, of the ownership the wait waited on: another of that
-                                // shard may start only after it, and REVOKED waits for it.
-                                m.running.insert(handed, (vec![shard], false));
-                                let grant = grants.iter().find(|(s, _)| *s == shard).map(|(_, g)| *g).unwrap_or_default();
-                                if stale || !current(&m, shard, grant) {
-                                    m.stale.insert(handed);
-                                }
-                                for jobs in m.draining.values_mut() {
-                                    if jobs.contains(&job) {
-                                        jobs.insert(handed);
-                                    }
-                                }
-                                out
-                            }
-                            None => s.wait_reported(t(m.now), job, report),
-                        }
+                        s.wait_reported(t(m.now), job, report)
                     } else {
                         // Every kind of end, as a job reports it (`end_of` says what it means).
                         let live = |fetched| JobReport { next_read_mode: Some(ReadMode::Live), fetched, ..JobReport::default() };
@@ -1298,13 +1263,7 @@ fn reading(workers: usize, hooks: HooksSet) -> (Machine, JobPlan) {
 fn rule_a_new_ownership_is_owned_then_disowned_when_drained() {
     let mut m = machine(1, HooksSet::default());
     let out = m.assign(t(0), 4, token(3));
-    assert_eq!(
-        out[0],
-        Command::Own {
-            shard: 4,
-            token: token(3)
-        }
-    );
+    assert_eq!(out[0], Command::Own { shard: 4, epoch: 3 });
     let job = plan_of(&out, 4).job;
     let out = m.revoke(t(1), 4);
     assert!(!out.contains(&Command::Disown { shard: 4 }), "{out:?}");
@@ -1794,107 +1753,4 @@ fn rule_a_wait_that_ended_without_a_report_claims_its_shards_own_pending_entries
     for shard in [0, 1] {
         assert_eq!(plan_of(&out, shard).read_mode, ReadMode::claim_own());
     }
-}
-
-/// Shard 1 delivered to, shard 0 idle: the wait `wait` went on as shard 1's job.
-fn handed_on_to_one(
-    m: &mut Machine,
-    wait: JobId,
-    also: Vec<(u32, Vec<crate::consumer::entry::Entry>)>,
-) -> (JobId, Vec<Command>) {
-    let mut new_entries = vec![1];
-    new_entries.extend(also.iter().map(|(s, _)| *s));
-    let report = WaitReport {
-        new_entries,
-        delivered: also,
-        ..WaitReport::default()
-    };
-    let (job, out) = m.wait_handed_on(t(1), wait, report, 1);
-    (job.expect("the wait goes on as shard 1's job"), out)
-}
-
-#[test]
-fn rule_a_wait_goes_on_as_its_delivered_shards_job_on_its_own_worker() {
-    let (mut m, wait) = waiting_on_two();
-    let delivered = vec![entry("5-0")];
-    let (job, out) = handed_on_to_one(&mut m, wait, vec![(0, delivered.clone())]);
-    assert!(
-        plans(&out).iter().all(|p| p.shard != 1),
-        "shard 1 runs once, in the wait's task: {out:?}"
-    );
-    let other = plan_of(&out, 0);
-    assert_eq!(other.kind, JobKind::Delivered, "the other delivery");
-    assert_eq!(other.deferred, delivered);
-    assert!(!out.contains(&Command::Stop { job }), "{out:?}");
-    assert_eq!(m.running(), 2, "the wait's worker is the job's");
-    // The job ends short of a batch: shard 1 is idle again, watched with shard 0 once its job ends.
-    let out = m.job_ended(t(2), job, Some(read(0)));
-    assert!(plans(&out).is_empty(), "{out:?}");
-    let out = m.job_ended(t(2), other.job, Some(read(0)));
-    let mut waited = started_wait(&out).1;
-    waited.sort_unstable();
-    assert_eq!(waited, vec![0, 1]);
-}
-
-#[test]
-fn rule_a_wait_goes_on_only_as_the_job_of_a_shard_it_waits_on() {
-    let (mut m, wait) = waiting_on_two();
-    let (job, out) = m.wait_handed_on(t(1), wait, WaitReport::default(), 7);
-    assert_eq!(job, None, "shard 7 is not waited on: the wait just ends");
-    let (next, mut waited) = started_wait(&out);
-    waited.sort_unstable();
-    assert_eq!(waited, vec![0, 1], "the next wait, over both");
-    assert_eq!(m.running(), 1, "the next wait only: {out:?}");
-    let (job, _) = m.wait_handed_on(t(1), wait, WaitReport::default(), 1);
-    assert_eq!(job, None, "the wait ended already");
-    assert_eq!(m.running(), 1);
-    assert!(next != wait);
-}
-
-#[test]
-fn rule_a_shard_revoked_while_its_wait_ran_stops_the_job_the_wait_went_on_as_and_is_revoked_after_it(
-) {
-    let (mut m, wait) = waiting_on_two();
-    let out = m.revoke(t(1), 1);
-    assert!(out.contains(&Command::InterruptWait { job: wait }));
-    assert!(!reports(&out).contains(&Report::Revoked { shard: 1 }));
-    // The wait's reply came before the interrupt: its task handles shard 1's delivery already.
-    let (job, out) = handed_on_to_one(&mut m, wait, Vec::new());
-    assert!(out.contains(&Command::Stop { job }), "{out:?}");
-    assert!(
-        !reports(&out).contains(&Report::Revoked { shard: 1 }),
-        "REVOKED while the job handles: {out:?}"
-    );
-    let out = m.job_ended(t(2), job, Some(read(1)));
-    assert!(
-        reports(&out).contains(&Report::Revoked { shard: 1 }),
-        "{out:?}"
-    );
-    assert!(out.contains(&Command::Disown { shard: 1 }), "{out:?}");
-}
-
-#[test]
-fn rule_shutdown_while_the_wait_ran_stops_the_job_it_went_on_as_and_stops_after_it() {
-    let (mut m, wait) = waiting_on_two();
-    let out = m.shutdown(t(1));
-    assert!(out.contains(&Command::InterruptWait { job: wait }));
-    let (job, out) = handed_on_to_one(&mut m, wait, Vec::new());
-    assert!(out.contains(&Command::Stop { job }), "{out:?}");
-    assert!(!out.contains(&Command::Stopped), "{out:?}");
-    let out = m.job_ended(t(2), job, Some(read(1)));
-    assert!(out.contains(&Command::Stopped), "{out:?}");
-}
-
-#[test]
-fn rule_a_fence_while_the_wait_ran_keeps_the_shard_index_busy_until_the_job_it_went_on_as_ends() {
-    let (mut m, wait) = waiting_on_two();
-    let out = m.fence(t(1));
-    assert!(out.contains(&Command::AbortAll));
-    let (job, out) = handed_on_to_one(&mut m, wait, Vec::new());
-    assert!(out.contains(&Command::Stop { job }), "{out:?}");
-    // Granted again: the new ownership waits for the old ownership's job.
-    let out = m.assign(t(2), 1, token(9));
-    assert!(plans(&out).is_empty(), "{out:?}");
-    let out = m.job_ended(t(3), job, None);
-    assert_eq!(plan_of(&out, 1).token, token(9));
 }
