@@ -2482,6 +2482,115 @@ async fn a_read_whose_reply_is_lost(fault: LostReply) {
     running.stop().await;
 }
 
+/// Single node only: the fault is injected by a proxy in front of one server.
+///
+/// The idle wait is a future the driver polls; a fence drops it, reply unread. Fault: the wait's group
+/// read delivered entries in Redis (pending for this member) and the fence comes while its reply is still
+/// on the wire. The next ownership of the shard (the member's rejoin) claims them back before reading
+/// anything new: each is handled once, in order, and nothing stays pending; the late reply is never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_while_the_waits_reply_is_on_the_wire_leaves_its_entries_to_the_next_ownership() {
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "fenced-wait", 0..1).await;
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    // (n, delivery count) of every entry handled, in order.
+    let order = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
+    let seen = order.clone();
+    let handler = BoxedHandler::json(move |msg: Message<Order>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock()
+                .unwrap()
+                .push((msg.payload.n, msg.delivery_count));
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let mut cfg = config("fenced-wait", "m0");
+    cfg.block_ms = 2_000;
+    let running = Running::start(&proxy.url(), cfg, handler).await;
+    running.assign([0]).await;
+    let handled = |n: usize| {
+        let order = order.clone();
+        move || {
+            let order = order.clone();
+            async move { order.lock().unwrap().len() >= n }
+        }
+    };
+    produce(&mut conn, "fenced-wait", 0, 0, 1).await;
+    wait_until_async(
+        "the first entry handled",
+        Duration::from_secs(10),
+        handled(1),
+    )
+    .await;
+    // Idle in its wait, already sent: the fault is for the next wait's read.
+    wait_for_blocked_client(&mut conn).await;
+    proxy.delay_reply_after("XREADGROUP", Duration::from_secs(4));
+    produce(&mut conn, "fenced-wait", 0, 1, 1).await;
+    wait_until_async(
+        "the second entry handled",
+        Duration::from_secs(10),
+        handled(2),
+    )
+    .await;
+    wait_until_async(
+        "the next wait's read reached Redis",
+        Duration::from_secs(10),
+        || async { proxy.fired() == 1 },
+    )
+    .await;
+    let fired_at = Instant::now();
+    wait_for_blocked_client(&mut conn).await;
+    // Delivered to the blocked read at once, pending for m0; the reply is held on the wire.
+    produce(&mut conn, "fenced-wait", 0, 2, 5).await;
+    wait_until_async(
+        "delivered to the held read",
+        Duration::from_secs(10),
+        || {
+            let mut conn = conn.clone();
+            async move { xpending_count(&mut conn, "fenced-wait:0", GROUP).await >= 1 }
+        },
+    )
+    .await;
+    // The read was answered by the first write, with what the stream had then.
+    let held = xpending_count(&mut conn, "fenced-wait:0", GROUP).await as usize;
+    running.commands.send(ShardCommand::Fence).unwrap();
+    // The rejoin: a new ownership of the shard, at a newer token.
+    running.assign([0]).await;
+    produce(&mut conn, "fenced-wait", 0, 7, 3).await;
+    wait_until_async(
+        "every entry handled, the held ones too",
+        Duration::from_secs(20),
+        handled(10),
+    )
+    .await;
+    wait_until_async("nothing pending", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xpending_count(&mut conn, "fenced-wait:0", GROUP).await == 0 }
+    })
+    .await;
+    // Watched until the held reply is due: had anything read it, its entries would be handled again.
+    while Instant::now() < fired_at + Duration::from_millis(4_500) {
+        assert_eq!(order.lock().unwrap().len(), 10, "handled again: {order:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let order = order.lock().unwrap().clone();
+    let ns: Vec<u64> = order.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        ns,
+        (0..10).collect::<Vec<u64>>(),
+        "entries handled out of order (or twice) after the fence dropped the wait"
+    );
+    assert!(
+        order[2..2 + held]
+            .iter()
+            .all(|(_, deliveries)| *deliveries == 2),
+        "the {held} held entries were claimed back by the new ownership: {order:?}"
+    );
+    running.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_connection_resets_after_redis_ran_it_strands_nothing() {
     a_read_whose_reply_is_lost(LostReply::Reset).await;
