@@ -4,8 +4,9 @@
 //! one `XACK` per batch), on a redis-server this benchmark starts itself.
 //!
 //! `cargo bench -p stream-listener --bench latency` (`SL_BENCH_ROUNDS`, default 3; `SL_BENCH_SCALE`
-//! multiplies each phase's length, default 1; for a profile of one side and phase, `SL_BENCH_SIDE` 0 or 1
-//! runs only the hand-written side or the library, `SL_BENCH_PHASE` 0-3 only that phase).
+//! multiplies each phase's length, default 1; `SL_BENCH_WORKERS`, the library's workers, default 4; for
+//! a profile of one side and phase, `SL_BENCH_SIDE` 0 or 1 runs only the hand-written side or the
+//! library, `SL_BENCH_PHASE` 0-3 only that phase).
 //!
 //! Phases, at a steady rate each: idle (1 entry / 200 ms), 1,000/s, 10,000/s and 50 % of the hand-written
 //! consumer's maximum (measured first, draining a backlog). Per round, each side runs every phase on
@@ -35,7 +36,13 @@ use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 
 const SHARDS: u32 = 16;
-const WORKERS: usize = 4;
+/// The library's workers (`runtime_max_concurrency`), 4 unless `SL_BENCH_WORKERS` says otherwise.
+fn workers() -> usize {
+    std::env::var("SL_BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+}
 const GROUP: &str = "g";
 
 fn wall_ns() -> u64 {
@@ -235,7 +242,7 @@ async fn start_consumer(
     tokio::task::JoinHandle<()>,
 ) {
     let mut config = ConsumerConfig::new(prefix, GROUP, "m");
-    config.runtime_max_concurrency = WORKERS;
+    config.runtime_max_concurrency = workers();
     let handler = BoxedHandler::raw(move |msg: RawMessage| {
         recorder.record(&msg.payload);
         std::future::ready(Ok::<(), std::convert::Infallible>(()))
@@ -383,9 +390,10 @@ fn main() {
             baseline_max(&url, &mut conn).await
         };
         println!(
-            "redis {:?}; {SHARDS} shards; library: 1 member, {WORKERS} workers, default config; \
+            "redis {:?}; {SHARDS} shards; library: 1 member, {} workers, default config; \
              hand-written: {SHARDS} tasks, BLOCK 100; its maximum {max}/s; {rounds} rounds",
-            server.version()
+            server.version(),
+            workers(),
         );
         let length = |s: f64| Duration::from_secs_f64(s * scale);
         let phases = [
