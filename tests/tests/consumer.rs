@@ -2384,6 +2384,59 @@ async fn an_assignment_of_a_lost_membership_handled_after_the_rejoin_reads_nothi
     running.task.abort();
 }
 
+/// Shard 0 of `prefix` on a single node behind the fault proxy, consumed through the proxy by `m0` (its
+/// idle wait blocking 2 s), whose handler records the (n, delivery count) of every entry, in order.
+struct BehindProxy {
+    _redis: RedisServer,
+    conn: redis::aio::MultiplexedConnection,
+    proxy: stream_listener_test_support::proxy::FaultProxy,
+    order: Arc<Mutex<Vec<(u64, u32)>>>,
+    running: Running,
+}
+
+impl BehindProxy {
+    async fn start(prefix: &str, response_timeout: Option<Duration>) -> Self {
+        let redis = RedisServer::start();
+        let mut conn = connect_multiplexed(&redis.url()).await;
+        create_groups(&mut conn, prefix, 0..1).await;
+        let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+        let order = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
+        let seen = order.clone();
+        let handler = BoxedHandler::json(move |msg: Message<Order>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .push((msg.payload.n, msg.delivery_count));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let mut cfg = config(prefix, "m0");
+        if let Some(timeout) = response_timeout {
+            cfg.response_timeout = timeout;
+        }
+        // The wait blocks long enough for the entries to reach it.
+        cfg.block_ms = 2_000;
+        let running = Running::start(&proxy.url(), cfg, handler).await;
+        running.assign([0]).await;
+        Self {
+            _redis: redis,
+            conn,
+            proxy,
+            order,
+            running,
+        }
+    }
+
+    /// Waits until `n` entries were handled.
+    async fn handled(&self, what: &str, n: usize) {
+        wait_until_async(what, Duration::from_secs(20), || async {
+            self.order.lock().unwrap().len() >= n
+        })
+        .await;
+    }
+}
+
 /// How a group read's reply goes missing in [`a_read_whose_reply_is_lost`].
 #[derive(Debug, Clone, Copy)]
 enum LostReply {
@@ -2401,42 +2454,10 @@ enum LostReply {
 /// stays pending while the member runs. The read here is the idle wait's: a group read blocked in Redis
 /// when the entries arrive, whose reply (the entries) is then lost.
 async fn a_read_whose_reply_is_lost(fault: LostReply) {
-    let redis = RedisServer::start();
-    let mut conn = connect_multiplexed(&redis.url()).await;
-    create_groups(&mut conn, "lost", 0..1).await;
-    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
-    // (n, delivery count) of every entry handled, in order.
-    let order = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
-    let seen = order.clone();
-    let handler = BoxedHandler::json(move |msg: Message<Order>| {
-        let seen = seen.clone();
-        async move {
-            seen.lock()
-                .unwrap()
-                .push((msg.payload.n, msg.delivery_count));
-            Ok::<(), HandlerError>(())
-        }
-    });
-    let mut cfg = config("lost", "m0");
-    cfg.response_timeout = Duration::from_millis(500);
-    // The wait blocks long enough for the entries to reach it; its reply is due within 2.5 s.
-    cfg.block_ms = 2_000;
-    let running = Running::start(&proxy.url(), cfg, handler).await;
-    running.assign([0]).await;
+    let test = BehindProxy::start("lost", Some(Duration::from_millis(500))).await;
+    let (proxy, mut conn) = (&test.proxy, test.conn.clone());
     produce(&mut conn, "lost", 0, 0, 1).await;
-    let handled = |n: usize| {
-        let order = order.clone();
-        move || {
-            let order = order.clone();
-            async move { order.lock().unwrap().len() >= n }
-        }
-    };
-    wait_until_async(
-        "the first entry handled",
-        Duration::from_secs(10),
-        handled(1),
-    )
-    .await;
+    test.handled("the first entry handled", 1).await;
     // Idle in its wait, already sent: the fault is for the next group read, the next wait's.
     wait_for_blocked_client(&mut conn).await;
     match fault {
@@ -2444,7 +2465,7 @@ async fn a_read_whose_reply_is_lost(fault: LostReply) {
         LostReply::Timeout => proxy.delay_reply_after("XREADGROUP", Duration::from_secs(4)),
     }
     produce(&mut conn, "lost", 0, 1, 5).await;
-    wait_until_async("five more handled", Duration::from_secs(10), handled(6)).await;
+    test.handled("five more handled", 6).await;
     wait_until_async(
         "the next wait's read reached Redis",
         Duration::from_secs(10),
@@ -2455,18 +2476,14 @@ async fn a_read_whose_reply_is_lost(fault: LostReply) {
     // Delivered to the blocked read at once; its reply is lost (or comes after the timeout).
     produce(&mut conn, "lost", 0, 6, 5).await;
     produce(&mut conn, "lost", 0, 11, 5).await;
-    wait_until_async(
-        "every entry handled, the stranded ones too",
-        Duration::from_secs(20),
-        handled(16),
-    )
-    .await;
+    test.handled("every entry handled, the stranded ones too", 16)
+        .await;
     wait_until_async("nothing pending", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xpending_count(&mut conn, "lost:0", GROUP).await == 0 }
     })
     .await;
-    let order = order.lock().unwrap().clone();
+    let order = test.order.lock().unwrap().clone();
     let ns: Vec<u64> = order.iter().map(|(n, _)| *n).collect();
     assert_eq!(
         ns,
@@ -2479,7 +2496,7 @@ async fn a_read_whose_reply_is_lost(fault: LostReply) {
         order.iter().any(|(_, deliveries)| *deliveries >= 2),
         "the lost read delivered nothing: {order:?}"
     );
-    running.stop().await;
+    test.running.stop().await;
 }
 
 /// Single node only: the fault is injected by a proxy in front of one server.
@@ -2490,50 +2507,15 @@ async fn a_read_whose_reply_is_lost(fault: LostReply) {
 /// anything new: each is handled once, in order, and nothing stays pending; the late reply is never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_while_the_waits_reply_is_on_the_wire_leaves_its_entries_to_the_next_ownership() {
-    let redis = RedisServer::start();
-    let mut conn = connect_multiplexed(&redis.url()).await;
-    create_groups(&mut conn, "fenced-wait", 0..1).await;
-    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
-    // (n, delivery count) of every entry handled, in order.
-    let order = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
-    let seen = order.clone();
-    let handler = BoxedHandler::json(move |msg: Message<Order>| {
-        let seen = seen.clone();
-        async move {
-            seen.lock()
-                .unwrap()
-                .push((msg.payload.n, msg.delivery_count));
-            Ok::<(), HandlerError>(())
-        }
-    });
-    let mut cfg = config("fenced-wait", "m0");
-    cfg.block_ms = 2_000;
-    let running = Running::start(&proxy.url(), cfg, handler).await;
-    running.assign([0]).await;
-    let handled = |n: usize| {
-        let order = order.clone();
-        move || {
-            let order = order.clone();
-            async move { order.lock().unwrap().len() >= n }
-        }
-    };
+    let test = BehindProxy::start("fenced-wait", None).await;
+    let (proxy, mut conn) = (&test.proxy, test.conn.clone());
     produce(&mut conn, "fenced-wait", 0, 0, 1).await;
-    wait_until_async(
-        "the first entry handled",
-        Duration::from_secs(10),
-        handled(1),
-    )
-    .await;
+    test.handled("the first entry handled", 1).await;
     // Idle in its wait, already sent: the fault is for the next wait's read.
     wait_for_blocked_client(&mut conn).await;
     proxy.delay_reply_after("XREADGROUP", Duration::from_secs(4));
     produce(&mut conn, "fenced-wait", 0, 1, 1).await;
-    wait_until_async(
-        "the second entry handled",
-        Duration::from_secs(10),
-        handled(2),
-    )
-    .await;
+    test.handled("the second entry handled", 2).await;
     wait_until_async(
         "the next wait's read reached Redis",
         Duration::from_secs(10),
@@ -2555,16 +2537,12 @@ async fn a_fence_while_the_waits_reply_is_on_the_wire_leaves_its_entries_to_the_
     .await;
     // The read was answered by the first write, with what the stream had then.
     let held = xpending_count(&mut conn, "fenced-wait:0", GROUP).await as usize;
-    running.commands.send(ShardCommand::Fence).unwrap();
+    test.running.commands.send(ShardCommand::Fence).unwrap();
     // The rejoin: a new ownership of the shard, at a newer token.
-    running.assign([0]).await;
+    test.running.assign([0]).await;
     produce(&mut conn, "fenced-wait", 0, 7, 3).await;
-    wait_until_async(
-        "every entry handled, the held ones too",
-        Duration::from_secs(20),
-        handled(10),
-    )
-    .await;
+    test.handled("every entry handled, the held ones too", 10)
+        .await;
     wait_until_async("nothing pending", Duration::from_secs(10), || {
         let mut conn = conn.clone();
         async move { xpending_count(&mut conn, "fenced-wait:0", GROUP).await == 0 }
@@ -2572,10 +2550,11 @@ async fn a_fence_while_the_waits_reply_is_on_the_wire_leaves_its_entries_to_the_
     .await;
     // Watched until the held reply is due: had anything read it, its entries would be handled again.
     while Instant::now() < fired_at + Duration::from_millis(4_500) {
-        assert_eq!(order.lock().unwrap().len(), 10, "handled again: {order:?}");
+        let order = test.order.lock().unwrap().clone();
+        assert_eq!(order.len(), 10, "handled again: {order:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let order = order.lock().unwrap().clone();
+    let order = test.order.lock().unwrap().clone();
     let ns: Vec<u64> = order.iter().map(|(n, _)| *n).collect();
     assert_eq!(
         ns,
@@ -2588,7 +2567,7 @@ async fn a_fence_while_the_waits_reply_is_on_the_wire_leaves_its_entries_to_the_
             .all(|(_, deliveries)| *deliveries == 2),
         "the {held} held entries were claimed back by the new ownership: {order:?}"
     );
-    running.stop().await;
+    test.running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
