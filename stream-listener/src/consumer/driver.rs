@@ -456,6 +456,7 @@ impl Driver {
             reclaim: plan.reclaim,
             recreate_group: plan.recreate_group,
             max_turns: plan.max_turns,
+            paused: self.pause_rx.clone(),
             handler: self.handler.clone(),
             retention: self.retention.clone(),
             order: self.order.clone(),

@@ -12,7 +12,7 @@ use super::entry::Entry;
 use super::fence::{self, is_missing_group};
 use super::job_spec::JobSpec;
 use super::order::GateMemo;
-use super::scheduler::{JobReport, ReadMode};
+use super::scheduler::{JobReport, ReadMode, YIELD_AFTER};
 use super::shard_io::{CarriedAcks, Letter, ShardIo};
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
@@ -33,6 +33,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
     // Acks of the previous batch, to go out in one pipeline with the next read.
     let mut carried: Option<CarriedAcks> = None;
     let mut turns = 0;
+    let started = tokio::time::Instant::now();
     let mut memo = GateMemo::default();
     if spec.recreate_group {
         match io
@@ -194,14 +195,16 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
 
         // Keep the shard while it is busy and the scheduler did not ask for it back (another shard waits
         // for a worker, or the listener paused): saves the hand-back and lets the acks ride along with the
-        // next read.
+        // next read. Asked back for another shard, a busy job still runs for `YIELD_AFTER`.
+        let asked_back = spec.signals.yield_now.load(Ordering::Acquire)
+            && (*spec.paused.borrow() || started.elapsed() >= YIELD_AFTER);
         let keep = !stopped
             && defer.is_none()
             && letters.is_empty()
             && next_read_mode == ReadMode::Live
             && entries.len() >= full
             && turns < spec.max_turns
-            && !spec.signals.yield_now.load(Ordering::Acquire)
+            && !asked_back
             && spec.ownership.is_active();
         spec.read_mode = next_read_mode;
         if keep {

@@ -51,6 +51,9 @@ pub(crate) struct JobSpec {
     pub(crate) recreate_group: bool,
     /// At most this many batches before handing the shard back.
     pub(crate) max_turns: u32,
+    /// Whether the listener is paused: a job told to yield then hands its shard back after this batch,
+    /// without its [`YIELD_AFTER`](super::scheduler::YIELD_AFTER).
+    pub(crate) paused: tokio::sync::watch::Receiver<bool>,
     /// The user's handler.
     pub(crate) handler: BoxedHandler,
     /// Each shard's retention runs (see the `retention` module).
