@@ -88,7 +88,7 @@ pub(crate) struct Driver {
     owned: HashMap<u32, Owned>,
     /// The idle wait, if one runs.
     wait: Option<RunningWait>,
-    /// A wait dropped by `AbortAll`, to be reported as aborted.
+    /// A wait dropped by `AbortAll`, or that panicked, to be reported as aborted.
     aborted_wait: Option<JobId>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<super::wait_spec::WaitConnection>,
@@ -208,8 +208,7 @@ impl Driver {
                             Ok(end) => self.on_wait_end(wait.job, end, &mut jobs),
                             Err(panic) => {
                                 tracing::error!(%panic, "the idle wait panicked");
-                                let out = self.machine.job_ended(self.now(), wait.job, None);
-                                self.execute(out, &mut jobs);
+                                self.aborted_wait = Some(wait.job);
                             }
                         }
                     }

@@ -12,7 +12,7 @@ use super::entry::Entry;
 use super::fence::{self, is_missing_group};
 use super::job_spec::JobSpec;
 use super::order::GateMemo;
-use super::scheduler::{JobReport, ReadMode, YIELD_AFTER};
+use super::scheduler::{hands_back, JobReport, ReadMode};
 use super::shard_io::{CarriedAcks, Letter, ShardIo};
 
 pub(crate) async fn run(io: Arc<ShardIo>, spec: JobSpec) -> JobReport {
@@ -196,8 +196,11 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         // Keep the shard while it is busy and the scheduler did not ask for it back (another shard waits
         // for a worker, or the listener paused): saves the hand-back and lets the acks ride along with the
         // next read. Asked back for another shard, a busy job still runs for `YIELD_AFTER`.
-        let asked_back = spec.signals.yield_now.load(Ordering::Acquire)
-            && (*spec.paused.borrow() || started.elapsed() >= YIELD_AFTER);
+        let asked_back = hands_back(
+            spec.signals.yield_now.load(Ordering::Acquire),
+            *spec.paused.borrow(),
+            started.elapsed(),
+        );
         let keep = !stopped
             && defer.is_none()
             && letters.is_empty()

@@ -19,7 +19,7 @@
 //! * owned shards take turns in one round-robin queue: a shard goes to the back after its job; a job keeps
 //!   its shard for more batches (up to [`MAX_TURNS`]) only while no other shard waits for a worker and the
 //!   listener is not paused, else it is told to [`Yield`](Command::Yield) (for a waiting shard, a busy
-//!   job yields once it has run for [`YIELD_AFTER`]);
+//!   job yields once it has run for [`YIELD_AFTER`], [`hands_back`]);
 //! * no job starts once the ownership deadline has passed, nor while paused or shutting down (the job
 //!   checks the deadline again at every command: this is the scheduler's half of that rule);
 //! * what a job's end means is [`end_of`]: an error backs off (50 ms doubling to 5 s), then claims our own
@@ -75,6 +75,12 @@ pub(crate) const MAX_TURNS: u32 = 64;
 /// against 78-166 ms handing over after every batch); a slow handler's batch outlasts it and hands over
 /// after each batch, as before.
 pub(crate) const YIELD_AFTER: Duration = Duration::from_millis(5);
+
+/// Whether a job hands its busy shard back after the batch it just handled: it was asked to
+/// ([`Command::Yield`]), and either the listener is paused (at once) or it has run for [`YIELD_AFTER`].
+pub(crate) fn hands_back(asked: bool, paused: bool, ran: Duration) -> bool {
+    asked && (paused || ran >= YIELD_AFTER)
+}
 
 /// How soon the driver looks at the deadline again while the scheduler waits for a renewed lease (the
 /// heartbeat loop moves the deadline without a word).

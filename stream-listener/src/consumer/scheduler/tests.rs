@@ -1754,3 +1754,18 @@ fn rule_a_wait_that_ended_without_a_report_claims_its_shards_own_pending_entries
         assert_eq!(plan_of(&out, shard).read_mode, ReadMode::claim_own());
     }
 }
+
+#[test]
+fn rule_a_busy_job_asked_back_goes_on_for_yield_after_unless_paused() {
+    let short = YIELD_AFTER - Duration::from_millis(1);
+    assert!(
+        !hands_back(false, false, YIELD_AFTER * 10),
+        "not asked: keeps its shard"
+    );
+    assert!(
+        !hands_back(true, false, short),
+        "asked for another shard: goes on a while"
+    );
+    assert!(hands_back(true, false, YIELD_AFTER), "then hands it back");
+    assert!(hands_back(true, true, Duration::ZERO), "paused: at once");
+}
