@@ -6,7 +6,8 @@
 //! - `spread`: 64 shards over 16 members (4 shards each), 6,250 entries per shard.
 //!
 //! `cargo bench -p stream-listener --bench throughput` (`SL_BENCH_ROUNDS`, default 5; `SL_BENCH_ENTRIES`
-//! scales the entries; `SL_BENCH_SCENARIOS=raw,json,spread` picks scenarios).
+//! scales the entries; `SL_BENCH_SCENARIOS=raw,json,spread` picks scenarios; `SL_BENCH_BUSY=n` runs it on
+//! a busy machine: n other processes spin on the machine's cores throughout).
 //!
 //! Both sides drain the same streams through two different consumer groups, one run after the other (which
 //! goes first alternates per round), each member with one multiplexed connection for its non-blocking reads
@@ -27,7 +28,7 @@ use serde::Deserialize;
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, Message, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
-use stream_listener_test_support::cpu::process_cpu;
+use stream_listener_test_support::cpu::{process_cpu, BusyLoad};
 use stream_listener_test_support::RedisServer;
 use tokio::sync::{mpsc, Notify};
 
@@ -313,6 +314,8 @@ fn main() {
         .build()
         .expect("runtime");
     let server = RedisServer::start();
+    let busy = env("SL_BENCH_BUSY", 0);
+    let _load = BusyLoad::start(busy);
     runtime.block_on(async {
         let client = redis::Client::open(server.url()).expect("client");
         let mut conn = client
@@ -323,7 +326,10 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
-        println!("redis {:?}; batch {BATCH}; {rounds} rounds per scenario", server.version());
+        println!(
+            "redis {:?}; batch {BATCH}; {rounds} rounds per scenario; {busy} other processes spinning",
+            server.version()
+        );
         let mut summary = Vec::new();
         for scenario in scenarios {
             let expected = scenario.per_shard * u64::from(scenario.shards);

@@ -35,6 +35,42 @@ fn schedstat_sum(field: usize) -> u64 {
     sum
 }
 
+/// Other work on the machine, for a benchmark on a busy machine: processes that spin (`sh` in an endless
+/// loop) until this is dropped. They are processes of their own, so their CPU time is not this
+/// process's ([`process_cpu`]).
+#[derive(Debug)]
+pub struct BusyLoad(Vec<std::process::Child>);
+
+impl BusyLoad {
+    /// Starts `spinners` spinning processes (none for 0).
+    pub fn start(spinners: u64) -> Self {
+        Self(
+            (0..spinners)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("start a spinning sh")
+                })
+                .collect(),
+        )
+    }
+
+    /// The spinning processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(std::process::Child::id).collect()
+    }
+}
+
+impl Drop for BusyLoad {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +100,28 @@ mod tests {
                 assert!(process_slices() >= before + 20, "slices not counted");
             });
         });
+    }
+
+    #[test]
+    fn busy_load_spins_in_other_processes_until_dropped() {
+        let load = BusyLoad::start(1);
+        let pid = load.pids()[0];
+        let cpu_of = |pid: u32| -> Option<u64> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // utime and stime, in clock ticks: fields 14 and 15, after the parenthesised name.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(fields[11].parse::<u64>().ok()? + fields[12].parse::<u64>().ok()?)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while cpu_of(pid).unwrap_or(0) < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the spinner used no CPU"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(load);
+        // Killed and reaped: the process is gone.
+        assert!(cpu_of(pid).is_none(), "the spinner outlived its BusyLoad");
     }
 }
