@@ -300,6 +300,23 @@ fn recording_handler(log: &Log) -> BoxedHandler {
     })
 }
 
+/// What a handler saw, in order: each entry's `n` and its delivery count.
+type Seen = Arc<Mutex<Vec<(u64, u32)>>>;
+
+/// A handler that records into `seen` what it handles, in order (see [`Seen`]).
+fn order_recording_handler(seen: &Seen) -> BoxedHandler {
+    let seen = seen.clone();
+    BoxedHandler::json(move |msg: Message<Order>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock()
+                .unwrap()
+                .push((msg.payload.n, msg.delivery_count));
+            Ok::<(), HandlerError>(())
+        }
+    })
+}
+
 async fn every_entry_is_handled_and_acked(target: Target) {
     let (redis, mut conn) = redis_with_groups(target, "orders", 0..4).await;
     redis.assert_spread("orders", 4);
@@ -1154,17 +1171,8 @@ async fn long_pending_list_is_claimed_to_its_end_before_new_entries(target: Targ
         .await
         .unwrap();
     produce(&mut conn, "claim", 0, 450, 50).await;
-    let seen: Arc<Mutex<Vec<(u64, u32)>>> = Arc::default();
-    let sink = seen.clone();
-    let handler = BoxedHandler::json(move |msg: Message<Order>| {
-        let sink = sink.clone();
-        async move {
-            sink.lock()
-                .unwrap()
-                .push((msg.payload.n, msg.delivery_count));
-            Ok::<(), String>(())
-        }
-    });
+    let seen = Seen::default();
+    let handler = order_recording_handler(&seen);
     let mut cfg = config("claim", "m0");
     cfg.batch_size = 40;
     let running = Running::start(redis.url(), cfg, handler).await;
@@ -2396,7 +2404,7 @@ struct BehindProxy {
     _redis: RedisServer,
     conn: redis::aio::MultiplexedConnection,
     proxy: stream_listener_test_support::proxy::FaultProxy,
-    order: Arc<Mutex<Vec<(u64, u32)>>>,
+    order: Seen,
     running: Running,
 }
 
@@ -2406,17 +2414,8 @@ impl BehindProxy {
         let mut conn = connect_multiplexed(&redis.url()).await;
         create_groups(&mut conn, prefix, 0..1).await;
         let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
-        let order = Arc::new(Mutex::new(Vec::<(u64, u32)>::new()));
-        let seen = order.clone();
-        let handler = BoxedHandler::json(move |msg: Message<Order>| {
-            let seen = seen.clone();
-            async move {
-                seen.lock()
-                    .unwrap()
-                    .push((msg.payload.n, msg.delivery_count));
-                Ok::<(), HandlerError>(())
-            }
-        });
+        let order = Seen::default();
+        let handler = order_recording_handler(&order);
         let mut cfg = config(prefix, "m0");
         if let Some(timeout) = response_timeout {
             cfg.response_timeout = timeout;
