@@ -17,7 +17,7 @@ use stream_listener::connection::{ConnectOptions, Connection, RedisTarget};
 use stream_listener::consumer::{BoxedHandler, Consumer, ConsumerConfig, RawMessage};
 use stream_listener::member::lifecycle::{FencingToken, ShardCommand};
 use stream_listener::topology::Topology;
-use stream_listener::Producer;
+use stream_listener::{Producer, ProducerConfig};
 use stream_listener_test_support::aio::{xack, xpending_count, xreadgroup};
 use stream_listener_test_support::cpu::process_cpu;
 use stream_listener_test_support::{RedisCluster, RedisServer};
@@ -69,13 +69,26 @@ async fn produce_raw(conn: &Connection, prefix: &str, per_shard: u64) -> Duratio
 
 /// The library's producer: as many concurrent `send_batch` callers as the hand-written loop has shard
 /// tasks, each sending batches of the same size (keyed messages, routed, split per slot), so both sides
-/// keep the same number of pipelines in flight.
-async fn produce_lib(conn: &Connection, prefix: &str, total: u64) -> Duration {
-    let mut c = conn.clone();
-    Topology::ensure(&mut c, prefix, SHARDS)
-        .await
-        .expect("topology");
-    let producer = Arc::new(Producer::new(conn.clone(), prefix).await.expect("producer"));
+/// keep the same number of pipelines in flight. Made as `Producer::connect` makes it (on a cluster, with
+/// a connection per master); with `SL_BENCH_PRODUCER=connection`, as `Producer::new` over the shared
+/// connection (each shard's part through redis-rs's routing).
+async fn produce_lib(
+    target: &RedisTarget,
+    conn: &Connection,
+    prefix: &str,
+    total: u64,
+) -> Duration {
+    let config = ProducerConfig::default();
+    let producer = if std::env::var("SL_BENCH_PRODUCER").as_deref() == Ok("connection") {
+        let mut c = conn.clone();
+        Topology::ensure(&mut c, prefix, SHARDS)
+            .await
+            .expect("topology");
+        Producer::with_config(conn.clone(), prefix, config).await
+    } else {
+        Producer::connect_to(target, prefix, Some(SHARDS), config).await
+    };
+    let producer = Arc::new(producer.expect("producer"));
     let (tasks, batch) = (u64::from(SHARDS), SEND_BATCH / u64::from(SHARDS));
     let started = Instant::now();
     let mut running = Vec::new();
@@ -224,7 +237,7 @@ async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4],
     let produced_raw = produce_raw(&conn, &raw_prefix, per_shard).await;
     let raw_cpu = cpu_us(cpu);
     let cpu = process_cpu();
-    let produced_lib = produce_lib(&conn, &lib_prefix, total).await;
+    let produced_lib = produce_lib(target, &conn, &lib_prefix, total).await;
     let lib_cpu = cpu_us(cpu);
     create_groups(&conn, &lib_prefix).await;
     let (consumed_raw, n) = consume_raw(&conn, &lib_prefix).await;

@@ -25,7 +25,8 @@ pub const MINIMUM_VERSION: (u32, u32) = (6, 2);
 /// producers, the lag exporter, `serve`, the CLI's reads), to give with its keys (`~<stream>:*`,
 /// `~sl:*`) and channels (`&sl:*`): `ACL SETUSER <user> on ><password> ~sl:* ~orders:* &sl:* <these>`.
 /// `MULTI`, `EXEC` and `DISCARD` are for the consumer's dead letters and the cluster producer's batches
-/// (each one transaction, see `producer.rs`); [`check`] refuses a user without them. `WAIT` is for a
+/// through the cluster connection (one transaction per shard, see `producer/cluster.rs`); [`check`]
+/// refuses a user without them. `WAIT` is for a
 /// producer's `min_replicas`. `CONFIG GET` (the
 /// eviction check) and `MEMORY USAGE` (`serve`'s offsets) are optional: without them that check or
 /// number is skipped. The serve conformance tests run a mixed group as such a user.

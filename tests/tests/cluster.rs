@@ -320,7 +320,8 @@ async fn script_flush_on_every_node_mid_run_loses_nothing() {
     .await;
 }
 
-/// Sum over running nodes of a `name:value` (or `name:calls=value`) field of `INFO section`.
+/// Sum over running nodes of a `name:value` (or `name:calls=value`, `name:count=value`) field of
+/// `INFO section`.
 fn info_sum(cluster: &RedisCluster, section: &str, field: &str) -> u64 {
     cluster
         .nodes()
@@ -331,7 +332,9 @@ fn info_sum(cluster: &RedisCluster, section: &str, field: &str) -> u64 {
             info.lines()
                 .find_map(|l| l.strip_prefix(field))
                 .map(|rest| {
-                    let rest = rest.trim_start_matches("calls=");
+                    let rest = rest
+                        .trim_start_matches("calls=")
+                        .trim_start_matches("count=");
                     rest.split([',', '\r'])
                         .next()
                         .unwrap()
@@ -545,29 +548,48 @@ async fn a_grow_then_a_shrink_under_traffic_loses_nothing() {
     check(&seen, sent, per_key);
 }
 
+/// How a test's producer is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Made {
+    /// As `Producer::connect` makes it: a connection per master, one plain pipeline per master.
+    Connect,
+    /// `Producer::new` over a shared connection: a transaction per shard, through redis-rs's routing.
+    OverConnection,
+}
+
+impl Made {
+    async fn producer(self, url: &str, stream: &str, config: ProducerConfig) -> Producer {
+        match self {
+            Made::Connect => Producer::connect_with_config(url, stream, config).await,
+            Made::OverConnection => Producer::with_config(connect(url).await, stream, config).await,
+        }
+        .unwrap()
+    }
+}
+
 /// Batches of `per_batch` messages (at most `BATCH_KEYS`), each of another key, the keys taken in turn
 /// over every shard, sent with `send_batch_bytes` (a failed batch is sent again, whole, for up to 20 s)
 /// while `disrupt` runs. Then every shard stream is
 /// read back (XRANGE): every receipt names an entry holding its message, every message was written,
 /// and a batch's receipts of one shard have increasing ids in input order. With `strict`, an entry no
 /// receipt names must also belong to a batch that failed at least once (a failed batch may have been
-/// written in part: resending is at-least-once); otherwise such entries are only counted.
+/// written in part: resending is at-least-once); otherwise such entries are only counted. Returns how
+/// many batches failed at least once.
 async fn batches_through(
     cluster: &mut RedisCluster,
     stream: &'static str,
+    made: Made,
     strict: bool,
     per_batch: u32,
     config: ProducerConfig,
     disrupt: impl FnOnce(&mut RedisCluster),
-) {
+) -> usize {
     const BATCH_KEYS: u32 = 64;
     assert!((1..=BATCH_KEYS).contains(&per_batch));
     let url = cluster.url();
     let mut conn = connect(&url).await;
     Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
-    let producer = Producer::with_config(connect(&url).await, stream, config)
-        .await
-        .unwrap();
+    let producer = made.producer(&url, stream, config).await;
     let topology = producer.topology();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sending = tokio::spawn({
@@ -671,6 +693,7 @@ async fn batches_through(
             "entries holding messages of batches the producer reported once, elsewhere: {unreported:?}"
         );
     }
+    failed.len()
 }
 
 /// Moves the slot of `stream`'s shard 3 to another master.
@@ -690,6 +713,7 @@ async fn a_batch_over_every_shard_through_a_slot_migration_keeps_order_and_loses
     batches_through(
         &mut cluster,
         "batched",
+        Made::OverConnection,
         false,
         64,
         ProducerConfig::default(),
@@ -709,6 +733,7 @@ async fn a_batch_through_a_slot_migration_writes_nothing_twice_unreported() {
     batches_through(
         &mut cluster,
         "batched",
+        Made::OverConnection,
         true,
         64,
         ProducerConfig::default(),
@@ -726,6 +751,7 @@ async fn a_replicated_batch_through_a_slot_migration_writes_nothing_twice_unrepo
     batches_through(
         &mut cluster,
         "waited",
+        Made::OverConnection,
         true,
         64,
         replicated(),
@@ -745,6 +771,7 @@ async fn single_sends_through_a_slot_migration_are_written_once_without_a_transa
     batches_through(
         &mut cluster,
         "single",
+        Made::OverConnection,
         true,
         1,
         ProducerConfig::default(),
@@ -760,6 +787,136 @@ async fn single_sends_through_a_slot_migration_are_written_once_without_a_transa
         execs,
         "a transaction for one message"
     );
+}
+
+/// A producer made with `Producer::connect` sends a batch's XADDs of one master in one plain pipeline
+/// on its own connection, where every reply is final: through a slot migration, the XADDs a master
+/// refused (`MOVED`, `ASK`: the map it routed with was stale) are sent again through the cluster
+/// connection, after those of their shard that were written, and nothing is written twice or out of
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_straight_to_the_masters_through_a_slot_migration_writes_nothing_twice_unreported()
+{
+    let mut cluster = RedisCluster::start();
+    let redirected = |cluster: &RedisCluster| {
+        info_sum(cluster, "errorstats", "errorstat_MOVED:")
+            + info_sum(cluster, "errorstats", "errorstat_ASK:")
+    };
+    let before = redirected(&cluster);
+    let failed = batches_through(
+        &mut cluster,
+        "direct",
+        Made::Connect,
+        true,
+        64,
+        ProducerConfig::default(),
+        migrate_shard_3("direct"),
+    )
+    .await;
+    assert_eq!(failed, 0, "a refused XADD failed its batch");
+    assert!(
+        redirected(&cluster) > before,
+        "no XADD was refused: the migration did not test the resend"
+    );
+}
+
+/// The same with `min_replicas`: each master's pipeline ends with `WAIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_batch_straight_to_the_masters_through_a_slot_migration_writes_nothing_twice_unreported(
+) {
+    let mut cluster = RedisCluster::start();
+    let failed = batches_through(
+        &mut cluster,
+        "direct-waited",
+        Made::Connect,
+        true,
+        64,
+        replicated(),
+        migrate_shard_3("direct-waited"),
+    )
+    .await;
+    assert_eq!(failed, 0, "a refused XADD failed its batch");
+}
+
+/// A master killed under batches sent straight to it: its connection fails, what it may or may not have
+/// run goes again through the cluster connection (at-least-once), which waits for the failover; no
+/// batch fails, and every message is written, in order per shard within each batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_straight_to_the_masters_through_a_masters_failover_loses_nothing() {
+    let mut cluster = RedisCluster::start();
+    let failed = batches_through(
+        &mut cluster,
+        "direct-failed",
+        Made::Connect,
+        false,
+        64,
+        replicated(),
+        |cluster| {
+            let master = cluster.master_of(slot_of(b"direct-failed:3"));
+            cluster.fail_master(master).unwrap();
+            cluster.restart_node(master).unwrap();
+        },
+    )
+    .await;
+    assert_eq!(failed, 0, "a batch failed with its master's connection");
+}
+
+/// `Producer::connect` on a cluster sends a batch's transactions straight to each master, on a
+/// connection of its own named `MASTERS_CLIENT_NAME`; a producer over a shared connection opens none
+/// (the control, first, so that the other's connections cannot be still open). Both send one
+/// transaction per shard of a batch and each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_go_to_each_master_on_the_producers_own_connection() {
+    use stream_listener::producer::MASTERS_CLIENT_NAME;
+    let cluster = RedisCluster::start();
+    let url = cluster.url();
+    let mut conn = connect(&url).await;
+    Topology::ensure(&mut conn, "direct", SHARDS).await.unwrap();
+    let topology = Topology::load(&mut conn, "direct").await.unwrap();
+    let mut masters: Vec<usize> = (0..SHARDS)
+        .map(|s| cluster.master_of(slot_of(topology.stream_key(s).as_bytes())))
+        .collect();
+    masters.sort_unstable();
+    masters.dedup();
+    for made in [Made::OverConnection, Made::Connect] {
+        let producer = made
+            .producer(&url, "direct", ProducerConfig::default())
+            .await;
+        let (xadds, execs) = (
+            info_sum(&cluster, "commandstats", "cmdstat_xadd:"),
+            info_sum(&cluster, "commandstats", "cmdstat_exec:"),
+        );
+        for batch in 0..20 {
+            let messages: Vec<(String, String)> = (0..64)
+                .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
+                .collect();
+            producer.send_batch_bytes(&messages).await.unwrap();
+        }
+        // Counted on each master and again on its replica.
+        assert_eq!(
+            info_sum(&cluster, "commandstats", "cmdstat_xadd:") - xadds,
+            2 * 20 * 64,
+            "{made:?}"
+        );
+        assert_eq!(
+            info_sum(&cluster, "commandstats", "cmdstat_exec:") - execs,
+            2 * 20 * u64::from(SHARDS),
+            "{made:?}"
+        );
+        for &master in &masters {
+            let port = cluster.nodes()[master].port();
+            let clients = cluster.cli(port, &["CLIENT", "LIST"]).unwrap();
+            let named = format!(" name={MASTERS_CLIENT_NAME} ");
+            let ours: Vec<&str> = clients.lines().filter(|l| l.contains(&named)).collect();
+            match made {
+                Made::OverConnection => assert!(ours.is_empty(), "{clients}"),
+                Made::Connect => {
+                    assert_eq!(ours.len(), 1, "one connection per master: {clients}");
+                    assert!(ours[0].contains(" cmd=exec "), "{}", ours[0]);
+                }
+            }
+        }
+    }
 }
 
 /// A shard's part of a batch is one transaction, which the documented ACL must allow: a refused

@@ -24,7 +24,9 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 
+mod masters;
 mod sentinel;
+pub(crate) use masters::{not_run_here, Masters};
 pub use sentinel::{
     SentinelConnection, SentinelTarget, DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
 };

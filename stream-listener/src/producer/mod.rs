@@ -65,13 +65,19 @@
 //!
 //! # Redis Cluster
 //!
-//! On a cluster a batch goes out as one `MULTI`/`EXEC` transaction per shard (each of one slot), all at
-//! once; elsewhere as one pipeline. A transaction because of slot migrations: redis-rs follows an `ASK`
-//! with one `ASKING` and the resent commands, and Redis keeps that flag for a whole transaction but for
-//! one plain command only, so a plain pipeline's first XADD could be written once per turn between the
-//! two nodes, unreported. A shard's transaction is written once, or not at all (an `OOM` while queued
-//! refuses the shard's whole part). A shard's part of one message (every [`send`](Producer::send)) is a
-//! plain `XADD`: one command, which `ASKING` covers.
+//! On a cluster a batch goes out as one `MULTI`/`EXEC` transaction per shard (each of one slot): a
+//! shard's part is written whole or not at all (an `OOM` while queued refuses all of it), so a batch sent
+//! again after a failure never writes a shard's messages out of order, and a slot migration never writes
+//! one twice. A shard's part of one message (every [`send`](Producer::send)) is a plain `XADD`.
+//!
+//! A producer made with [`Producer::connect`] (or its variants, or [`Producer::connect_to`]) keeps a
+//! connection to each master (named [`MASTERS_CLIENT_NAME`] in `CLIENT LIST`) and sends the
+//! transactions of one master in one pipeline on it: a part a master refused because its slot moved
+//! wrote nothing and is sent again through the cluster connection, which follows the move.
+//! [`Producer::new`] over a connection sends each shard's transaction through it, at once. See the
+//! `cluster` module.
+
+mod cluster;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -92,6 +98,9 @@ pub const PAYLOAD_FIELD: &str = crate::names::field::PAYLOAD;
 pub const VERSION_FIELD: &str = crate::names::field::VERSION;
 /// Entry field holding the headers ([`crate::names::field::HEADERS`]).
 pub const HEADERS_FIELD: &str = crate::names::field::HEADERS;
+
+/// The `CLIENT SETNAME` of a producer's connections to a cluster's masters (see the module docs).
+pub const MASTERS_CLIENT_NAME: &str = "stream-listener-producer";
 
 /// Errors from publishing.
 #[derive(thiserror::Error, stream_listener_macros::ReportDebug)]
@@ -247,6 +256,9 @@ pub struct Producer<C = crate::connection::Connection> {
     prefix: Arc<str>,
     config: ProducerConfig,
     cache: Arc<Mutex<Cached>>,
+    /// On a cluster reached through [`connect`](Producer::connect) (or its variants): a connection per
+    /// master, for a batch's parts of one master in one pipeline (see the `cluster` module).
+    masters: Option<Arc<crate::connection::Masters>>,
 }
 
 impl<C> std::fmt::Debug for Producer<C> {
@@ -318,8 +330,8 @@ impl Producer<crate::connection::Connection> {
         stream: &str,
         config: ProducerConfig,
     ) -> Result<Self, ProducerError> {
-        let conn = connect_url(url, &TlsFiles::default()).await?;
-        Self::with_config(conn, stream, config).await
+        let target = checked_target(url, &TlsFiles::default()).await?;
+        Self::connect_to(&target, stream, None, config).await
     }
 
     /// [`connect`](Self::connect) to a `rediss://` or `rediss+cluster://` URL with these TLS files (a CA
@@ -330,7 +342,8 @@ impl Producer<crate::connection::Connection> {
         stream: &str,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        Self::new(connect_url(url, tls).await?, stream).await
+        let target = checked_target(url, tls).await?;
+        Self::connect_to(&target, stream, None, ProducerConfig::default()).await
     }
 
     /// [`connect`](Self::connect), first creating the stream with `shard_count` shards if it has no
@@ -351,16 +364,44 @@ impl Producer<crate::connection::Connection> {
         shard_count: u32,
         tls: &TlsFiles,
     ) -> Result<Self, ProducerError> {
-        let mut conn = connect_url(url, tls).await?;
-        Topology::ensure(&mut conn, stream, shard_count).await?;
-        Self::new(conn, stream).await
+        let target = checked_target(url, tls).await?;
+        Self::connect_to(
+            &target,
+            stream,
+            Some(shard_count),
+            ProducerConfig::default(),
+        )
+        .await
+    }
+
+    /// Connects to `target` (a [`RedisTarget`](crate::connection::RedisTarget) made in code: cluster
+    /// seeds, TLS certificates) and loads the topology of `stream`, first creating it with
+    /// `create` shards if it has none and `create` is given. On a cluster the producer also keeps a
+    /// connection to each master for its batches (see the module docs), which [`Producer::new`] over a
+    /// connection cannot: it has no target to open them from.
+    pub async fn connect_to(
+        target: &crate::connection::RedisTarget,
+        stream: &str,
+        create: Option<u32>,
+        config: ProducerConfig,
+    ) -> Result<Self, ProducerError> {
+        let options = crate::connection::ConnectOptions::default();
+        let mut conn = target.connect(options).await?;
+        if let Some(shard_count) = create {
+            Topology::ensure(&mut conn, stream, shard_count).await?;
+        }
+        let mut producer = Self::with_config(conn, stream, config).await?;
+        producer.masters =
+            crate::connection::Masters::of(target, options, MASTERS_CLIENT_NAME).map(Arc::new);
+        Ok(producer)
     }
 }
 
-async fn connect_url(
+/// The target of `url`, once the checks that would never pass passed.
+async fn checked_target(
     url: &str,
     tls: &TlsFiles,
-) -> Result<crate::connection::Connection, ProducerError> {
+) -> Result<crate::connection::RedisTarget, ProducerError> {
     let target =
         crate::tls::open_target::<ProducerError>(url, "the url of Producer::connect", tls)?;
     // What will never pass fails at once, as the runtime's start does; anything else is left to the
@@ -371,9 +412,7 @@ async fn connect_url(
     {
         return Err(refused.into());
     }
-    Ok(target
-        .connect(crate::connection::ConnectOptions::default())
-        .await?)
+    Ok(target)
 }
 
 impl<C> Producer<C>
@@ -402,6 +441,7 @@ where
                 topology,
                 checked_at: Instant::now(),
             })),
+            masters: None,
         })
     }
 
@@ -697,7 +737,7 @@ where
                 .get_or_insert_with(|| topology.stream_key(shard))
                 .clone();
             let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
-            pipelines.add(shard, &stream).add_command(cmd);
+            pipelines.add(shard, &stream, cmd);
             targets.push((i, shard, stream));
         }
         let (replies, short) = self.send_pipelines(pipelines).await?;
@@ -814,15 +854,14 @@ fn xadd_capacity(
     (args, bytes)
 }
 
-/// The XADDs of one write: one pipeline, or on a cluster one per shard, each of one slot, so that none
-/// is split (each command copied) again by the connection.
+/// The XADDs of one write: one pipeline, or on a cluster one part per shard, each of one slot, so that
+/// none is split (each command copied) again by the connection.
 enum Pipelines {
     One(redis::Pipeline),
-    /// Per shard: the slot of its stream, its pipeline, and its commands' positions in the write.
     PerShard {
         /// Where each shard's part is in `parts`.
         part_of: Vec<Option<usize>>,
-        parts: Vec<(u16, redis::Pipeline, Vec<usize>)>,
+        parts: Vec<cluster::Part>,
         len: usize,
     },
 }
@@ -840,25 +879,29 @@ impl Pipelines {
         }
     }
 
-    /// The pipeline the next XADD, to `stream` of `shard`, goes in.
-    fn add(&mut self, shard: u32, stream: &str) -> &mut redis::Pipeline {
+    /// Adds the next XADD, to `stream` of `shard`.
+    fn add(&mut self, shard: u32, stream: &str, cmd: redis::Cmd) {
         match self {
-            Self::One(pipe) => pipe,
+            Self::One(pipe) => {
+                pipe.add_command(cmd);
+            }
             Self::PerShard {
                 part_of,
                 parts,
                 len,
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
-                    let slot = crate::connection::slot_of(stream.as_bytes());
-                    // Made a transaction when sent, if it has more than one XADD (`exec_replies`).
-                    parts.push((slot, redis::pipe(), Vec::new()));
+                    parts.push(cluster::Part {
+                        slot: crate::connection::slot_of(stream.as_bytes()),
+                        cmds: Vec::new(),
+                        positions: Vec::new(),
+                    });
                     parts.len() - 1
                 });
-                let (_, pipe, positions) = &mut parts[part];
-                positions.push(*len);
+                let part = &mut parts[part];
+                part.cmds.push(cmd);
+                part.positions.push(*len);
                 *len += 1;
-                pipe
             }
         }
     }
@@ -870,9 +913,9 @@ where
 {
     /// Sends a write's pipelines and returns the replies in the order the XADDs were added.
     /// Per-command errors come back in place, so a frozen shard fails only its own messages. On a
-    /// cluster, the parts go out at once; if one fails as a whole (its node unreachable), that is the
-    /// write's error, as when the connection split one pipeline, though the other parts may have been
-    /// written.
+    /// cluster, the parts go out at once (see the `cluster` module); if one fails as a whole (its node
+    /// unreachable), that is the write's error, as when the connection split one pipeline, though the
+    /// other parts may have been written.
     ///
     /// With [`ProducerConfig::min_replicas`], each pipeline ends with `WAIT` (on the connection that
     /// wrote, which is what `WAIT` counts): the second value is the position of the first XADD of a
@@ -901,60 +944,17 @@ where
                 Ok((replies, short))
             }
             Pipelines::PerShard { parts, len, .. } => {
-                let cluster = crate::connection::as_cluster(&self.conn)
+                let conn = crate::connection::as_cluster(&self.conn)
                     .expect("per-shard pipelines only on a cluster");
-                let (sends, positions): (Vec<_>, Vec<_>) = parts
-                    .into_iter()
-                    .map(|(slot, mut pipe, positions)| {
-                        // One XADD needs no transaction (see `exec_replies`).
-                        let transaction = positions.len() > 1;
-                        let pipe = match &wait {
-                            // `WAIT` after `EXEC` (inside it would not block): the transaction is
-                            // spelled out.
-                            Some(wait) => {
-                                let mut waiting = redis::pipe();
-                                if transaction {
-                                    waiting.cmd("MULTI");
-                                }
-                                for cmd in pipe.cmd_iter() {
-                                    waiting.add_command(cmd.clone());
-                                }
-                                if transaction {
-                                    waiting.cmd("EXEC");
-                                }
-                                waiting.add_command(wait.clone());
-                                waiting
-                            }
-                            None => {
-                                if transaction {
-                                    pipe.atomic();
-                                }
-                                pipe
-                            }
-                        };
-                        ((Some(slot), pipe), (positions, transaction))
-                    })
-                    .unzip();
-                let answers = crate::connection::send_to_slots(cluster, sends).await;
-                let mut replies = vec![Value::Nil; len];
-                let mut short = None;
-                for ((positions, transaction), answer) in positions.into_iter().zip(answers) {
-                    let mut answer = answer?;
-                    if wait.is_some() {
-                        if let Some(n) = replicas_short(answer.pop(), wanted)? {
-                            short = short.or(positions.first().map(|&p| (p, n)));
-                        }
-                    }
-                    let answer = if transaction {
-                        exec_replies(answer)
-                    } else {
-                        answer
-                    };
-                    for (position, reply) in positions.into_iter().zip(answer) {
-                        replies[position] = reply;
-                    }
-                }
-                Ok((replies, short))
+                cluster::send(
+                    conn,
+                    self.masters.as_deref(),
+                    parts,
+                    len,
+                    wait.as_ref(),
+                    wanted,
+                )
+                .await
             }
         }
     }
@@ -979,62 +979,9 @@ fn replicas_short(reply: Option<Value>, wanted: u32) -> Result<Option<u32>, Prod
     }
 }
 
-/// The per-command replies of one shard's transaction (`MULTI`, its XADDs, `EXEC`: every reply, in
-/// order). A command refused while queued (`OOM`) aborts the transaction: nothing was written, and each
-/// command answers with that refusal.
-///
-/// Each shard's part is a transaction because of slot migrations: redis-rs answers `ASK` with one
-/// `ASKING` before the resent pipeline, and Redis keeps that flag for a whole `MULTI` but for one plain
-/// command only, so a plain pipeline's first XADD was written on the importing node and the rest sent
-/// back (`MOVED`), again and again until the migration ended. A `MOVED` while queued aborts the
-/// transaction too, so the resent one is its only write. A part of one XADD is sent as it is: `ASKING`
-/// covers it, and a redirected command was not run, so its resend is its only write.
-fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
-    let n = replies.len().saturating_sub(2);
-    let mut replies = replies.into_iter();
-    let queued: Vec<Value> = replies.by_ref().skip(1).take(n).collect();
-    match replies.next() {
-        Some(Value::Array(executed)) if executed.len() == n => executed,
-        exec => {
-            let refusal = queued
-                .into_iter()
-                .find(|r| matches!(r, Value::ServerError(_)))
-                .or(exec)
-                .unwrap_or(Value::Nil);
-            vec![refusal; n]
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_transactions_replies_are_its_commands_or_the_refusal_of_all() {
-        let ok = || Value::Okay;
-        let queued = || Value::SimpleString("QUEUED".into());
-        let id = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let executed = vec![
-            ok(),
-            queued(),
-            queued(),
-            Value::Array(vec![id("1-0"), Value::Nil]),
-        ];
-        assert_eq!(exec_replies(executed), vec![id("1-0"), Value::Nil]);
-        let error =
-            |text: &str| redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
-        let oom = error("OOM command not allowed");
-        let exec_abort = error("EXECABORT Transaction discarded");
-        assert!(matches!(oom, Value::ServerError(_)));
-        let refused = vec![ok(), queued(), oom.clone(), exec_abort.clone()];
-        assert_eq!(exec_replies(refused), vec![oom.clone(), oom]);
-        // An EXEC that failed without a queued refusal: each command gets EXEC's answer.
-        assert_eq!(
-            exec_replies(vec![ok(), queued(), exec_abort.clone()]),
-            vec![exec_abort]
-        );
-    }
 
     #[test]
     fn an_xadd_fits_the_buffers_sized_for_it() {
