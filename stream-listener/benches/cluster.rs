@@ -7,6 +7,8 @@
 //! 10,000; `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
 //! faster: the ratio measures overhead. Production also prints the client CPU per entry of each side
 //! (this process's threads only, not the redis-servers'), which decides the ratio on a busy machine.
+//! The producer is made as `Producer::connect` makes it (on a cluster, a connection per master);
+//! `SL_BENCH_PRODUCER=connection` makes it over the shared connection, as `Producer::new` does.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -33,7 +33,40 @@ pub(crate) struct Masters {
     name: &'static str,
     config: AsyncConnectionConfig,
     slots: Mutex<Option<SlotMap>>,
-    conns: Mutex<HashMap<NodeAddr, MultiplexedConnection>>,
+    conns: NodeConnections,
+}
+
+/// One multiplexed connection per cluster node, opened on first use and dropped when it failed.
+#[derive(Default)]
+pub(crate) struct NodeConnections(Mutex<HashMap<NodeAddr, MultiplexedConnection>>);
+
+impl NodeConnections {
+    /// The connection to `node`, opened with `open` when there is none.
+    pub(crate) async fn get<F>(
+        &self,
+        node: &NodeAddr,
+        open: impl FnOnce() -> F,
+    ) -> RedisResult<MultiplexedConnection>
+    where
+        F: std::future::Future<Output = RedisResult<MultiplexedConnection>>,
+    {
+        let cached = self.lock().get(node).cloned();
+        if let Some(conn) = cached {
+            return Ok(conn);
+        }
+        let conn = open().await?;
+        self.lock().insert(node.clone(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops `node`'s connection (it failed): the next [`get`](Self::get) opens another.
+    pub(crate) fn remove(&self, node: &NodeAddr) {
+        self.lock().remove(node);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeAddr, MultiplexedConnection>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl std::fmt::Debug for Masters {
@@ -56,7 +89,7 @@ impl Masters {
                 .set_response_timeout(options.response_timeout)
                 .set_connection_timeout(options.connection_timeout),
             slots: Mutex::new(None),
-            conns: Mutex::new(HashMap::new()),
+            conns: NodeConnections::default(),
         })
     }
 
@@ -92,33 +125,24 @@ impl Masters {
 
     /// The connection to `node`, opened (with the target's credentials and TLS) when there is none.
     pub(crate) async fn connection(&self, node: &NodeAddr) -> RedisResult<MultiplexedConnection> {
-        let cached = self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(node)
-            .cloned();
-        if let Some(conn) = cached {
-            return Ok(conn);
-        }
-        let mut conn = self
-            .target
-            .node_connection(Some((&node.0, node.1)), &self.config)
-            .await?;
-        // Only a label: a user whose ACL refuses it keeps an unnamed connection.
-        let named: RedisResult<()> = redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(self.name)
-            .query_async(&mut conn)
-            .await;
-        if let Err(error) = named {
-            tracing::debug!(%error, "CLIENT SETNAME refused");
-        }
         self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(node.clone(), conn.clone());
-        Ok(conn)
+            .get(node, || async {
+                let mut conn = self
+                    .target
+                    .node_connection(Some((&node.0, node.1)), &self.config)
+                    .await?;
+                // Only a label: a user whose ACL refuses it keeps an unnamed connection.
+                let named: RedisResult<()> = redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(self.name)
+                    .query_async(&mut conn)
+                    .await;
+                if let Err(error) = named {
+                    tracing::debug!(%error, "CLIENT SETNAME refused");
+                }
+                Ok(conn)
+            })
+            .await
     }
 
     /// Drops the slot map (after a redirection) and, with a node, that node's connection (after it
@@ -126,10 +150,7 @@ impl Masters {
     pub(crate) fn forget(&self, node: Option<&NodeAddr>) {
         *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(node) = node {
-            self.conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(node);
+            self.conns.remove(node);
         }
     }
 }

@@ -25,7 +25,7 @@ use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
 use super::wait_spec::{Read, WaitSpec};
-use crate::connection::{parse_cluster_slots, slot_of};
+use crate::connection::{parse_cluster_slots, slot_of, NodeConnections};
 
 /// A node's address.
 type Node = crate::connection::NodeAddr;
@@ -49,7 +49,7 @@ pub(crate) struct ClusterWait {
     conns: Mutex<HashMap<u16, Blocking>>,
     /// One non-blocking connection per node for `CLIENT UNBLOCK` (the cluster connection can only be
     /// routed to nodes it already holds a connection to).
-    control: Mutex<HashMap<Node, MultiplexedConnection>>,
+    control: NodeConnections,
 }
 
 impl std::fmt::Debug for ClusterWait {
@@ -247,27 +247,14 @@ async fn control(
     pool: &ClusterWait,
     node: &Node,
 ) -> RedisResult<MultiplexedConnection> {
-    let cached = pool
-        .control
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(node)
-        .cloned();
-    if let Some(conn) = cached {
-        return Ok(conn);
-    }
     let config = AsyncConnectionConfig::new()
         .set_response_timeout(Some(io.config.response_timeout))
         .set_connection_timeout(Some(io.config.response_timeout));
-    let conn = io
-        .client
-        .node_connection(Some((&node.0, node.1)), &config)
-        .await?;
     pool.control
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(node.clone(), conn.clone());
-    Ok(conn)
+        .get(node, || {
+            io.client.node_connection(Some((&node.0, node.1)), &config)
+        })
+        .await
 }
 
 /// `CLIENT UNBLOCK` every read still blocked, on its own node: whether each of them was unblocked.
@@ -283,10 +270,7 @@ async fn unblock(io: &ShardIo, pool: &ClusterWait, running: &HashMap<u16, (Node,
         };
         if !unblocked {
             // Perhaps a broken control connection: it is made again next time.
-            pool.control
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(node);
+            pool.control.remove(node);
         }
         all &= unblocked;
     }
