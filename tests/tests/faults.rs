@@ -564,8 +564,10 @@ async fn run_scenario(s: &Scenario, target: Target) -> Res<Verdict> {
         procs.push(WorkerProc::spawn(s, &urls, slot, 0, &log_dir)?);
     }
 
-    // Traffic: rounds of one message per key, seq = round, paced to `rate`, until told to stop.
-    let producer = Producer::new(conn.clone(), STREAM).await?;
+    // Traffic: rounds of one message per key, seq = round, paced to `rate`, until told to stop. Made as
+    // `Producer::connect` makes it: on a cluster, its batches go straight to the masters.
+    let producer =
+        Producer::connect_to(&RedisTarget::open(&url)?, STREAM, None, Default::default()).await?;
     let stop_traffic = Arc::new(AtomicBool::new(false));
     // Traffic outlasts the whole schedule (its gaps and how long each fault lasts), not only `fault_for`:
     // a fault after the traffic stopped would test nothing.
