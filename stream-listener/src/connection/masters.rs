@@ -32,8 +32,49 @@ pub(crate) struct Masters {
     /// `CLIENT SETNAME` of every connection, so that `CLIENT LIST` tells whose they are.
     name: &'static str,
     config: AsyncConnectionConfig,
-    slots: Mutex<Option<SlotMap>>,
+    slots: SlotMaps,
     conns: NodeConnections,
+}
+
+/// A cluster's slot map, read (`CLUSTER SLOTS`) on first use and again after [`forget`](Self::forget).
+#[derive(Default)]
+pub(crate) struct SlotMaps(Mutex<Option<SlotMap>>);
+
+impl SlotMaps {
+    /// The master serving each slot in `slots`, in order (`None` where the map has no master), read
+    /// through `cluster` when not cached.
+    pub(crate) async fn masters_of(
+        &self,
+        cluster: &ClusterConnection,
+        slots: impl IntoIterator<Item = u16>,
+    ) -> RedisResult<Vec<Option<NodeAddr>>> {
+        let cached = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let map = match cached {
+            Some(map) => map,
+            None => {
+                let mut cmd = redis::cmd("CLUSTER");
+                cmd.arg("SLOTS");
+                let value = cluster
+                    .clone()
+                    .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                    .await?;
+                let mut ranges = parse_cluster_slots(value)?;
+                ranges.sort_unstable_by_key(|(first, ..)| *first);
+                let map = Arc::new(ranges);
+                *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
+                map
+            }
+        };
+        Ok(slots
+            .into_iter()
+            .map(|slot| master_of(&map, slot))
+            .collect())
+    }
+
+    /// Drops the map (after a redirection, or a node that failed): the next lookup reads it again.
+    pub(crate) fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// One multiplexed connection per cluster node, opened on first use and dropped when it failed.
@@ -88,39 +129,18 @@ impl Masters {
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(options.response_timeout)
                 .set_connection_timeout(options.connection_timeout),
-            slots: Mutex::new(None),
+            slots: SlotMaps::default(),
             conns: NodeConnections::default(),
         })
     }
 
-    /// The master serving each slot in `slots`, in order (`None` where the map has no master), read
-    /// through `cluster` when not cached.
+    /// The master serving each slot in `slots` (see [`SlotMaps::masters_of`]).
     pub(crate) async fn of_slots(
         &self,
         cluster: &ClusterConnection,
         slots: impl IntoIterator<Item = u16>,
     ) -> RedisResult<Vec<Option<NodeAddr>>> {
-        let cached = self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let map = match cached {
-            Some(map) => map,
-            None => {
-                let mut cmd = redis::cmd("CLUSTER");
-                cmd.arg("SLOTS");
-                let value = cluster
-                    .clone()
-                    .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
-                    .await?;
-                let mut ranges = parse_cluster_slots(value)?;
-                ranges.sort_unstable_by_key(|(first, ..)| *first);
-                let map = Arc::new(ranges);
-                *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
-                map
-            }
-        };
-        Ok(slots
-            .into_iter()
-            .map(|slot| master_of(&map, slot))
-            .collect())
+        self.slots.masters_of(cluster, slots).await
     }
 
     /// The connection to `node`, opened (with the target's credentials and TLS) when there is none.
@@ -148,7 +168,7 @@ impl Masters {
     /// Drops the slot map (after a redirection) and, with a node, that node's connection (after it
     /// failed): both are made again on next use.
     pub(crate) fn forget(&self, node: Option<&NodeAddr>) {
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.slots.forget();
         if let Some(node) = node {
             self.conns.remove(node);
         }

@@ -26,7 +26,7 @@ use redis::{
 
 mod masters;
 mod sentinel;
-pub(crate) use masters::{not_run_here, Masters, NodeConnections};
+pub(crate) use masters::{not_run_here, Masters, NodeConnections, SlotMaps};
 pub use sentinel::{
     SentinelConnection, SentinelTarget, DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_TLS_SCHEME,
 };

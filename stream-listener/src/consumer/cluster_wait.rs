@@ -18,20 +18,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisResult, Value};
+use redis::{AsyncConnectionConfig, RedisResult};
 use tokio::time::Instant;
 
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
 use super::wait_spec::{Read, WaitSpec};
-use crate::connection::{parse_cluster_slots, slot_of, NodeConnections};
+use crate::connection::{as_cluster, slot_of, NodeConnections, SlotMaps};
 
 /// A node's address.
 type Node = crate::connection::NodeAddr;
-
-/// `(first slot, last slot, master)` ranges from `CLUSTER SLOTS`.
-type SlotMap = Arc<Vec<(u16, u16, Node)>>;
 
 /// One slot group's blocking connection and its client id on its node.
 struct Blocking {
@@ -43,8 +40,8 @@ struct Blocking {
 /// The cluster wait's state, kept by the consumer between waits.
 #[derive(Default)]
 pub(crate) struct ClusterWait {
-    /// `(first slot, last slot, master)` from `CLUSTER SLOTS`; `None` until read or after a redirection.
-    slots: Mutex<Option<SlotMap>>,
+    /// Where each slot is, until a redirection or a failed read.
+    slots: SlotMaps,
     /// Idle blocking connections by slot.
     conns: Mutex<HashMap<u16, Blocking>>,
     /// One non-blocking connection per node for `CLIENT UNBLOCK` (the cluster connection can only be
@@ -56,24 +53,6 @@ impl std::fmt::Debug for ClusterWait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClusterWait")
     }
-}
-
-impl ClusterWait {
-    fn forget_slots(&self) {
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-}
-
-async fn slot_map(io: &ShardIo, pool: &ClusterWait) -> RedisResult<SlotMap> {
-    if let Some(map) = pool.slots.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-        return Ok(map);
-    }
-    let mut cmd = redis::cmd("CLUSTER");
-    cmd.arg("SLOTS");
-    let value: Value = io.conn.clone().query_one_node(&cmd, None).await?;
-    let map = Arc::new(parse_cluster_slots(value)?);
-    *pool.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
-    Ok(map)
 }
 
 async fn blocking_for(
@@ -121,13 +100,6 @@ pub(crate) async fn read(
     if spec.interrupt.is_set() {
         return outcome;
     }
-    let map = match slot_map(&io, pool).await {
-        Ok(map) => map,
-        Err(error) => {
-            outcome.error = Some(error);
-            return outcome;
-        }
-    };
     let group_wait = io.group_wait();
     let mut groups: BTreeMap<u16, Vec<(String, String)>> = BTreeMap::new();
     for (key, from) in spec.streams(group_wait) {
@@ -136,10 +108,24 @@ pub(crate) async fn read(
             .or_default()
             .push((key.to_owned(), from.to_owned()));
     }
+    let Some(cluster) = as_cluster(&io.conn) else {
+        outcome.error = Some(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the cluster wait needs a cluster connection",
+        )));
+        return outcome;
+    };
+    let nodes = match pool.slots.masters_of(cluster, groups.keys().copied()).await {
+        Ok(nodes) => nodes,
+        Err(error) => {
+            outcome.error = Some(error);
+            return outcome;
+        }
+    };
     let mut connected = Vec::new();
-    for (slot, keys) in groups {
-        let Some((_, _, node)) = map.iter().find(|(a, b, _)| (*a..=*b).contains(&slot)) else {
-            pool.forget_slots();
+    for ((slot, keys), node) in groups.into_iter().zip(nodes) {
+        let Some(node) = node else {
+            pool.slots.forget();
             outcome.error = Some(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "no master serves the slot",
@@ -147,11 +133,11 @@ pub(crate) async fn read(
             )));
             return outcome;
         };
-        match blocking_for(&io, pool, slot, node).await {
+        match blocking_for(&io, pool, slot, &node).await {
             Ok(blocking) => connected.push((slot, keys, blocking)),
             Err(error) => {
                 // Perhaps a master that died: the next wait asks where the slot went.
-                pool.forget_slots();
+                pool.slots.forget();
                 outcome.error = Some(error);
                 return outcome;
             }
@@ -230,7 +216,7 @@ pub(crate) async fn read(
             Err(error) => {
                 // A redirection, or a connection reset or refused: the slot may have moved or failed
                 // over, and a master that died never answers with a redirection.
-                pool.forget_slots();
+                pool.slots.forget();
                 outcome.fail(error, group_wait);
                 true
             }
