@@ -506,14 +506,36 @@ async fn with_a_replica() -> (RedisServer, RedisServer) {
 async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
     let (master, replica) = with_a_replica().await;
     let mut conn = connect_multiplexed(&master.url()).await;
-    let config = |min_replicas| ProducerConfig {
-        min_replicas,
-        replica_timeout: Duration::from_millis(300),
-        ..ProducerConfig::default()
-    };
-    let producer = Producer::with_config(conn.clone(), "orders", config(1))
+    // A send that must succeed waits long enough for a replica on a busy machine (on a connection that
+    // waits as long for the reply: redis-rs's default gives up after 500 ms); one the frozen replica
+    // cannot acknowledge gives up soon.
+    let patient = redis::Client::open(master.url())
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(15))),
+        )
         .await
         .unwrap();
+    let config = |min_replicas, replica_timeout| ProducerConfig {
+        min_replicas,
+        replica_timeout,
+        ..ProducerConfig::default()
+    };
+    let producer = Producer::with_config(
+        patient.clone(),
+        "orders",
+        config(1, Duration::from_secs(10)),
+    )
+    .await
+    .unwrap();
+    let impatient = Producer::with_config(
+        conn.clone(),
+        "orders",
+        config(1, Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
     let receipt = producer.send_bytes("k", "one").await.unwrap();
     assert!(receipt.stream.starts_with("orders:"));
     let batch: Vec<(String, String)> = (0..10).map(|i| (format!("k{i}"), format!("{i}"))).collect();
@@ -531,8 +553,8 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
     assert_eq!(written(&mut conn).await, 11);
 
     replica.freeze();
-    let error = producer.send_bytes("k", "two").await.unwrap_err();
-    let batch_error = producer.send_batch_bytes(&batch).await.unwrap_err();
+    let error = impatient.send_bytes("k", "two").await.unwrap_err();
+    let batch_error = impatient.send_batch_bytes(&batch).await.unwrap_err();
     replica.thaw();
     for error in [error, batch_error] {
         match error {
@@ -546,17 +568,22 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
     }
     assert_eq!(written(&mut conn).await, 22, "on the master all the same");
 
-    let greedy = Producer::with_config(conn.clone(), "orders", config(2))
+    // Waits its whole timeout for a second replica there is not; the one there acknowledges within it.
+    let greedy = Producer::with_config(patient, "orders", config(2, Duration::from_secs(3)))
         .await
         .unwrap();
-    assert!(matches!(
-        greedy.send_bytes("k", "three").await,
-        Err(ProducerError::NotReplicated {
-            acknowledged: 1,
-            wanted: 2,
-            ..
-        })
-    ));
+    let greedy_sent = greedy.send_bytes("k", "three").await;
+    assert!(
+        matches!(
+            greedy_sent,
+            Err(ProducerError::NotReplicated {
+                acknowledged: 1,
+                wanted: 2,
+                ..
+            })
+        ),
+        "{greedy_sent:?}"
+    );
     // The replica has every write the master has.
     let mut on_replica = connect_multiplexed(&replica.url()).await;
     stream_listener_test_support::aio::wait_until_async(
