@@ -2290,6 +2290,120 @@ async fn sparse_entries_cost_a_few_commands_each_whatever_the_shard_count() {
     }
 }
 
+/// How many entries of `key` the group holds pending.
+async fn pending_count(url: &str, key: &str) -> u64 {
+    let mut conn = stream_listener_tests::connection(url).await;
+    let summary: (u64, Value, Value, Value) = redis::cmd("XPENDING")
+        .arg(key)
+        .arg(GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    summary.0
+}
+
+/// Single node only: it counts one node's commands.
+///
+/// An idle pickup short of a batch is handled by a job that reads nothing more, so the next wait covers
+/// its shard at once, beside that job (the shard rides it). Entries written to the shard while the
+/// pickup's handler runs are delivered by that wait and handled after it: in order, once each, one
+/// handler at a time, and no wait is interrupted for the shard (the wait holding back for the job, then
+/// started without its shard and interrupted once the job came back idle, was the way before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_written_while_a_pickups_handler_runs_are_handled_after_it_in_order() {
+    let prefix = "ride";
+    let (redis, mut conn) = redis_with_groups(Target::Single, prefix, 0..2).await;
+    let seen: Seen = Seen::default();
+    let (in_flight, overlaps) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // The first entry's handler runs until the test lets it end.
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = {
+        let (seen, in_flight, overlaps, release) = (
+            seen.clone(),
+            in_flight.clone(),
+            overlaps.clone(),
+            release.clone(),
+        );
+        BoxedHandler::json(move |msg: Message<Order>| {
+            let (seen, in_flight, overlaps, release) = (
+                seen.clone(),
+                in_flight.clone(),
+                overlaps.clone(),
+                release.clone(),
+            );
+            async move {
+                if in_flight.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                if msg.payload.n == 0 {
+                    let permit = tokio::time::timeout(Duration::from_secs(20), release.acquire())
+                        .await
+                        .expect("released");
+                    drop(permit);
+                }
+                seen.lock()
+                    .unwrap()
+                    .push((msg.payload.n, msg.delivery_count));
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        })
+    };
+    let mut config = config(prefix, "m");
+    config.runtime_max_concurrency = 4;
+    config.batch_size = 100;
+    let running = Running::start(redis.url(), config, handler).await;
+    running.assign(0..2).await;
+    wait_for_blocked_client(&mut conn).await;
+    let unblocks = calls_of(&mut conn, "client|unblock").await;
+    let key = format!("{prefix}:0");
+    let pending = || pending_count(redis.url(), &key);
+    produce(&mut conn, prefix, 0, 0, 1).await;
+    wait_until_async(
+        "the pickup's handler runs",
+        Duration::from_secs(10),
+        || async { in_flight.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    for n in 1..6 {
+        produce(&mut conn, prefix, 0, n, 1).await;
+    }
+    // Delivered by the wait the shard rides while the first handler still runs.
+    wait_until_async("all six delivered", Duration::from_secs(10), || async {
+        pending().await == 6
+    })
+    .await;
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the first handler still runs"
+    );
+    release.add_permits(1);
+    wait_until_async("six entries handled", Duration::from_secs(10), || async {
+        seen.lock().unwrap().len() == 6
+    })
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        (0..6).map(|n| (n, 1)).collect::<Vec<_>>(),
+        "in order, each delivered once"
+    );
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two handlers of one shard"
+    );
+    assert_eq!(
+        calls_of(&mut conn, "client|unblock").await,
+        unblocks,
+        "a wait was interrupted for the riding shard"
+    );
+    wait_until_async("nothing pending", Duration::from_secs(10), || async {
+        pending().await == 0
+    })
+    .await;
+    running.stop().await;
+}
+
 /// Single node only: the fault is injected by a proxy in front of one server.
 ///
 /// The scheduler interrupts the idle wait with `CLIENT UNBLOCK`. One that reaches Redis before the wait's

@@ -66,7 +66,10 @@ impl WaitEnd {
 
 /// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
 pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> WaitEnd {
-    let mut outcome = WaitReport::default();
+    let mut outcome = WaitReport {
+        count: spec.count,
+        ..WaitReport::default()
+    };
     let cluster = io.client.is_cluster();
     // Behind Sentinel, a connection made before the member's commands moved to another node is to the
     // wrong one.

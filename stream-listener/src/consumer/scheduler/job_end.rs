@@ -66,6 +66,10 @@ pub(crate) struct WaitReport {
     /// What a group wait delivered, by shard (pending for this member now: the shards' next jobs handle
     /// these first).
     pub(crate) delivered: Vec<(u32, Vec<Entry>)>,
+    /// Entries a group wait read from each shard at most: a delivery short of it left nothing behind, so
+    /// the shard's job handles it and reads no more (and the shard rides the next wait meanwhile); `0`
+    /// says nothing, and every delivery counts as full.
+    pub(crate) count: usize,
     /// A group wait's reply was lost (a reset, a timeout, a master switch): it may have delivered entries
     /// this member never saw, so every waited shard claims its own pending entries first.
     pub(crate) in_doubt: bool,

@@ -157,6 +157,8 @@ struct Job {
     /// `(shard, generation)`: one for a job, every waited shard for the idle wait.
     shards: Vec<(u32, u64)>,
     wait: bool,
+    /// Handles one short delivery and reads nothing: its shard may ride the idle wait meanwhile.
+    one_batch: bool,
     /// Told to hand its shard back after the batch (or to stop).
     yielded: bool,
 }
@@ -299,6 +301,10 @@ impl ShardScheduler {
     pub(crate) fn revoke(&mut self, now: Millis, shard: u32) -> Vec<Command> {
         let mut out = Vec::new();
         let busy = self.busy(shard);
+        let covered = self
+            .shards
+            .get(&shard)
+            .and_then(|s| self.wait_covering(shard, s.generation));
         match self.shards.get_mut(&shard) {
             Some(state) if state.revoking => state.reassign = None,
             // Not ours: nothing to drain, unless a job of an earlier (fenced) ownership still runs.
@@ -328,7 +334,9 @@ impl ShardScheduler {
                             if let Some(j) = self.jobs.get_mut(&job) {
                                 j.yielded = true;
                             }
-                        } else {
+                        }
+                        // Waited on (riding, or idle): reported once the wait ended too.
+                        if covered.is_some() {
                             self.interrupt_wait(&mut out);
                         }
                     }
@@ -336,7 +344,14 @@ impl ShardScheduler {
                     Phase::WaitingForOld => {}
                     _ => {
                         self.ready.retain(|s| *s != shard);
-                        self.finish_revoke(now, shard, &mut out);
+                        if let Some(wait) = covered {
+                            // Its job ended while it rode the wait, which still covers it: reported
+                            // once that ended too.
+                            state.phase = Phase::Running(wait);
+                            self.interrupt_wait(&mut out);
+                        } else {
+                            self.finish_revoke(now, shard, &mut out);
+                        }
                     }
                 }
             }
@@ -567,10 +582,36 @@ impl ShardScheduler {
             .shards
             .get(&shard)
             .is_some_and(|s| s.generation == generation && !s.revoking);
+        let riding = self.wait_covering(shard, generation);
         self.woken.remove(&shard);
-        if current {
-            if let Some(state) = self.shards.get_mut(&shard) {
-                state.idle = end == JobEnd::Empty;
+        let mut next = next;
+        if let Some(state) = self
+            .shards
+            .get_mut(&shard)
+            .filter(|s| s.generation == generation)
+        {
+            state.idle = end == JobEnd::Empty;
+            let queued = std::mem::take(&mut state.queued);
+            let queued_more = std::mem::take(&mut state.queued_more);
+            let clean = matches!(end, JobEnd::Data | JobEnd::Empty | JobEnd::Deferred { .. })
+                && !state.claim_owed
+                && state.read_mode == ReadMode::Live;
+            if !queued.is_empty() && clean {
+                // What the rode wait delivered comes after this job's entries (and what it deferred).
+                state.deferred.extend(queued);
+                state.more = queued_more;
+                if next == Next::Read {
+                    next = Next::Delivered;
+                }
+            } else if !queued.is_empty() {
+                // This job's entries may be pending still, older than the queued ones: a claim of our own
+                // pending entries gets them all, in id order.
+                state.claim_owed = true;
+                state.read_mode = ReadMode::claim_own();
+            }
+            if let Some(wait) = riding {
+                // Still covered: what is left of its turn is the wait's.
+                state.phase = Phase::Running(wait);
             }
         }
         let unconfirmed = current && matches!(end, JobEnd::MissingGroup { .. });
@@ -588,18 +629,26 @@ impl ShardScheduler {
             .shards
             .get(&shard)
             .is_some_and(|s| s.phase == Phase::Queued);
-        if current && queued && end == JobEnd::Empty && self.wait.is_some() {
-            self.place(shard, Phase::Parked);
-            if !self.wait_interrupted {
-                self.wait_interrupted = true;
-                self.interrupt_wait(out);
-            }
+        let (idle, one_batch) = self
+            .shards
+            .get(&shard)
+            .map_or((false, false), |s| (self.waits(s, now), s.one_batch_next()));
+        match riding {
+            // It rode the wait and has nothing else to do: the wait goes on covering it.
+            Some(wait) if current && queued && idle => self.place(shard, Phase::Running(wait)),
+            // Covered by the wait and needs a job that reads: waits for the wait's end. (A job of one
+            // short delivery starts now, riding the wait on.)
+            Some(_) if current && queued && !one_batch => self.park(shard, out),
+            // Back idle while the wait runs: covered by the next.
+            None if current && queued && idle && self.wait.is_some() => self.park(shard, out),
+            _ => {}
         }
         self.dispatch(now, out);
     }
 
     /// The idle wait ended with `report` (`None`: aborted before it could say); shards it saw new entries
-    /// on run next, to read them.
+    /// on run next, to read them. A shard that rode it (its job still runs) gets what it delivered after
+    /// that job.
     pub(crate) fn wait_ended(
         &mut self,
         now: Millis,
@@ -633,23 +682,46 @@ impl ShardScheduler {
                     state.watch_from = Some(id);
                 }
             }
+            // Before a lost reply's claim: what came with the reply is handled first, then the claim.
+            for (shard, entries) in report.delivered.drain(..) {
+                let full = entries.len() >= report.count;
+                let riding = self.riding(&ended, shard);
+                let Some(state) = self.waited(&ended, shard) else {
+                    continue;
+                };
+                if state.claim_owed {
+                    // Older entries of ours may be pending (a job that failed while the shard rode the
+                    // wait): the claim gets these too, after them.
+                    continue;
+                }
+                if riding {
+                    state.queued.extend(entries);
+                    state.queued_more |= full || state.queued.len() >= report.count;
+                    continue;
+                }
+                state.deferred.extend(entries);
+                state.more = full;
+                if state.next != Next::Retry {
+                    state.next = Next::Delivered;
+                }
+                delivered.push(shard);
+            }
             if report.in_doubt {
                 self.claim_after_lost_wait(&ended);
             }
             for shard in report.new_entries.drain(..) {
-                if let Some(state) = self.waited(&ended, shard) {
+                let riding = self.riding(&ended, shard);
+                let taken = delivered.contains(&shard);
+                if let Some(state) = self.waited(&ended, shard).filter(|_| !riding) {
                     // Watched from the group's position again unless the next read gets the new entries
                     // (another consumer may have taken them).
                     state.watch_from = None;
                     state.idle = false;
-                    woke.push(shard);
-                    self.woken.insert(shard);
-                }
-            }
-            for (shard, entries) in report.delivered.drain(..) {
-                if let Some(state) = self.waited(&ended, shard) {
-                    state.deferred = entries;
-                    delivered.push(shard);
+                    // A short delivery's job reads nothing: the next wait covers its shard at once.
+                    if !taken || state.more {
+                        woke.push(shard);
+                        self.woken.insert(shard);
+                    }
                 }
             }
         } else {
@@ -657,18 +729,42 @@ impl ShardScheduler {
             self.claim_after_lost_wait(&ended);
         }
         for (shard, generation) in ended.shards {
-            let next = if delivered.contains(&shard) {
-                Next::Delivered
-            } else if woke.contains(&shard) {
-                Next::Retry
-            } else {
-                Next::Read
+            let waited = self
+                .shards
+                .get(&shard)
+                .filter(|s| s.generation == generation)
+                .map(|s| s.phase);
+            match waited {
+                // Riding: its job runs on. Its job ended while it rode, and it needs another (or backs
+                // off): it was parked, or waits, with what that job left.
+                Some(phase) if phase != Phase::Running(job) && !self.shards[&shard].revoking => {
+                    continue
+                }
+                _ => {}
+            }
+            let next = match self.shards.get(&shard) {
+                Some(state) if delivered.contains(&shard) => state.next,
+                _ if woke.contains(&shard) => Next::Retry,
+                _ => Next::Read,
             };
             self.back_from_job(now, shard, generation, next, false, None, false, &mut out);
         }
         self.dispatch(now, &mut out);
         self.finish(&mut out);
         out
+    }
+
+    /// Whether `shard`, waited on by the ended wait `job`, rode it: its job still runs.
+    fn riding(&self, job: &Job, shard: u32) -> bool {
+        let Some(&(_, generation)) = job.shards.iter().find(|(s, _)| *s == shard) else {
+            return false;
+        };
+        self.shards
+            .get(&shard)
+            .filter(|s| s.generation == generation)
+            .and_then(Shard::running)
+            .and_then(|running| self.jobs.get(&running))
+            .is_some_and(|running| !running.wait)
     }
 
     /// Entries the ended wait may have delivered are pending for us, unseen: each of its shards claims its
@@ -915,6 +1011,15 @@ impl ShardScheduler {
         }
     }
 
+    /// `shard` waits for the running wait to end, which is interrupted for it (once per wait is enough).
+    fn park(&mut self, shard: u32, out: &mut Vec<Command>) {
+        self.place(shard, Phase::Parked);
+        if !self.wait_interrupted {
+            self.wait_interrupted = true;
+            self.interrupt_wait(out);
+        }
+    }
+
     fn interrupt_wait(&mut self, out: &mut Vec<Command>) {
         if let Some(job) = self.wait {
             if !out.contains(&Command::InterruptWait { job }) {
@@ -953,7 +1058,10 @@ impl ShardScheduler {
             return;
         }
         if state.revoking {
-            self.finish_revoke(now, shard, out);
+            // Reported once nothing covers it any more (the wait it rode, or its job).
+            if !busy {
+                self.finish_revoke(now, shard, out);
+            }
             return;
         }
         // A claim still owed (a lapse while the job ran) is not forgotten by a read that ended well.
@@ -1023,7 +1131,7 @@ impl ShardScheduler {
         now >= state.reclaimed_at.plus(self.reclaim_every)
     }
 
-    fn new_job(&mut self, shards: Vec<(u32, u64)>, wait: bool) -> JobId {
+    fn new_job(&mut self, shards: Vec<(u32, u64)>, wait: bool, one_batch: bool) -> JobId {
         let job = JobId(self.next_job);
         self.next_job += 1;
         self.jobs.insert(
@@ -1031,10 +1139,45 @@ impl ShardScheduler {
             Job {
                 shards,
                 wait,
+                one_batch,
                 yielded: false,
             },
         );
         job
+    }
+
+    /// The running wait, if it covers `(shard, generation)`.
+    fn wait_covering(&self, shard: u32, generation: u64) -> Option<JobId> {
+        self.wait.filter(|wait| {
+            self.jobs
+                .get(wait)
+                .is_some_and(|j| j.shards.contains(&(shard, generation)))
+        })
+    }
+
+    /// Whether `state`'s running job handles one short delivery and reads nothing, and the shard may be
+    /// watched by the next wait meanwhile: nothing queued from an earlier wait up to a batch, no claim
+    /// owed, no reclaim due.
+    fn rides(&self, state: &Shard, now: Millis) -> bool {
+        let one_batch = state
+            .running()
+            .and_then(|job| self.jobs.get(&job))
+            .is_some_and(|job| !job.wait && job.one_batch);
+        one_batch
+            && !state.revoking
+            && state.token.is_some()
+            && !state.claim_owed
+            && !state.queued_more
+            && !self.reclaim_due(state, now)
+    }
+
+    /// A queued shard whose next job handles a short delivery: the wait starts after it, to cover it.
+    fn rider_ready(&self) -> bool {
+        self.ready.iter().any(|shard| {
+            self.shards
+                .get(shard)
+                .is_some_and(|s| s.phase == Phase::Queued && s.one_batch_next())
+        })
     }
 
     fn dispatch(&mut self, now: Millis, out: &mut Vec<Command>) {
@@ -1044,7 +1187,9 @@ impl ShardScheduler {
         self.note_idle(now);
         let mut skipped = 0;
         while self.jobs.len() < self.workers && skipped <= self.ready.len() {
-            if !self.holds_wait(now) {
+            // A short delivery's job starts first, so that the wait covers its shard too.
+            let rider = self.rider_ready();
+            if !self.holds_wait(now) && !rider {
                 self.start_wait(now, out);
             }
             if self.jobs.len() >= self.workers {
@@ -1058,8 +1203,12 @@ impl ShardScheduler {
                 .shards
                 .get(&shard)
                 .is_some_and(|s| self.reclaim_due(s, now));
-            let held = self.holds_wait(now);
+            let held = self.holds_wait(now) || rider;
             let eligible = self.shards.get(&shard).is_some_and(|s| self.waits(s, now));
+            let covered = self
+                .shards
+                .get(&shard)
+                .and_then(|s| self.wait_covering(shard, s.generation));
             let Some(state) = self.shards.get_mut(&shard) else {
                 continue;
             };
@@ -1067,13 +1216,24 @@ impl ShardScheduler {
                 continue;
             }
             if held && eligible {
-                // Not polled: it waits for the wait, which holds back for the running reads.
+                // Not polled: it waits for the wait, which holds back for the running reads (or starts
+                // once a short delivery's job did).
                 self.ready.push_back(shard);
                 skipped += 1;
                 continue;
             }
-            if busy {
-                state.phase = Phase::WaitingForOld;
+            if busy && !(covered.is_some() && state.one_batch_next()) {
+                // The wait it rode covers it still: it starts when that wait ends (unless its next job
+                // reads nothing, and rides that wait too). Else an earlier ownership's job runs.
+                state.phase = if covered.is_some() {
+                    Phase::Parked
+                } else {
+                    Phase::WaitingForOld
+                };
+                if covered.is_some() && !self.wait_interrupted {
+                    self.wait_interrupted = true;
+                    self.interrupt_wait(out);
+                }
                 skipped += 1;
                 continue;
             }
@@ -1098,6 +1258,9 @@ impl ShardScheduler {
                 (JobKind::ClaimOwn, ReadMode::Live) => ReadMode::claim_own(),
                 (_, read_mode) => read_mode.clone(),
             };
+            // A short delivery is all there was: handled as one batch, reading nothing, while the shard
+            // rides the next wait (see `rides`).
+            let one_batch = kind == JobKind::Delivered && !state.more;
             let generation = state.generation;
             let plan = JobPlan {
                 job: JobId(self.next_job),
@@ -1109,9 +1272,9 @@ impl ShardScheduler {
                 deferred: std::mem::take(&mut state.deferred),
                 reclaim: kind == JobKind::ReclaimZombies,
                 recreate_group: std::mem::take(&mut state.recreate_group),
-                max_turns: MAX_TURNS,
+                max_turns: if one_batch { 1 } else { MAX_TURNS },
             };
-            let job = self.new_job(vec![(shard, generation)], false);
+            let job = self.new_job(vec![(shard, generation)], false, one_batch);
             if let Some(state) = self.shards.get_mut(&shard) {
                 state.phase = Phase::Running(job);
             }
@@ -1186,12 +1349,21 @@ impl ShardScheduler {
                 }
             }
         }
+        let idle = shards.len();
+        // Shards whose job handles one short delivery ride along (their phase stays their job's).
+        for (shard, state) in &self.shards {
+            if self.rides(state, now) {
+                shards.push((*shard, state.watch_from.clone()));
+                taken.push((*shard, state.generation));
+            }
+        }
         if shards.is_empty() {
             return;
         }
-        self.ready.retain(|s| !shards.iter().any(|(w, _)| w == s));
-        let job = self.new_job(taken, true);
-        for (shard, _) in &shards {
+        self.ready
+            .retain(|s| !shards[..idle].iter().any(|(w, _)| w == s));
+        let job = self.new_job(taken, true, false);
+        for (shard, _) in &shards[..idle] {
             if let Some(state) = self.shards.get_mut(shard) {
                 state.phase = Phase::Running(job);
             }

@@ -64,19 +64,24 @@ pub(crate) fn is_error_reply(error: &RedisError) -> bool {
 ///              +--> WaitingForOld (a fenced ownership's job still runs)
 ///   Backoff --tick--> Queued;  Unconfirmed --renewed lease (+ backoff over)--> Queued;  Parked --wait ends--> Queued
 /// ```
+/// A shard whose job handles one short delivery and reads nothing rides the idle wait meanwhile: it stays
+/// `Running` its job and is one of the wait's shards too; its job's end leaves it `Running` the wait (idle)
+/// or `Parked` (it needs a job), and what the wait delivers to it before that is `queued` for after the
+/// job.
 /// A revocation is not a phase but a mark ([`Shard::revoking`]): a revoked shard drains its running job (or
 /// waits for the old one), then leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     /// In the ready queue, waiting for a worker.
     Queued,
-    /// Its job, or the idle wait covering it, runs.
+    /// Its job, or the idle wait covering it, runs (a riding shard: its job, and the wait covers it too).
     Running(JobId),
     /// Off the queue, holding no worker, until the backoff ends (a failed attempt, a moved key).
     Backoff(Millis),
     /// Its consumer group was missing: waits for a renewed lease, and for its backoff if one is set.
     Unconfirmed(Option<Millis>),
-    /// Its read came back empty while the idle wait ran: waits for that wait to end (the next covers it).
+    /// Its read came back empty while the idle wait ran, or it needs a job while the wait it rode still
+    /// runs: waits for that wait to end (the next covers it, or it starts then).
     Parked,
     /// A job of an earlier (fenced) ownership of the same index still runs.
     WaitingForOld,
@@ -123,6 +128,15 @@ pub(super) struct Shard {
     pub(super) read_mode: ReadMode,
     /// Entries a job deferred, for the next job (kept in memory: re-claiming would count a delivery).
     pub(super) deferred: Vec<Entry>,
+    /// The wait's delivery among `deferred` was a full batch: more may be there, so the job reads on. A
+    /// short one left nothing behind: the job handles it and no more, and the shard rides the waits while
+    /// it runs.
+    pub(super) more: bool,
+    /// What a wait the shard rode delivered while its job ran: handled after that job, in order (unless the
+    /// job ends needing a claim of our own pending entries, which then gets them in id order).
+    pub(super) queued: Vec<Entry>,
+    /// `queued` holds a wait's batch or more: the shard rides no further wait (memory stays bounded).
+    pub(super) queued_more: bool,
     pub(super) error_backoff: Duration,
     /// This ownership's fence is known to be in place in Redis (see the `fence` module).
     pub(super) fence_installed: bool,
@@ -150,6 +164,9 @@ impl Shard {
             reclaimed_at: now,
             read_mode: ReadMode::claim_own(),
             deferred: Vec::new(),
+            more: false,
+            queued: Vec::new(),
+            queued_more: false,
             error_backoff: Duration::ZERO,
             fence_installed: false,
             recreate_group: false,
@@ -160,6 +177,11 @@ impl Shard {
                 ..Progress::default()
             },
         }
+    }
+
+    /// Its next job handles one short delivery and reads nothing (see `ShardScheduler::rides`).
+    pub(super) fn one_batch_next(&self) -> bool {
+        self.next == Next::Delivered && !self.more && !self.claim_owed
     }
 
     pub(super) fn running(&self) -> Option<JobId> {

@@ -20,6 +20,8 @@ enum Output {
         shard: u32,
         epoch: i64,
         kind: JobKind,
+        /// One batch, no read: its shard may ride the wait.
+        one_batch: bool,
     },
     StartWait {
         job: JobId,
@@ -44,6 +46,7 @@ fn rotation(commands: Vec<Command>) -> Vec<Output> {
                 shard: plan.shard,
                 epoch: plan.token.member_epoch,
                 kind: plan.kind,
+                one_batch: plan.max_turns == 1,
             }),
             Command::StartWait { job, shards } => Some(Output::StartWait {
                 job,
@@ -288,7 +291,8 @@ fn rule_an_assigned_shard_first_claims_its_own_pending_entries() {
             job: JobId(0),
             shard: 3,
             epoch: 7,
-            kind: JobKind::ClaimOwn
+            kind: JobKind::ClaimOwn,
+            one_batch: false,
         }]
     );
     let out = s.job_ended(t(1), JobId(0), JobEnd::Data);
@@ -329,7 +333,8 @@ fn rule_one_job_per_shard() {
             job: JobId(1),
             shard: 0,
             epoch: 2,
-            kind: JobKind::Read
+            kind: JobKind::Read,
+            one_batch: false,
         }]
     );
 }
@@ -852,6 +857,8 @@ struct Model {
     closing: bool,
     /// Running jobs: id -> (shards, is_wait).
     running: BTreeMap<JobId, (Vec<u32>, bool)>,
+    /// Running jobs that handle one batch and read nothing: a wait may cover their shard meanwhile.
+    one_batch: BTreeSet<JobId>,
     /// Shards revoked and not reported yet.
     revoking: BTreeSet<u32>,
     /// Owned shards and their epoch (the latest assignment).
@@ -870,9 +877,10 @@ struct Model {
     grants: BTreeMap<u32, u64>,
     /// Running waits: the grant count of each of their shards when they started.
     waited: BTreeMap<JobId, Vec<(u32, u64)>>,
-    /// What the next job of a shard's ownership must do: handle the entry id a group wait delivered
-    /// first (if any), and claim its own pending entries (a group wait's lost reply).
-    owed: BTreeMap<u32, (Option<String>, bool)>,
+    /// What the next job of a shard's ownership must do: handle the entry ids group waits delivered
+    /// (in order, or claim them again with the rest of its own pending entries), and claim its own pending
+    /// entries (a group wait's lost reply).
+    owed: BTreeMap<u32, (Vec<String>, bool)>,
 }
 
 impl Model {
@@ -891,20 +899,24 @@ impl Model {
     /// The plans started: each first job after a group wait does what the wait left it.
     fn check_plans(&mut self, plans: Vec<JobPlan>) -> Result<(), TestCaseError> {
         for plan in plans {
-            let Some((entry, claim)) = self.owed.remove(&plan.shard) else {
+            let Some((ids, claim)) = self.owed.remove(&plan.shard) else {
                 continue;
             };
-            if let Some(id) = entry {
-                prop_assert!(
-                    plan.deferred.iter().any(|e| e.id == id),
-                    "shard {}'s next job lost what the wait delivered: {:?}",
-                    plan.shard,
-                    plan
-                );
-            }
+            let claims = plan.read_mode == ReadMode::claim_own() || plan.kind == JobKind::ClaimOwn;
+            let handed: Vec<&str> = plan.deferred.iter().map(|e| e.id.as_str()).collect();
+            let delivered: Vec<&str> = ids.iter().map(String::as_str).collect();
+            // In delivery order, at the end of what it handles first.
+            let in_order = handed.ends_with(&delivered);
+            prop_assert!(
+                ids.is_empty() || in_order || claims,
+                "shard {}'s next job lost what the waits delivered ({:?}): {:?}",
+                plan.shard,
+                ids,
+                plan
+            );
             if claim {
                 prop_assert!(
-                    plan.read_mode == ReadMode::claim_own() || plan.kind == JobKind::ClaimOwn,
+                    claims,
                     "shard {} reads on past a lost wait reply: {:?}",
                     plan.shard,
                     plan
@@ -928,7 +940,11 @@ impl Model {
         for o in out {
             match o {
                 Output::Start {
-                    job, shard, epoch, ..
+                    job,
+                    shard,
+                    epoch,
+                    kind,
+                    one_batch,
                 } => {
                     prop_assert!(
                         !self.paused && !self.closing,
@@ -945,22 +961,37 @@ impl Model {
                         "started in backoff"
                     );
                     prop_assert!(!self.unconfirmed.contains(shard), "started unconfirmed");
+                    // A job that reads nothing may start under a wait over its shard (and ride it).
                     prop_assert!(
-                        !self.running.values().any(|(s, _)| s.contains(shard)),
+                        !self
+                            .running
+                            .values()
+                            .any(|(s, wait)| s.contains(shard) && !(*wait && *one_batch)),
                         "two jobs of shard {}",
                         shard
                     );
                     self.running.insert(*job, (vec![*shard], false));
+                    if *one_batch {
+                        prop_assert_eq!(*kind, JobKind::Delivered, "one batch of what?");
+                        self.one_batch.insert(*job);
+                    }
                 }
                 Output::StartWait { job, shards } => {
                     prop_assert!(!self.paused && !self.closing && self.now < self.deadline);
                     for shard in shards {
                         prop_assert!(self.owned.contains_key(shard));
-                        prop_assert!(!self.running.values().any(|(s, _)| s.contains(shard)));
-                    }
-                    for shard in shards {
+                        // Only a job that reads nothing may run beside a wait over its shard.
+                        let riding = self.running.iter().any(|(j, (s, w))| {
+                            !*w && s.contains(shard) && self.one_batch.contains(j)
+                        });
                         prop_assert!(
-                            !self.owed.contains_key(shard),
+                            !self.running.iter().any(|(j, (s, w))| s.contains(shard)
+                                && (*w || !self.one_batch.contains(j))),
+                            "shard {} waited on beside a reading job or another wait",
+                            shard
+                        );
+                        prop_assert!(
+                            riding || !self.owed.contains_key(shard),
                             "shard {} waits again before its job did what the last wait left it",
                             shard
                         );
@@ -1074,6 +1105,7 @@ proptest! {
                     };
                     let (shards, wait) = (shards.clone(), *wait);
                     m.running.remove(&job);
+                    m.one_batch.remove(&job);
                     let stale = m.stale.remove(&job);
                     if wait {
                         let woke: Vec<u32> = shards.iter().copied().filter(|s| (s + kind as u32).is_multiple_of(2)).collect();
@@ -1087,6 +1119,8 @@ proptest! {
                             new_entries: woke.clone(),
                             expired: kind == 6,
                             in_doubt,
+                            // Kind 3 delivers a full batch (its job reads on), the others a short one.
+                            count: if kind == 3 { 1 } else { 2 },
                             ..WaitReport::default()
                         };
                         if kind == 7 {
@@ -1102,7 +1136,10 @@ proptest! {
                             }
                             let delivered = (delivering && woke.contains(&shard)).then(|| id.clone());
                             if delivered.is_some() || in_doubt {
-                                m.owed.insert(shard, (delivered, in_doubt));
+                                // A shard that rode the wait may owe an earlier wait's delivery still.
+                                let owed = m.owed.entry(shard).or_default();
+                                owed.0.extend(delivered);
+                                owed.1 |= in_doubt;
                             }
                         }
                         s.wait_reported(t(m.now), job, report)
@@ -1768,4 +1805,186 @@ fn rule_a_busy_job_asked_back_goes_on_for_yield_after_unless_paused() {
     );
     assert!(hands_back(true, false, YIELD_AFTER), "then hands it back");
     assert!(hands_back(true, true, Duration::ZERO), "paused: at once");
+}
+
+// ---- riding the wait: a short delivery's job reads nothing, so the next wait covers its shard meanwhile --
+
+/// A group wait's report delivering `entries` to `shard`, reading at most `count` a shard.
+fn delivery(shard: u32, entries: &[&str], count: usize) -> WaitReport {
+    WaitReport {
+        new_entries: vec![shard],
+        delivered: vec![(shard, entries.iter().map(|id| entry(id)).collect())],
+        count,
+        ..WaitReport::default()
+    }
+}
+
+fn handled_short(fetched: usize) -> JobReport {
+    JobReport {
+        drained: true,
+        ..read(fetched)
+    }
+}
+
+fn interrupted(out: &[Command]) -> bool {
+    out.iter()
+        .any(|c| matches!(c, Command::InterruptWait { .. }))
+}
+
+/// Waiting on shards 0 and 1, the wait delivers a short batch `[5-0]` to shard 1: returns the machine, the
+/// job handling it and the next wait (over both).
+fn riding() -> (Machine, JobPlan, JobId) {
+    let (mut m, wait) = waiting_on_two();
+    let out = m.wait_ended(t(1), wait, Some(delivery(1, &["5-0"], 25)));
+    let job = plan_of(&out, 1);
+    let (next, shards) = started_wait(&out);
+    assert_eq!(shards, vec![0, 1]);
+    (m, job, next)
+}
+
+#[test]
+fn rule_a_short_delivery_is_one_batch_and_its_shard_rides_the_next_wait() {
+    let (_, job, _) = riding();
+    assert_eq!(job.kind, JobKind::Delivered);
+    assert_eq!(job.max_turns, 1, "handles the delivery and reads no more");
+    assert_eq!(job.deferred, vec![entry("5-0")]);
+}
+
+#[test]
+fn rule_a_full_delivery_reads_on_and_its_shard_rides_no_wait() {
+    let (mut m, wait) = waiting_on_two();
+    let out = m.wait_ended(t(1), wait, Some(delivery(1, &["5-0", "6-0"], 2)));
+    let job = plan_of(&out, 1);
+    assert_eq!(job.max_turns, MAX_TURNS, "more may be there: it reads on");
+    // Shard 0 alone is waited on (once the hold for the woken shard's read is over).
+    let out = m.tick(t(1).plus_duration(WAIT_HOLD));
+    assert_eq!(started_wait(&out).1, vec![0]);
+}
+
+#[test]
+fn rule_a_riding_shard_whose_job_ends_idle_stays_in_the_wait_without_an_interrupt() {
+    let (mut m, job, next) = riding();
+    let out = m.job_ended(t(2), job.job, Some(handled_short(1)));
+    assert!(
+        !interrupted(&out),
+        "nothing to interrupt the wait for: {out:?}"
+    );
+    assert!(plans(&out).is_empty() && !out.iter().any(|c| matches!(c, Command::StartWait { .. })));
+    // The wait ends empty: both shards are waited on again.
+    let out = m.wait_ended(t(3), next, Some(WaitReport::default()));
+    assert_eq!(started_wait(&out).1, vec![0, 1]);
+}
+
+#[test]
+fn rule_what_a_wait_delivers_to_a_riding_shard_is_handled_after_its_job_in_order() {
+    let (mut m, job, next) = riding();
+    // The wait delivers more to shard 1 while its job still runs: nothing starts for it yet, and it rides
+    // the wait after too (what is queued is short of a batch).
+    let out = m.wait_ended(t(2), next, Some(delivery(1, &["7-0"], 25)));
+    assert!(plans(&out).is_empty(), "a second job of shard 1: {out:?}");
+    let (third, shards) = started_wait(&out);
+    assert_eq!(shards, vec![0, 1]);
+    let out = m.wait_ended(t(3), third, Some(delivery(1, &["8-0"], 25)));
+    assert!(plans(&out).is_empty());
+    // Its job ends: the next handles both deliveries, in order, as one batch again.
+    let out = m.job_ended(t(4), job.job, Some(handled_short(1)));
+    let after = plan_of(&out, 1);
+    assert_eq!(after.kind, JobKind::Delivered);
+    assert_eq!(after.deferred, vec![entry("7-0"), entry("8-0")]);
+    assert_eq!(after.max_turns, 1);
+}
+
+#[test]
+fn rule_a_riding_shard_with_a_batch_queued_rides_no_further_wait() {
+    let (mut m, job, next) = riding();
+    let out = m.wait_ended(t(2), next, Some(delivery(1, &["7-0", "8-0"], 2)));
+    assert_eq!(started_wait(&out).1, vec![0], "memory stays bounded");
+    let out = m.job_ended(t(3), job.job, Some(handled_short(1)));
+    let after = plan_of(&out, 1);
+    assert_eq!(after.deferred, vec![entry("7-0"), entry("8-0")]);
+    assert_eq!(
+        after.max_turns, MAX_TURNS,
+        "a full batch was queued: it reads on"
+    );
+}
+
+#[test]
+fn rule_a_riding_shard_whose_job_failed_claims_what_the_wait_delivered_in_id_order() {
+    // The job's entry may be pending still (its ack failed): handling the later delivery first would
+    // break per-key order, so a claim of our own pending entries gets both, in id order.
+    let (mut m, job, next) = riding();
+    let out = m.wait_ended(t(2), next, Some(delivery(1, &["7-0"], 25)));
+    let failed = JobReport {
+        error: Some(redis::RedisError::from((redis::ErrorKind::Io, "reset"))),
+        next_read_mode: Some(ReadMode::claim_own()),
+        ..JobReport::default()
+    };
+    let wait = started_wait(&out).0;
+    let out = m.job_ended(t(3), job.job, Some(failed));
+    assert!(plans(&out).is_empty(), "backs off first");
+    // Its backoff over (and the wait ended), it claims: nothing delivered is handled before.
+    let mut out = m.wait_ended(t(4), wait, Some(WaitReport::default()));
+    out.extend(m.tick(t(1_000)));
+    let next = plan_of(&out, 1);
+    assert_eq!(next.kind, JobKind::ClaimOwn);
+    assert!(
+        next.deferred.is_empty(),
+        "handled before the claim: {next:?}"
+    );
+}
+
+#[test]
+fn rule_a_riding_shard_whose_job_fails_while_the_wait_runs_parks_until_it_ends() {
+    let (mut m, job, next) = riding();
+    let deferred = JobReport {
+        deferred: vec![entry("5-0")],
+        defer_for: Some(Duration::from_millis(10)),
+        ..read(1)
+    };
+    let out = m.job_ended(t(2), job.job, Some(deferred));
+    assert!(plans(&out).is_empty());
+    // Its backoff ends while the wait still covers it: no second reader, the wait is interrupted.
+    let out = m.tick(t(20));
+    assert!(
+        plans(&out).is_empty(),
+        "a job beside the wait over its shard: {out:?}"
+    );
+    assert!(interrupted(&out));
+    // The wait ends with a delivery to it: its retry handles both, in order.
+    let out = m.wait_ended(t(21), next, Some(delivery(1, &["7-0"], 25)));
+    let retry = plan_of(&out, 1);
+    assert_eq!(retry.kind, JobKind::Retry);
+    assert_eq!(retry.deferred, vec![entry("5-0"), entry("7-0")]);
+}
+
+#[test]
+fn rule_a_revoked_riding_shard_is_reported_after_its_job_and_the_wait() {
+    for job_first in [true, false] {
+        let (mut m, job, next) = riding();
+        let out = m.revoke(t(2), 1);
+        assert!(out.contains(&Command::Stop { job: job.job }));
+        assert!(interrupted(&out), "the wait is told to end");
+        let revoked = |out: &[Command]| {
+            reports(out)
+                .iter()
+                .any(|r| matches!(r, Report::Revoked { shard: 1 }))
+        };
+        let (first, second) = if job_first {
+            (
+                m.job_ended(t(3), job.job, Some(handled_short(1))),
+                m.wait_ended(t(4), next, Some(delivery(1, &["7-0"], 25))),
+            )
+        } else {
+            (
+                m.wait_ended(t(3), next, Some(delivery(1, &["7-0"], 25))),
+                m.job_ended(t(4), job.job, Some(handled_short(1))),
+            )
+        };
+        assert!(
+            !revoked(&first),
+            "REVOKED while something still reads shard 1"
+        );
+        assert!(revoked(&second));
+        assert!(plans(&second).iter().all(|p| p.shard != 1));
+    }
 }
