@@ -711,17 +711,16 @@ impl ShardScheduler {
             }
             for shard in report.new_entries.drain(..) {
                 let riding = self.riding(&ended, shard);
-                let taken = delivered.contains(&shard);
                 if let Some(state) = self.waited(&ended, shard).filter(|_| !riding) {
                     // Watched from the group's position again unless the next read gets the new entries
                     // (another consumer may have taken them).
                     state.watch_from = None;
                     state.idle = false;
-                    // A short delivery's job reads nothing: the next wait covers its shard at once.
-                    if !taken || state.more {
-                        woke.push(shard);
-                        self.woken.insert(shard);
-                    }
+                    // The next wait holds back for its job (a short delivery's job most often ends
+                    // within the hold, and one wait after it costs least); one that outlasts the hold
+                    // rides that wait.
+                    woke.push(shard);
+                    self.woken.insert(shard);
                 }
             }
         } else {
@@ -1350,12 +1349,16 @@ impl ShardScheduler {
             }
         }
         let idle = shards.len();
-        // Shards whose job handles one short delivery ride along (their phase stays their job's).
+        // Shards whose job handles one short delivery ride along (their phase stays their job's): covered,
+        // no later wait holds back for them.
         for (shard, state) in &self.shards {
             if self.rides(state, now) {
                 shards.push((*shard, state.watch_from.clone()));
                 taken.push((*shard, state.generation));
             }
+        }
+        for (shard, _) in &shards[idle..] {
+            self.woken.remove(shard);
         }
         if shards.is_empty() {
             return;

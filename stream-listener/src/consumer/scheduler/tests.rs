@@ -1831,15 +1831,30 @@ fn interrupted(out: &[Command]) -> bool {
         .any(|c| matches!(c, Command::InterruptWait { .. }))
 }
 
-/// Waiting on shards 0 and 1, the wait delivers a short batch `[5-0]` to shard 1: returns the machine, the
-/// job handling it and the next wait (over both).
+/// Waiting on shards 0 and 1, the wait delivers a short batch `[5-0]` to shard 1, whose job outlasts the
+/// next wait's hold: returns the machine, the job handling it and the next wait (over both).
 fn riding() -> (Machine, JobPlan, JobId) {
     let (mut m, wait) = waiting_on_two();
     let out = m.wait_ended(t(1), wait, Some(delivery(1, &["5-0"], 25)));
     let job = plan_of(&out, 1);
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::StartWait { .. })),
+        "the next wait holds back for the pickup's job: {out:?}"
+    );
+    let out = m.tick(t(1).plus_duration(WAIT_HOLD));
     let (next, shards) = started_wait(&out);
     assert_eq!(shards, vec![0, 1]);
     (m, job, next)
+}
+
+#[test]
+fn rule_a_pickups_job_that_ends_within_the_hold_is_followed_by_one_wait_over_all() {
+    let (mut m, wait) = waiting_on_two();
+    let out = m.wait_ended(t(1), wait, Some(delivery(1, &["5-0"], 25)));
+    let job = plan_of(&out, 1);
+    let out = m.job_ended(t(1), job.job, Some(handled_short(1)));
+    assert_eq!(started_wait(&out).1, vec![0, 1]);
+    assert!(!interrupted(&out));
 }
 
 #[test]
