@@ -41,6 +41,11 @@
 //!   runs is parked for the next wait (not polled again by a free worker) and the wait is interrupted,
 //!   once, so that the next one covers it too. After a wake-up the next wait holds back for the woken
 //!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt;
+//! * a short delivery's job handles that batch and reads nothing: past the hold its shard rides the wait
+//!   beside it ([`rides`](ShardScheduler::rides)); what the wait delivers to it is queued for after the job
+//!   (up to a batch, then it rides no further wait), or left to a claim of our own pending entries if the
+//!   job ends needing one (id order); its job's end leaves it in the wait when idle, parked otherwise;
+//!   revoked, it is reported once both ended;
 //! * hooks see one batch of assigned and of drained shards per [`settle`](ShardScheduler::settle) (the
 //!   driver settles after it took every queued command), drained first;
 //! * [`Command::Stopped`] comes once shutting down, with no job running and no revoked hook unanswered.
