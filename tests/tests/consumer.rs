@@ -2290,6 +2290,111 @@ async fn sparse_entries_cost_a_few_commands_each_whatever_the_shard_count() {
     }
 }
 
+/// Writes refused with `READONLY` so far, from `INFO errorstats`.
+async fn readonly_errors(conn: &mut impl ConnectionLike) -> u64 {
+    info(conn, "errorstats")
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_READONLY:count="))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Single node only: it turns one node into a replica for a while.
+///
+/// An entry whose handler failed waits in memory for its retry. The faults: the retry's job must install the
+/// shard's fence first (the shard was granted again, and the fence's key is lost) and Redis refuses the
+/// write with an error reply (`READONLY`: the node was made a replica, as in a failover; its data stays).
+/// The job hands the entry back, and once Redis takes writes again the entry is handled before the newer
+/// entry of its shard, and nothing stays pending (dropping it left it pending for us, unhandled, while the
+/// next job read past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_waiting_for_its_retry_outlives_a_refused_fence_install_in_order() {
+    let prefix = "oomfence";
+    let (redis, mut conn) = redis_with_groups(Target::Single, prefix, 0..1).await;
+    let seen: Seen = Seen::default();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (seen, attempts) = (seen.clone(), attempts.clone());
+        BoxedHandler::json(move |msg: Message<Order>| {
+            let (seen, attempts) = (seen.clone(), attempts.clone());
+            async move {
+                if msg.payload.n == 0 && attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err("the first attempt fails".to_owned());
+                }
+                seen.lock()
+                    .unwrap()
+                    .push((msg.payload.n, msg.delivery_count));
+                Ok(())
+            }
+        })
+    };
+    let mut config = config(prefix, "m");
+    // Time to write the next entry, fill the memory and grant the shard again before the retry.
+    config.failure_policy.initial_backoff = Duration::from_secs(1);
+    config.failure_policy.max_backoff = Duration::from_secs(1);
+    let running = Running::start(redis.url(), config, handler).await;
+    running.assign(0..1).await;
+    produce(&mut conn, prefix, 0, 0, 1).await;
+    wait_until_async(
+        "the first attempt failed",
+        Duration::from_secs(10),
+        || async { attempts.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    produce(&mut conn, prefix, 0, 1, 1).await;
+    let refused = readonly_errors(&mut conn).await;
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg("sl:fence:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fences.len(), 1, "{fences:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&fences)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A replica of a master that is not there: it keeps its data and refuses writes.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A newer grant: the next job installs its fence first.
+    running.assign(0..1).await;
+    wait_until_async(
+        "the retry's fence install refused",
+        Duration::from_secs(10),
+        || async { readonly_errors(&mut conn.clone()).await > refused },
+    )
+    .await;
+    let handled = seen.lock().unwrap().clone();
+    assert!(handled.is_empty(), "handled while refused: {handled:?}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    wait_until_async("both entries handled", Duration::from_secs(10), || async {
+        seen.lock().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(0, 2), (1, 1)],
+        "the retried entry first, then the newer one"
+    );
+    let key = format!("{prefix}:0");
+    wait_until_async("nothing pending", Duration::from_secs(10), || async {
+        pending_count(redis.url(), &key).await == 0
+    })
+    .await;
+    running.stop().await;
+}
+
 /// How many entries of `key` the group holds pending.
 async fn pending_count(url: &str, key: &str) -> u64 {
     let mut conn = stream_listener_tests::connection(url).await;

@@ -44,6 +44,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             Err(error) => {
                 outcome.next_read_mode = Some(spec.read_mode.after_failure(false, &error));
                 outcome.error = Some(error);
+                outcome.deferred = std::mem::take(&mut spec.deferred);
                 return outcome;
             }
         }
@@ -52,6 +53,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         if !spec.ownership.is_active() {
             outcome.expired = true;
             outcome.next_read_mode = Some(spec.read_mode.clone());
+            outcome.deferred = std::mem::take(&mut spec.deferred);
             return outcome;
         }
         match io.install_fence(&spec.fence).await {
@@ -70,6 +72,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                 outcome.fence_lost = fence::is_fence_error(&error, &spec.fence);
                 outcome.next_read_mode = Some(spec.read_mode.after_failure(false, &error));
                 outcome.error = Some(error);
+                // Not handled: the shard's next job handles them first (reading `>` on past them would
+                // strand them, pending for us, behind later entries of their keys).
+                outcome.deferred = std::mem::take(&mut spec.deferred);
                 return outcome;
             }
         }
