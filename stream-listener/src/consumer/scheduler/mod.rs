@@ -164,6 +164,8 @@ struct Job {
     wait: bool,
     /// Handles one short delivery and reads nothing: its shard may ride the idle wait meanwhile.
     one_batch: bool,
+    /// The fencing token's epoch the job was given (0 for the wait): the fence it installs is that grant's.
+    epoch: i64,
     /// Told to hand its shard back after the batch (or to stop).
     yielded: bool,
 }
@@ -478,10 +480,16 @@ impl ShardScheduler {
             return self.wait_ended(now, job, None);
         }
         let mut out = Vec::new();
+        let epoch = ended.epoch;
         let end = match ended.shards.first() {
-            Some(&(shard, generation)) => {
-                self.absorb(now, shard, generation, report.unwrap_or_default(), &mut out)
-            }
+            Some(&(shard, generation)) => self.absorb(
+                now,
+                shard,
+                generation,
+                epoch,
+                report.unwrap_or_default(),
+                &mut out,
+            ),
             None => JobEnd::Aborted,
         };
         self.job_ended_as(now, job, end, &mut out);
@@ -495,6 +503,7 @@ impl ShardScheduler {
         now: Millis,
         shard: u32,
         generation: u64,
+        epoch: i64,
         mut report: JobReport,
         out: &mut Vec<Command>,
     ) -> JobEnd {
@@ -506,7 +515,8 @@ impl ShardScheduler {
             // A job of a fenced ownership: what it did is not this ownership's.
             return JobEnd::Aborted;
         };
-        if report.fence_installed {
+        // The fence of the grant the job was given: a newer grant of the shard since needs its own.
+        if report.fence_installed && state.token.as_ref().map(|t| t.member_epoch) == Some(epoch) {
             state.fence_installed = true;
         }
         if report.fence_lost {
@@ -1135,7 +1145,13 @@ impl ShardScheduler {
         now >= state.reclaimed_at.plus(self.reclaim_every)
     }
 
-    fn new_job(&mut self, shards: Vec<(u32, u64)>, wait: bool, one_batch: bool) -> JobId {
+    fn new_job(
+        &mut self,
+        shards: Vec<(u32, u64)>,
+        wait: bool,
+        one_batch: bool,
+        epoch: i64,
+    ) -> JobId {
         let job = JobId(self.next_job);
         self.next_job += 1;
         self.jobs.insert(
@@ -1144,6 +1160,7 @@ impl ShardScheduler {
                 shards,
                 wait,
                 one_batch,
+                epoch,
                 yielded: false,
             },
         );
@@ -1266,6 +1283,7 @@ impl ShardScheduler {
             // rides the next wait (see `rides`).
             let one_batch = kind == JobKind::Delivered && !state.more;
             let generation = state.generation;
+            let epoch = token.member_epoch;
             let plan = JobPlan {
                 job: JobId(self.next_job),
                 shard,
@@ -1278,7 +1296,7 @@ impl ShardScheduler {
                 recreate_group: std::mem::take(&mut state.recreate_group),
                 max_turns: if one_batch { 1 } else { MAX_TURNS },
             };
-            let job = self.new_job(vec![(shard, generation)], false, one_batch);
+            let job = self.new_job(vec![(shard, generation)], false, one_batch, epoch);
             if let Some(state) = self.shards.get_mut(&shard) {
                 state.phase = Phase::Running(job);
             }
@@ -1370,7 +1388,7 @@ impl ShardScheduler {
         }
         self.ready
             .retain(|s| !shards[..idle].iter().any(|(w, _)| w == s));
-        let job = self.new_job(taken, true, false);
+        let job = self.new_job(taken, true, false, 0);
         for (shard, _) in &shards[..idle] {
             if let Some(state) = self.shards.get_mut(shard) {
                 state.phase = Phase::Running(job);

@@ -1365,6 +1365,23 @@ fn rule_the_fence_is_installed_by_the_first_job_and_again_once_lost_or_regranted
     let fifth = plan_of(&m.job_ended(t(5), fourth.job, Some(read(1))), 0);
     assert!(fifth.install_fence);
     assert_eq!(fifth.token, token(2));
+    // A job of the older grant that installed its fence says nothing of the newer grant's.
+    let installed = JobReport {
+        fence_installed: true,
+        ..read(1)
+    };
+    let sixth = plan_of(&m.job_ended(t(6), fifth.job, Some(installed)), 0);
+    m.assign(t(7), 0, token(3));
+    let installed_old = JobReport {
+        fence_installed: true,
+        ..read(1)
+    };
+    let seventh = plan_of(&m.job_ended(t(8), sixth.job, Some(installed_old)), 0);
+    assert!(
+        seventh.install_fence,
+        "the grant of epoch 3 has no fence yet"
+    );
+    assert_eq!(seventh.token, token(3));
 }
 
 #[test]
