@@ -2020,12 +2020,13 @@ on_every_target!(
     entries_a_zombie_left_pending_are_reclaimed_by_the_owner,
 );
 
-/// `INFO errorstats`: how many `NOGROUP` errors the server has replied so far.
-async fn nogroup_errors(conn: &mut impl ConnectionLike) -> u64 {
+/// `INFO errorstats`: how many errors of `code` (`NOGROUP`, `READONLY`, ...) the server has replied so far.
+async fn errors(conn: &mut impl ConnectionLike, code: &str) -> u64 {
     let stats = info(conn, "errorstats").await;
+    let prefix = format!("errorstat_{code}:count=");
     stats
         .lines()
-        .find_map(|line| line.strip_prefix("errorstat_NOGROUP:count="))
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
 }
@@ -2100,7 +2101,7 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
     })
     .await;
     new.pause.pause();
-    let errors_before = nogroup_errors(&mut conn).await;
+    let errors_before = errors(&mut conn, "NOGROUP").await;
     produce(&mut conn, "late", 0, 1, 1).await;
     // The old owner's wait answers (replies still flow), its job reads: that read is held.
     wait_until_async(
@@ -2115,7 +2116,7 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
         Duration::from_secs(10),
         || {
             let mut conn = conn.clone();
-            async move { nogroup_errors(&mut conn).await > errors_before }
+            async move { errors(&mut conn, "NOGROUP").await > errors_before }
         },
     )
     .await;
@@ -2290,16 +2291,6 @@ async fn sparse_entries_cost_a_few_commands_each_whatever_the_shard_count() {
     }
 }
 
-/// Writes refused with `READONLY` so far, from `INFO errorstats`.
-async fn readonly_errors(conn: &mut impl ConnectionLike) -> u64 {
-    info(conn, "errorstats")
-        .await
-        .lines()
-        .find_map(|line| line.strip_prefix("errorstat_READONLY:count="))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Single node only: it turns one node into a replica for a while.
 ///
 /// An entry whose handler failed waits in memory for its retry. The faults: the retry's job must install the
@@ -2310,7 +2301,7 @@ async fn readonly_errors(conn: &mut impl ConnectionLike) -> u64 {
 /// next job read past it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_waiting_for_its_retry_outlives_a_refused_fence_install_in_order() {
-    let prefix = "oomfence";
+    let prefix = "refused";
     let (redis, mut conn) = redis_with_groups(Target::Single, prefix, 0..1).await;
     let seen: Seen = Seen::default();
     let attempts = Arc::new(AtomicUsize::new(0));
@@ -2343,7 +2334,7 @@ async fn an_entry_waiting_for_its_retry_outlives_a_refused_fence_install_in_orde
     )
     .await;
     produce(&mut conn, prefix, 0, 1, 1).await;
-    let refused = readonly_errors(&mut conn).await;
+    let refused = errors(&mut conn, "READONLY").await;
     let fences: Vec<String> = redis::cmd("KEYS")
         .arg("sl:fence:*")
         .query_async(&mut conn)
@@ -2367,7 +2358,7 @@ async fn an_entry_waiting_for_its_retry_outlives_a_refused_fence_install_in_orde
     wait_until_async(
         "the retry's fence install refused",
         Duration::from_secs(10),
-        || async { readonly_errors(&mut conn.clone()).await > refused },
+        || async { errors(&mut conn.clone(), "READONLY").await > refused },
     )
     .await;
     let handled = seen.lock().unwrap().clone();
