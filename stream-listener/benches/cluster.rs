@@ -4,9 +4,12 @@
 //! 3-replica cluster this benchmark starts itself, all through [`Connection`].
 //!
 //! `cargo bench -p stream-listener --bench cluster` (`SL_BENCH_ENTRIES`: entries per shard, default
-//! 10,000; `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
-//! faster: the ratio measures overhead. Production also prints the client CPU per entry of each side
-//! (this process's threads only, not the redis-servers'), which decides the ratio on a busy machine.
+//! 50,000: with 10,000 a phase took 0.2 s and one round's ratio said 0.76, the next 1.01;
+//! `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
+//! faster: the ratio measures overhead. The producer runs twice: batches of distinct keys (plain
+//! XADDs), and `producer x4`, each key four times in a row (each shard's part a transaction).
+//! Production also prints the client CPU per entry of each side (this process's threads only, not the
+//! redis-servers'), which decides the ratio on a busy machine.
 //! The producer is made as `Producer::connect` makes it (on a cluster, a connection per master);
 //! `SL_BENCH_PRODUCER=connection` makes it over the shared connection, as `Producer::new` does.
 
@@ -71,7 +74,8 @@ async fn produce_raw(conn: &Connection, prefix: &str, per_shard: u64) -> Duratio
 
 /// The library's producer: as many concurrent `send_batch` callers as the hand-written loop has shard
 /// tasks, each sending batches of the same size (keyed messages, routed, split per slot), so both sides
-/// keep the same number of pipelines in flight. Made as `Producer::connect` makes it (on a cluster, with
+/// keep the same number of pipelines in flight. Each key `repeats` times in a row: with 1 a batch's keys
+/// are distinct (plain XADDs); with more, each shard's part is a transaction. Made as `Producer::connect` makes it (on a cluster, with
 /// a connection per master); with `SL_BENCH_PRODUCER=connection`, as `Producer::new` over the shared
 /// connection (each shard's part through redis-rs's routing).
 async fn produce_lib(
@@ -79,6 +83,7 @@ async fn produce_lib(
     conn: &Connection,
     prefix: &str,
     total: u64,
+    repeats: u64,
 ) -> Duration {
     let config = ProducerConfig::default();
     let producer = if std::env::var("SL_BENCH_PRODUCER").as_deref() == Ok("connection") {
@@ -101,7 +106,7 @@ async fn produce_lib(
             let mut n = from;
             while n < to {
                 let messages: Vec<(String, String)> = (n..(n + batch).min(to))
-                    .map(|i| (format!("customer-{}", i % 1000), payload(i)))
+                    .map(|i| (format!("customer-{}", (i / repeats) % 1000), payload(i)))
                     .collect();
                 producer
                     .send_batch_bytes(&messages)
@@ -222,9 +227,10 @@ async fn consume_lib(
     elapsed
 }
 
-/// Rates (entries/s): raw production, producer, raw consumption, consumer; and client CPU per entry (µs)
-/// of raw production and of the producer.
-async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4], [f64; 2]) {
+/// Rates (entries/s): raw production, producer, raw consumption, consumer, producer with each key 4
+/// times in a row; and client CPU per entry (µs) of raw production, the producer, and the producer of
+/// repeated keys.
+async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 5], [f64; 3]) {
     let conn = target
         .connect(ConnectOptions::default())
         .await
@@ -239,8 +245,11 @@ async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4],
     let produced_raw = produce_raw(&conn, &raw_prefix, per_shard).await;
     let raw_cpu = cpu_us(cpu);
     let cpu = process_cpu();
-    let produced_lib = produce_lib(target, &conn, &lib_prefix, total).await;
+    let produced_lib = produce_lib(target, &conn, &lib_prefix, total, 1).await;
     let lib_cpu = cpu_us(cpu);
+    let cpu = process_cpu();
+    let produced_repeats = produce_lib(target, &conn, &format!("rep{round}"), total, 4).await;
+    let repeats_cpu = cpu_us(cpu);
     create_groups(&conn, &lib_prefix).await;
     let (consumed_raw, n) = consume_raw(&conn, &lib_prefix).await;
     assert_eq!(n, total, "baseline read everything");
@@ -251,8 +260,9 @@ async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 4],
             rate(produced_lib),
             rate(consumed_raw),
             rate(consumed_lib),
+            rate(produced_repeats),
         ],
-        [raw_cpu, lib_cpu],
+        [raw_cpu, lib_cpu, repeats_cpu],
     )
 }
 
@@ -263,7 +273,7 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    let per_shard = env("SL_BENCH_ENTRIES", 10_000);
+    let per_shard = env("SL_BENCH_ENTRIES", 50_000);
     let rounds = env("SL_BENCH_ROUNDS", 1).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -281,8 +291,14 @@ fn main() {
         for round in 0..rounds {
             let (s, s_cpu) = measure(&single, per_shard, round).await;
             let (c, c_cpu) = measure(&clustered, per_shard, round).await;
-            let names = ["produce raw", "producer", "consume raw", "consumer"];
-            for i in 0..4 {
+            let names = [
+                "produce raw",
+                "producer",
+                "consume raw",
+                "consumer",
+                "producer x4",
+            ];
+            for i in 0..5 {
                 println!(
                     "round {round} {:<12} single {:>9.0}/s  cluster {:>9.0}/s  cluster/single {:.2}",
                     names[i],
@@ -292,16 +308,19 @@ fn main() {
                 );
             }
             println!(
-                "round {round} ours/raw: producer single {:.2} cluster {:.2}; consumer single {:.2} cluster {:.2}",
+                "round {round} ours/raw: producer single {:.2} cluster {:.2}; producer x4 single {:.2} \
+                 cluster {:.2}; consumer single {:.2} cluster {:.2}",
                 s[1] / s[0],
                 c[1] / c[0],
+                s[4] / s[0],
+                c[4] / c[0],
                 s[3] / s[2],
                 c[3] / c[2]
             );
             println!(
                 "round {round} client CPU per entry: produce raw single {:.2} µs cluster {:.2} µs; \
-                 producer single {:.2} µs cluster {:.2} µs",
-                s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1]
+                 producer single {:.2} µs cluster {:.2} µs; producer x4 single {:.2} µs cluster {:.2} µs",
+                s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1], s_cpu[2], c_cpu[2]
             );
         }
     });

@@ -24,9 +24,9 @@ pub const MINIMUM_VERSION: (u32, u32) = (6, 2);
 /// The command rules of a least-privilege ACL user for everything stream-listener runs (members,
 /// producers, the lag exporter, `serve`, the CLI's reads), to give with its keys (`~<stream>:*`,
 /// `~sl:*`) and channels (`&sl:*`): `ACL SETUSER <user> on ><password> ~sl:* ~orders:* &sl:* <these>`.
-/// `MULTI`, `EXEC` and `DISCARD` are for the consumer's dead letters and the cluster producer's batches
-/// through the cluster connection (one transaction per shard, see `producer/cluster.rs`); [`check`]
-/// refuses a user without them. `WAIT` is for a
+/// `MULTI`, `EXEC` and `DISCARD` are for the consumer's dead letters and the producer's batches in which
+/// a key repeats (and a cluster producer's through the cluster connection, see `producer/cluster.rs`);
+/// [`check`] refuses a user without them. `WAIT` is for a
 /// producer's `min_replicas`. `CONFIG GET` (the
 /// eviction check) and `MEMORY USAGE` (`serve`'s offsets) are optional: without them that check or
 /// number is skipped. The serve conformance tests run a mixed group as such a user.

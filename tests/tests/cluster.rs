@@ -548,6 +548,13 @@ async fn a_grow_then_a_shrink_under_traffic_loses_nothing() {
     check(&seen, sent, per_key);
 }
 
+/// The batches `batches_through` sends: `len` messages, each key `key_repeats` times in a row.
+#[derive(Clone, Copy, Debug)]
+struct Batches {
+    len: u32,
+    key_repeats: u32,
+}
+
 /// How a test's producer is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Made {
@@ -567,8 +574,8 @@ impl Made {
     }
 }
 
-/// Batches of `per_batch` messages (at most `BATCH_KEYS`), each of another key, the keys taken in turn
-/// over every shard, sent with `send_batch_bytes` (a failed batch is sent again, whole, for up to 20 s)
+/// Batches of `batches_of.len` messages (at most `BATCH_KEYS`), each key `key_repeats` times in a row
+/// (1: each message of another key), the keys taken in turn over every shard, sent with `send_batch_bytes` (a failed batch is sent again, whole, for up to 20 s)
 /// while `disrupt` runs. Then every shard stream is
 /// read back (XRANGE): every receipt names an entry holding its message, every message was written,
 /// and a batch's receipts of one shard have increasing ids in input order. With `strict`, an entry no
@@ -580,12 +587,18 @@ async fn batches_through(
     stream: &'static str,
     made: Made,
     strict: bool,
-    per_batch: u32,
+    batches_of: Batches,
     config: ProducerConfig,
     disrupt: impl FnOnce(&mut RedisCluster),
 ) -> usize {
     const BATCH_KEYS: u32 = 64;
-    assert!((1..=BATCH_KEYS).contains(&per_batch));
+    let Batches {
+        len: per_batch,
+        key_repeats: repeats,
+    } = batches_of;
+    assert!((1..=BATCH_KEYS).contains(&per_batch) && repeats >= 1);
+    let key_of =
+        move |batch: u32, i: u32| format!("key-{}", (batch * per_batch + i / repeats) % BATCH_KEYS);
     let url = cluster.url();
     let mut conn = connect(&url).await;
     Topology::ensure(&mut conn, stream, SHARDS).await.unwrap();
@@ -607,12 +620,8 @@ async fn batches_through(
                 }
                 let batch = batches;
                 batches += 1;
-                let keys: Vec<u32> = (0..per_batch)
-                    .map(|i| (batch * per_batch + i) % BATCH_KEYS)
-                    .collect();
-                let messages: Vec<(String, String)> = keys
-                    .iter()
-                    .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
+                let messages: Vec<(String, String)> = (0..per_batch)
+                    .map(|i| (key_of(batch, i), format!("{batch}/{i}")))
                     .collect();
                 let started = Instant::now();
                 let sent = loop {
@@ -630,7 +639,7 @@ async fn batches_through(
                 };
                 assert_eq!(sent.len(), messages.len());
                 let mut last_of_shard: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-                for (&j, (receipt, (key, _))) in keys.iter().zip(sent.iter().zip(&messages)) {
+                for (i, (receipt, (key, _))) in (0..).zip(sent.iter().zip(&messages)) {
                     let shard = topology.shard_for_key(key.as_bytes());
                     assert_eq!(
                         (receipt.shard, receipt.stream.as_str()),
@@ -642,7 +651,7 @@ async fn batches_through(
                         assert!(last < id, "batch {batch}: {key}'s id {id:?} after {last:?}");
                     }
                     let at = (receipt.stream.clone(), receipt.id.clone());
-                    let previous = receipts.insert(at, (batch, j));
+                    let previous = receipts.insert(at, (batch, i));
                     assert_eq!(previous, None, "one id given twice: {receipt:?}");
                 }
             }
@@ -659,10 +668,10 @@ async fn batches_through(
         let entries: Vec<(String, HashMap<String, String>)> =
             stream_listener_test_support::aio::xrange(&mut conn, &key).await;
         for (id, fields) in entries {
-            let (batch, j) = fields["p"].split_once('/').unwrap();
-            let (batch, j): (u32, u32) = (batch.parse().unwrap(), j.parse().unwrap());
-            assert_eq!(fields["k"], format!("key-{j}"));
-            written.insert((key.clone(), id), (batch, j));
+            let (batch, i) = fields["p"].split_once('/').unwrap();
+            let (batch, i): (u32, u32) = (batch.parse().unwrap(), i.parse().unwrap());
+            assert_eq!(fields["k"], key_of(batch, i));
+            written.insert((key.clone(), id), (batch, i));
         }
     }
     for (at, message) in &receipts {
@@ -715,7 +724,10 @@ async fn a_batch_over_every_shard_through_a_slot_migration_keeps_order_and_loses
         "batched",
         Made::OverConnection,
         false,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 1,
+        },
         ProducerConfig::default(),
         migrate_shard_3("batched"),
     )
@@ -735,7 +747,10 @@ async fn a_batch_through_a_slot_migration_writes_nothing_twice_unreported() {
         "batched",
         Made::OverConnection,
         true,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 1,
+        },
         ProducerConfig::default(),
         migrate_shard_3("batched"),
     )
@@ -753,7 +768,10 @@ async fn a_replicated_batch_through_a_slot_migration_writes_nothing_twice_unrepo
         "waited",
         Made::OverConnection,
         true,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 1,
+        },
         replicated(),
         migrate_shard_3("waited"),
     )
@@ -773,7 +791,10 @@ async fn single_sends_through_a_slot_migration_are_written_once_without_a_transa
         "single",
         Made::OverConnection,
         true,
-        1,
+        Batches {
+            len: 1,
+            key_repeats: 1,
+        },
         ProducerConfig::default(),
         migrate_shard_3("single"),
     )
@@ -808,7 +829,10 @@ async fn a_batch_straight_to_the_masters_through_a_slot_migration_writes_nothing
         "direct",
         Made::Connect,
         true,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 1,
+        },
         ProducerConfig::default(),
         migrate_shard_3("direct"),
     )
@@ -820,22 +844,32 @@ async fn a_batch_straight_to_the_masters_through_a_slot_migration_writes_nothing
     );
 }
 
-/// The same with `min_replicas`: each master's pipeline ends with `WAIT`.
+/// The same with `min_replicas` (each master's pipeline ends with `WAIT`) and each key four times in a
+/// batch: each shard's part is a transaction, refused whole by a master its slot left and sent again
+/// whole through the cluster connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replicated_batch_straight_to_the_masters_through_a_slot_migration_writes_nothing_twice_unreported(
+async fn a_replicated_batch_of_repeated_keys_straight_to_the_masters_through_a_slot_migration_writes_nothing_twice_unreported(
 ) {
     let mut cluster = RedisCluster::start();
+    let execs = info_sum(&cluster, "commandstats", "cmdstat_exec:");
     let failed = batches_through(
         &mut cluster,
         "direct-waited",
         Made::Connect,
         true,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 4,
+        },
         replicated(),
         migrate_shard_3("direct-waited"),
     )
     .await;
     assert_eq!(failed, 0, "a refused XADD failed its batch");
+    assert!(
+        info_sum(&cluster, "commandstats", "cmdstat_exec:") > execs,
+        "no transaction ran"
+    );
 }
 
 /// A master killed under batches sent straight to it: its connection fails, what it may or may not have
@@ -849,7 +883,10 @@ async fn a_batch_straight_to_the_masters_through_a_masters_failover_loses_nothin
         "direct-failed",
         Made::Connect,
         false,
-        64,
+        Batches {
+            len: 64,
+            key_repeats: 1,
+        },
         replicated(),
         |cluster| {
             let master = cluster.master_of(slot_of(b"direct-failed:3"));
@@ -861,10 +898,12 @@ async fn a_batch_straight_to_the_masters_through_a_masters_failover_loses_nothin
     assert_eq!(failed, 0, "a batch failed with its master's connection");
 }
 
-/// `Producer::connect` on a cluster sends a batch's transactions straight to each master, on a
-/// connection of its own named `MASTERS_CLIENT_NAME`; a producer over a shared connection opens none
-/// (the control, first, so that the other's connections cannot be still open). Both send one
-/// transaction per shard of a batch and each message once.
+/// `Producer::connect` on a cluster sends a batch's parts straight to each master, on a connection of
+/// its own named `MASTERS_CLIENT_NAME`; a producer over a shared connection opens none (the control,
+/// first, so that the other's connections cannot be still open). Both send each message once, and one
+/// transaction per shard of a batch in which keys repeat. A batch of distinct keys is plain XADDs on
+/// the masters' connections (no order to keep), and one transaction per shard through the shared
+/// connection (which follows `ASK` with one `ASKING`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_go_to_each_master_on_the_producers_own_connection() {
     use stream_listener::producer::MASTERS_CLIENT_NAME;
@@ -886,12 +925,17 @@ async fn batches_go_to_each_master_on_the_producers_own_connection() {
             info_sum(&cluster, "commandstats", "cmdstat_xadd:"),
             info_sum(&cluster, "commandstats", "cmdstat_exec:"),
         );
+        // Each key twice in a batch: every part holding a key holds it twice.
         for batch in 0..20 {
             let messages: Vec<(String, String)> = (0..64)
-                .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
+                .map(|j| (format!("key-{}", j % 32), format!("{batch}/{j}")))
                 .collect();
             producer.send_batch_bytes(&messages).await.unwrap();
         }
+        let shards: BTreeSet<u32> = (0..32)
+            .map(|j| topology.shard_for_key(format!("key-{j}").as_bytes()))
+            .collect();
+        let shards = shards.len() as u64;
         // Counted on each master and again on its replica.
         assert_eq!(
             info_sum(&cluster, "commandstats", "cmdstat_xadd:") - xadds,
@@ -900,7 +944,28 @@ async fn batches_go_to_each_master_on_the_producers_own_connection() {
         );
         assert_eq!(
             info_sum(&cluster, "commandstats", "cmdstat_exec:") - execs,
-            2 * 20 * u64::from(SHARDS),
+            2 * 20 * shards,
+            "{made:?}"
+        );
+        let execs = info_sum(&cluster, "commandstats", "cmdstat_exec:");
+        for batch in 0..20 {
+            let messages: Vec<(String, String)> = (0..64)
+                .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
+                .collect();
+            producer.send_batch_bytes(&messages).await.unwrap();
+        }
+        assert_eq!(
+            info_sum(&cluster, "commandstats", "cmdstat_xadd:") - xadds,
+            2 * 2 * 20 * 64,
+            "{made:?}"
+        );
+        let distinct_execs = match made {
+            Made::Connect => 0,
+            Made::OverConnection => 2 * 20 * u64::from(SHARDS),
+        };
+        assert_eq!(
+            info_sum(&cluster, "commandstats", "cmdstat_exec:") - execs,
+            distinct_execs,
             "{made:?}"
         );
         for &master in &masters {
@@ -912,17 +977,17 @@ async fn batches_go_to_each_master_on_the_producers_own_connection() {
                 Made::OverConnection => assert!(ours.is_empty(), "{clients}"),
                 Made::Connect => {
                     assert_eq!(ours.len(), 1, "one connection per master: {clients}");
-                    assert!(ours[0].contains(" cmd=exec "), "{}", ours[0]);
+                    assert!(ours[0].contains(" cmd=xadd "), "{}", ours[0]);
                 }
             }
         }
     }
 }
 
-/// A shard's part of a batch is one transaction, which the documented ACL must allow: a refused
-/// `MULTI` broke redis-rs's count of replies (it panicked). As a user with only
-/// `preflight::ACL_COMMANDS` on every node, batches of 64 messages over every shard go as transactions
-/// and are written whole, each where its receipt says, in input order per shard.
+/// A shard's part of a batch in which a key repeats is one transaction, which the documented ACL must
+/// allow: a refused `MULTI` broke redis-rs's count of replies (it panicked). As a user with only
+/// `preflight::ACL_COMMANDS` on every node, batches of 64 messages (each key twice) over every shard go
+/// as transactions and are written whole, each where its receipt says, in input order per shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_with_only_the_documented_commands_sends_batches() {
     let cluster = RedisCluster::start();
@@ -951,7 +1016,7 @@ async fn an_acl_user_with_only_the_documented_commands_sends_batches() {
     let mut sent = BTreeMap::new();
     for batch in 0..20 {
         let messages: Vec<(String, String)> = (0..64)
-            .map(|j| (format!("key-{j}"), format!("{batch}/{j}")))
+            .map(|j| (format!("key-{}", j % 32), format!("{batch}/{j}")))
             .collect();
         let receipts = producer.send_batch_bytes(&messages).await.unwrap();
         for (receipt, (key, payload)) in receipts.into_iter().zip(messages) {
@@ -983,9 +1048,9 @@ async fn an_acl_user_with_only_the_documented_commands_sends_batches() {
     );
 }
 
-/// A master out of memory refuses a shard's part of a batch whole: the producer reports
-/// `OutOfMemory`, and of the refused batch each shard stream holds its whole part or none of it (each
-/// shard's part is one transaction, refused when queued); the other masters' shards took theirs.
+/// A master out of memory refuses a shard's part of a batch in which keys repeat whole: the producer
+/// reports `OutOfMemory`, and of the refused batch each shard stream holds its whole part or none of it
+/// (each shard's part is one transaction, refused when queued); the other masters' shards took theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_master_refuses_its_shards_parts_of_a_batch_whole() {
     use stream_listener::ProducerError;
@@ -1026,7 +1091,7 @@ async fn a_full_master_refuses_its_shards_parts_of_a_batch_whole() {
     let mut refused = None;
     for batch in 0..10_000u32 {
         let messages: Vec<(String, String)> = (0..64)
-            .map(|j| (format!("key-{j}"), format!("{batch}/{j}/{payload}")))
+            .map(|j| (format!("key-{}", j % 16), format!("{batch}/{j}/{payload}")))
             .collect();
         let before: Vec<u64> = {
             let mut lens = Vec::new();
@@ -1053,7 +1118,7 @@ async fn a_full_master_refuses_its_shards_parts_of_a_batch_whole() {
     let mut part: BTreeMap<u32, u64> = BTreeMap::new();
     for j in 0..64 {
         *part
-            .entry(topology.shard_for_key(format!("key-{j}").as_bytes()))
+            .entry(topology.shard_for_key(format!("key-{}", j % 16).as_bytes()))
             .or_default() += 1;
     }
     let mut refused_shards = 0;

@@ -597,3 +597,123 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
     .await;
     assert_eq!(written(&mut on_replica).await, 23);
 }
+
+/// A full Redis refuses a batch in which keys repeat whole (one transaction, refused while queued),
+/// so that sending it again keeps each key's messages in order; a batch of distinct keys is plain
+/// XADDs, no transaction. Batches of 64 messages of 1 kB over 4 shards, each key 4 times, until
+/// `maxmemory` (1 MB above what Redis uses) refuses one: no shard took any of it. With room again,
+/// the refused batch sent again lands whole, and every shard holds each key's messages in input order.
+#[tokio::test]
+async fn a_full_redis_refuses_a_batch_of_repeated_keys_whole() {
+    const SHARDS: u32 = 4;
+    let server = RedisServer::start();
+    let mut conn = connect_multiplexed(&server.url()).await;
+    Topology::ensure(&mut conn, "full", SHARDS).await.unwrap();
+    let producer = Producer::new(conn.clone(), "full").await.unwrap();
+    let execs = |conn: &MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_exec:calls="))
+                .map_or(0, |rest| {
+                    rest.split(',').next().unwrap().parse::<u64>().unwrap()
+                })
+        }
+    };
+    let distinct: Vec<(String, String)> = (0..64).map(|j| (format!("d-{j}"), "x".into())).collect();
+    let before = execs(&conn).await;
+    producer.send_batch_bytes(&distinct).await.unwrap();
+    assert_eq!(
+        execs(&conn).await,
+        before,
+        "a transaction for distinct keys"
+    );
+
+    let used: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let set_maxmemory = |limit: u64| {
+        let mut conn = conn.clone();
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(limit)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    set_maxmemory(used + 1024 * 1024).await;
+    let payload = "x".repeat(1_000);
+    let batch_of = |batch: u32| -> Vec<(String, String)> {
+        (0..64)
+            .map(|j| (format!("key-{}", j % 16), format!("{batch}/{j}/{payload}")))
+            .collect()
+    };
+    let lens = |conn: &MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let mut lens = Vec::new();
+            for shard in 0..SHARDS {
+                lens.push(xlen(&mut conn, &format!("full:{shard}")).await);
+            }
+            lens
+        }
+    };
+    let mut refused = None;
+    for batch in 0..10_000u32 {
+        let before = lens(&conn).await;
+        if let Err(error) = producer.send_batch_bytes(&batch_of(batch)).await {
+            refused = Some((batch, error, before));
+            break;
+        }
+    }
+    let (batch, error, before) = refused.expect("Redis filled up");
+    assert!(
+        matches!(error, ProducerError::OutOfMemory { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        lens(&conn).await,
+        before,
+        "the refused batch was written in part"
+    );
+
+    set_maxmemory(0).await;
+    producer.send_batch_bytes(&batch_of(batch)).await.unwrap();
+    let mut last: HashMap<Vec<u8>, (u32, u32)> = HashMap::new();
+    let mut total = 0;
+    for shard in 0..SHARDS {
+        for (_, fields) in entries(&mut conn, &format!("full:{shard}")).await {
+            if fields[KEY_FIELD].starts_with(b"d-") {
+                continue;
+            }
+            total += 1;
+            let payload = String::from_utf8(fields[PAYLOAD_FIELD].clone()).unwrap();
+            let mut parts = payload.split('/');
+            let at: (u32, u32) = (
+                parts.next().unwrap().parse().unwrap(),
+                parts.next().unwrap().parse().unwrap(),
+            );
+            if let Some(previous) = last.insert(fields[KEY_FIELD].clone(), at) {
+                assert!(previous < at, "{previous:?} then {at:?}");
+            }
+        }
+    }
+    assert_eq!(total, 64 * (batch + 1), "every message of every batch once");
+}

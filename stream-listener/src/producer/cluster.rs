@@ -1,61 +1,42 @@
-//! A batch on a Redis Cluster: one `MULTI`/`EXEC` transaction per shard; the transactions of one
-//! master in one pipeline, straight to it.
+//! A batch on a Redis Cluster: one part per shard (one slot); the parts of one master in one pipeline,
+//! straight to it.
 //!
-//! Each shard's part is a transaction (one slot), written whole or not at all: a command refused while
-//! queued (`OOM`, `MOVED`, `ASK`) aborts it. So a refused part wrote nothing and its resend is its only
-//! write, and a batch sent again after a failure cannot put a shard's messages out of order (a plain
-//! pipeline refused by a full master in its middle could take a later XADD once memory was freed, and
-//! the resent batch would then write the earlier one after it). A part of one XADD is sent as it is: a
-//! refused command was not run.
+//! A part in which a key repeats is a `MULTI`/`EXEC` transaction, written whole or not at all: a
+//! command refused while queued (`OOM`, `MOVED`, `ASK`) aborts it. A plain pipeline refused by a full
+//! master in its middle could take a later XADD of the same key once memory was freed, and the resent
+//! batch would then write the earlier one after it. A part of distinct keys has no order to keep and is
+//! sent plain: each XADD is written or refused on its own, and a refused command was not run.
 //!
 //! A producer that knows its target (`Producer::connect` and its variants) keeps a connection to each
-//! master ([`Masters`]) and sends all the transactions one master serves in one pipeline on it: a batch
-//! over 8 shards on 3 masters is 3 round trips, not 8 through redis-rs's routing task. On its own
-//! connection each reply is final, as redis-rs never resends it: a part the master refused because the
-//! layout changed (`MOVED`, `ASK`, a failover: [`not_run_here`]) is sent again through the cluster
-//! connection, which follows the layout, and the slot map is read again. A master whose connection
-//! failed may have run any of its pipeline: all of it is sent again through the cluster connection,
-//! at-least-once, as redis-rs resends a request whose connection failed.
+//! master ([`Masters`]) and sends all the parts one master serves in one pipeline on it: a batch over
+//! 8 shards on 3 masters is 3 round trips, not 8 through redis-rs's routing task. On its own connection
+//! each reply is final, as redis-rs never resends it: the XADDs the master refused because the layout
+//! changed (`MOVED`, `ASK`, a failover: [`not_run_here`]; a refused transaction, all of its XADDs) are
+//! sent again through the cluster connection, which follows the layout, after those of their shard
+//! that were written, and the slot map is read again. A master whose connection failed may have run any
+//! of its pipeline: all of it is sent again through the cluster connection, at-least-once, as redis-rs
+//! resends a request whose connection failed.
 //!
 //! Through the cluster connection (those resends, and every batch of a producer made with
 //! `Producer::new` over a connection, which has no target to open connections from) each part goes on
-//! its own. The transaction matters there too: redis-rs answers `ASK` with one `ASKING` before the
-//! resent pipeline, and Redis keeps that flag for a whole `MULTI` but for one plain command only, so a
-//! plain pipeline's first XADD was written on the importing node and the rest sent back (`MOVED`), again
-//! and again until the migration ended.
+//! its own, and every part of more than one XADD is a transaction: redis-rs answers `ASK` with one
+//! `ASKING` before the resent pipeline, and Redis keeps that flag for a whole `MULTI` but for one plain
+//! command only, so a plain pipeline's first XADD was written on the importing node and the rest sent
+//! back (`MOVED`), again and again until the migration ended.
 
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, Value};
 
-use super::{replicas_short, ProducerError, Replies};
+use super::{exec_replies, replicas_short, write_into, ProducerError, Replies};
 use crate::connection::{not_run_here, send_to_slots, Masters, NodeAddr};
 
-/// One shard's XADDs in a write: the slot of its stream, the commands, their positions in the write.
+/// One shard's XADDs in a write: the slot of its stream, the commands, their positions in the write,
+/// and whether a key is in it more than once.
 pub(super) struct Part {
     pub(super) slot: u16,
     pub(super) cmds: Vec<Cmd>,
     pub(super) positions: Vec<usize>,
-}
-
-impl Part {
-    /// One XADD needs no transaction (see the module docs).
-    fn is_transaction(&self) -> bool {
-        self.cmds.len() > 1
-    }
-}
-
-/// Moves `cmds` into `pipe`, as a transaction if there is more than one.
-fn write_into(pipe: &mut Pipeline, cmds: Vec<Cmd>) {
-    let transaction = cmds.len() > 1;
-    if transaction {
-        pipe.cmd("MULTI");
-    }
-    for cmd in cmds {
-        pipe.add_command(cmd);
-    }
-    if transaction {
-        pipe.cmd("EXEC");
-    }
+    pub(super) repeats: bool,
 }
 
 /// Sends a write's parts: through `masters` when given, the rest (and what a master refused) through
@@ -135,9 +116,11 @@ async fn to_masters(
             let sent = parts
                 .into_iter()
                 .map(|part| {
-                    let transaction = part.is_transaction();
+                    // Every reply here is final, so a plain part's refused XADDs alone are sent
+                    // again: only a repeated key needs the transaction (see `Pipelines`).
+                    let transaction = part.repeats;
                     let first = pipe.len() + usize::from(transaction);
-                    write_into(&mut pipe, part.cmds);
+                    write_into(&mut pipe, part.cmds, transaction);
                     Sent {
                         slot: part.slot,
                         positions: part.positions,
@@ -163,7 +146,10 @@ async fn to_masters(
             Err(error) => {
                 tracing::debug!(%error, host = %node.0, port = node.1, "a master's pipeline failed; its parts go through the cluster connection");
                 masters.forget(Some(&node));
-                rest.extend(sent.into_iter().map(|part| part.again(&pipe)));
+                rest.extend(sent.iter().map(|part| {
+                    let all: Vec<usize> = (0..part.positions.len()).collect();
+                    part.again(&pipe, &all)
+                }));
                 continue;
             }
         };
@@ -176,17 +162,24 @@ async fn to_masters(
             } else {
                 taken
             };
-            // A transaction refused (or one XADD) ran nothing.
-            let refused = part_replies
+            // A refused XADD ran nothing; a refused transaction, none of its XADDs (each answers
+            // with the refusal).
+            let refused: Vec<usize> = part_replies
                 .iter()
-                .any(|r| matches!(r, Value::ServerError(e) if not_run_here(e)));
-            if refused {
+                .enumerate()
+                .filter(|(_, r)| matches!(r, Value::ServerError(e) if not_run_here(e)))
+                .map(|(j, _)| j)
+                .collect();
+            if !refused.is_empty() {
                 masters.forget(None);
-                rest.push(part.again(&pipe));
-                continue;
+                rest.push(part.again(&pipe, &refused));
             }
-            first_written = first_written.or(part.positions.first().copied());
-            place(replies, &part.positions, part_replies);
+            for (j, (&position, reply)) in part.positions.iter().zip(part_replies).enumerate() {
+                if !refused.contains(&j) {
+                    first_written = first_written.or(Some(position));
+                    replies[position] = reply;
+                }
+            }
         }
         if wait.is_some() {
             if let (Some(n), Some(position)) =
@@ -214,18 +207,19 @@ impl Sent {
         self.positions.len() + if self.transaction { 2 } else { 0 }
     }
 
-    /// The part again, its commands copied out of `pipe`, to be sent elsewhere.
-    fn again(self, pipe: &Pipeline) -> Part {
-        let cmds = pipe
+    /// Its XADDs `which` (indices into the part, in order) again, copied out of `pipe`, to be sent
+    /// elsewhere.
+    fn again(&self, pipe: &Pipeline, which: &[usize]) -> Part {
+        let cmds: Vec<&Cmd> = pipe
             .cmd_iter()
             .skip(self.first)
             .take(self.positions.len())
-            .cloned()
             .collect();
         Part {
             slot: self.slot,
-            cmds,
-            positions: self.positions,
+            cmds: which.iter().map(|&j| cmds[j].clone()).collect(),
+            positions: which.iter().map(|&j| self.positions[j]).collect(),
+            repeats: self.transaction,
         }
     }
 }
@@ -242,12 +236,14 @@ async fn through_cluster(
     let (sends, parts): (Vec<_>, Vec<_>) = parts
         .into_iter()
         .map(|part| {
-            let transaction = part.is_transaction();
+            // Any part of more than one XADD: redis-rs follows `ASK` with one `ASKING`, which Redis
+            // keeps for a whole transaction but for one plain command only (see the module docs).
+            let transaction = part.cmds.len() > 1;
             let mut pipe = redis::pipe();
             match wait {
                 // `WAIT` after `EXEC` (inside it would not block): the transaction is spelled out.
                 Some(wait) => {
-                    write_into(&mut pipe, part.cmds);
+                    write_into(&mut pipe, part.cmds, transaction);
                     pipe.add_command(wait.clone());
                 }
                 None => {
@@ -287,59 +283,52 @@ fn place(replies: &mut [Value], positions: &[usize], answer: Vec<Value>) {
     }
 }
 
-/// The per-command replies of one shard's transaction (`MULTI`, its XADDs, `EXEC`: every reply, in
-/// order). A command refused while queued (`OOM`, `MOVED`) aborts the transaction, as does an `EXEC`
-/// refused for the layout: nothing was written, and each command answers with that refusal.
-fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
-    let n = replies.len().saturating_sub(2);
-    let mut replies = replies.into_iter();
-    let queued: Vec<Value> = replies.by_ref().skip(1).take(n).collect();
-    match replies.next() {
-        Some(Value::Array(executed)) if executed.len() == n => executed,
-        exec => {
-            let refusal = queued
-                .into_iter()
-                .find(|r| matches!(r, Value::ServerError(_)))
-                .or(exec)
-                .unwrap_or(Value::Nil);
-            vec![refusal; n]
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// What a master refused is copied out of its pipeline by position in the part: a plain part's
+    /// refused XADDs alone, each with its position in the write.
     #[test]
-    fn a_transactions_replies_are_its_commands_or_the_refusal_of_all() {
-        let ok = || Value::Okay;
-        let queued = || Value::SimpleString("QUEUED".into());
-        let id = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let executed = vec![
-            ok(),
-            queued(),
-            queued(),
-            Value::Array(vec![id("1-0"), Value::Nil]),
-        ];
-        assert_eq!(exec_replies(executed), vec![id("1-0"), Value::Nil]);
-        let error =
-            |text: &str| redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
-        let oom = error("OOM command not allowed");
-        let exec_abort = error("EXECABORT Transaction discarded");
-        assert!(matches!(oom, Value::ServerError(_)));
-        let refused = vec![ok(), queued(), oom.clone(), exec_abort.clone()];
-        assert_eq!(exec_replies(refused), vec![oom.clone(), oom]);
-        // An EXEC that failed without a queued refusal: each command gets EXEC's answer.
-        assert_eq!(
-            exec_replies(vec![ok(), queued(), exec_abort.clone()]),
-            vec![exec_abort]
-        );
-        // An EXEC refused for the layout (the slot moved between the queueing and EXEC).
-        let moved = error("MOVED 3999 127.0.0.1:7001");
-        assert_eq!(
-            exec_replies(vec![ok(), queued(), queued(), moved.clone()]),
-            vec![moved.clone(), moved]
-        );
+    fn a_refused_xadd_is_sent_again_alone_and_a_refused_transaction_whole() {
+        let xadd = |n: usize| {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg("s").arg("*").arg("n").arg(n);
+            cmd
+        };
+        let mut pipe = redis::pipe();
+        write_into(&mut pipe, vec![xadd(0), xadd(1), xadd(2)], false);
+        write_into(&mut pipe, vec![xadd(3), xadd(4)], true);
+        let plain = Sent {
+            slot: 7,
+            positions: vec![10, 11, 12],
+            first: 0,
+            transaction: false,
+        };
+        let transaction = Sent {
+            slot: 8,
+            positions: vec![20, 21],
+            first: 4,
+            transaction: true,
+        };
+        assert_eq!(plain.replies(), 3);
+        assert_eq!(transaction.replies(), 4);
+        let n_of = |part: &Part| -> Vec<Vec<u8>> {
+            part.cmds
+                .iter()
+                .map(|cmd| match cmd.args_iter().last() {
+                    Some(redis::Arg::Simple(n)) => n.to_vec(),
+                    _ => unreachable!(),
+                })
+                .collect()
+        };
+        let again = plain.again(&pipe, &[1, 2]);
+        assert_eq!((again.slot, &again.positions), (7, &vec![11, 12]));
+        assert_eq!(n_of(&again), [b"1".to_vec(), b"2".to_vec()]);
+        assert!(!again.repeats);
+        let again = transaction.again(&pipe, &[0, 1]);
+        assert_eq!((again.slot, &again.positions), (8, &vec![20, 21]));
+        assert_eq!(n_of(&again), [b"3".to_vec(), b"4".to_vec()]);
+        assert!(again.repeats, "a transaction is sent again as one");
     }
 }

@@ -18,7 +18,10 @@
 //! `stream_listener_trimmed_unread_total`, a WARN, the CLI's `status`).
 //!
 //! When Redis is out of memory (`maxmemory` with the policy `noeviction`) a write fails with
-//! [`ProducerError::OutOfMemory`] and nothing is written: retry once the consumers caught up.
+//! [`ProducerError::OutOfMemory`]: retry once the consumers caught up. A batch in which a key repeats
+//! is one transaction (on a cluster, one per shard), refused whole, so a retry keeps each key's
+//! messages in order; of a batch of distinct keys Redis may have taken some, and a retry writes those
+//! again (at-least-once).
 //!
 //! # Durability
 //!
@@ -65,20 +68,23 @@
 //!
 //! # Redis Cluster
 //!
-//! On a cluster a batch goes out as one `MULTI`/`EXEC` transaction per shard (each of one slot): a
-//! shard's part is written whole or not at all (an `OOM` while queued refuses all of it), so a batch sent
-//! again after a failure never writes a shard's messages out of order, and a slot migration never writes
-//! one twice. A shard's part of one message (every [`send`](Producer::send)) is a plain `XADD`.
+//! On a cluster a batch goes out as one part per shard (each of one slot). A part in which a key
+//! repeats is one `MULTI`/`EXEC` transaction, written whole or not at all (an `OOM` while queued refuses
+//! all of it), so a batch sent again after a failure never writes a key's messages out of order, and a
+//! slot migration never writes one twice. A part of distinct keys is plain XADDs: distinct keys have no
+//! order between them to keep, and a transaction costs Redis and the client a reply per XADD more.
+//! On a single node the same holds for the whole batch: a transaction when a key repeats.
 //!
 //! A producer made with [`Producer::connect`] (or its variants, or [`Producer::connect_to`]) keeps a
-//! connection to each master (named [`MASTERS_CLIENT_NAME`] in `CLIENT LIST`) and sends the
-//! transactions of one master in one pipeline on it: a part a master refused because its slot moved
-//! wrote nothing and is sent again through the cluster connection, which follows the move.
-//! [`Producer::new`] over a connection sends each shard's transaction through it, at once. See the
-//! `cluster` module.
+//! connection to each master (named [`MASTERS_CLIENT_NAME`] in `CLIENT LIST`) and sends the parts of
+//! one master in one pipeline on it: what a master refused because its slot moved was not written and
+//! is sent again through the cluster connection, which follows the move. [`Producer::new`] over a
+//! connection sends each shard's part through it, at once, as a transaction when it has more than one
+//! XADD. See the `cluster` module.
 
 mod cluster;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -730,6 +736,9 @@ where
         );
         // Each shard's key is formatted once per write, not once per message.
         let mut streams: Vec<Option<String>> = vec![None; topology.shard_count() as usize];
+        // The keys seen so far: a key met again makes its shard's part a transaction.
+        let mut keys: HashSet<&[u8]> =
+            HashSet::with_capacity(if indices.len() > 1 { indices.len() } else { 0 });
         for &i in indices {
             let message = &messages[i];
             let shard = topology.shard_for_key(message.key);
@@ -737,7 +746,8 @@ where
                 .get_or_insert_with(|| topology.stream_key(shard))
                 .clone();
             let cmd = xadd(self.config.cap_unread, topology.version(), &stream, message);
-            pipelines.add(shard, &stream, cmd);
+            let repeated = indices.len() > 1 && !keys.insert(message.key);
+            pipelines.add(shard, &stream, cmd, repeated);
             targets.push((i, shard, stream));
         }
         let (replies, short) = self.send_pipelines(pipelines).await?;
@@ -856,8 +866,19 @@ fn xadd_capacity(
 
 /// The XADDs of one write: one pipeline, or on a cluster one part per shard, each of one slot, so that
 /// none is split (each command copied) again by the connection.
+///
+/// Where a key repeats (in the write, on one node; in a shard's part, on a cluster) the XADDs go as one
+/// `MULTI`/`EXEC` transaction: written whole or not at all, so that a command refused in the middle
+/// (`OOM`, `BUSY`) cannot be followed by a later XADD of the same key that Redis accepted once memory
+/// was freed, which would put the key's messages out of order when the batch is sent again. XADDs of
+/// distinct keys have no order to keep and go as plain commands: a transaction costs Redis and the
+/// client a reply per command more.
 enum Pipelines {
-    One(redis::Pipeline),
+    One {
+        cmds: Vec<redis::Cmd>,
+        /// Some key is in the write more than once.
+        repeats: bool,
+    },
     PerShard {
         /// Where each shard's part is in `parts`.
         part_of: Vec<Option<usize>>,
@@ -875,15 +896,19 @@ impl Pipelines {
                 len: 0,
             }
         } else {
-            Self::One(redis::pipe())
+            Self::One {
+                cmds: Vec::new(),
+                repeats: false,
+            }
         }
     }
 
-    /// Adds the next XADD, to `stream` of `shard`.
-    fn add(&mut self, shard: u32, stream: &str, cmd: redis::Cmd) {
+    /// Adds the next XADD, to `stream` of `shard`; `repeated` if its key was in the write already.
+    fn add(&mut self, shard: u32, stream: &str, cmd: redis::Cmd, repeated: bool) {
         match self {
-            Self::One(pipe) => {
-                pipe.add_command(cmd);
+            Self::One { cmds, repeats } => {
+                cmds.push(cmd);
+                *repeats |= repeated;
             }
             Self::PerShard {
                 part_of,
@@ -895,14 +920,50 @@ impl Pipelines {
                         slot: crate::connection::slot_of(stream.as_bytes()),
                         cmds: Vec::new(),
                         positions: Vec::new(),
+                        repeats: false,
                     });
                     parts.len() - 1
                 });
                 let part = &mut parts[part];
                 part.cmds.push(cmd);
                 part.positions.push(*len);
+                // A key is always in the same shard: met again, it is in this part.
+                part.repeats |= repeated;
                 *len += 1;
             }
+        }
+    }
+}
+
+/// Moves `cmds` into `pipe`, as a transaction when `transaction`.
+fn write_into(pipe: &mut redis::Pipeline, cmds: Vec<redis::Cmd>, transaction: bool) {
+    if transaction {
+        pipe.cmd("MULTI");
+    }
+    for cmd in cmds {
+        pipe.add_command(cmd);
+    }
+    if transaction {
+        pipe.cmd("EXEC");
+    }
+}
+
+/// The per-command replies of a transaction (`MULTI`, its XADDs, `EXEC`: every reply, in order). A
+/// command refused while queued (`OOM`, `MOVED`) aborts the transaction, as does an `EXEC` refused for
+/// the layout: nothing was written, and each command answers with that refusal.
+fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
+    let n = replies.len().saturating_sub(2);
+    let mut replies = replies.into_iter();
+    let queued: Vec<Value> = replies.by_ref().skip(1).take(n).collect();
+    match replies.next() {
+        Some(Value::Array(executed)) if executed.len() == n => executed,
+        exec => {
+            let refusal = queued
+                .into_iter()
+                .find(|r| matches!(r, Value::ServerError(_)))
+                .or(exec)
+                .unwrap_or(Value::Nil);
+            vec![refusal; n]
         }
     }
 }
@@ -930,7 +991,9 @@ where
             wait
         });
         match pipelines {
-            Pipelines::One(mut pipe) => {
+            Pipelines::One { cmds, repeats } => {
+                let mut pipe = redis::pipe();
+                write_into(&mut pipe, cmds, repeats);
                 pipe.ignore_errors();
                 if let Some(wait) = &wait {
                     pipe.add_command(wait.clone());
@@ -940,6 +1003,11 @@ where
                 let short = match &wait {
                     Some(_) => replicas_short(replies.pop(), wanted)?.map(|n| (0, n)),
                     None => None,
+                };
+                let replies = if repeats {
+                    exec_replies(replies)
+                } else {
+                    replies
                 };
                 Ok((replies, short))
             }
@@ -982,6 +1050,38 @@ fn replicas_short(reply: Option<Value>, wanted: u32) -> Result<Option<u32>, Prod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transactions_replies_are_its_commands_or_the_refusal_of_all() {
+        let ok = || Value::Okay;
+        let queued = || Value::SimpleString("QUEUED".into());
+        let id = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let executed = vec![
+            ok(),
+            queued(),
+            queued(),
+            Value::Array(vec![id("1-0"), Value::Nil]),
+        ];
+        assert_eq!(exec_replies(executed), vec![id("1-0"), Value::Nil]);
+        let error =
+            |text: &str| redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        let oom = error("OOM command not allowed");
+        let exec_abort = error("EXECABORT Transaction discarded");
+        assert!(matches!(oom, Value::ServerError(_)));
+        let refused = vec![ok(), queued(), oom.clone(), exec_abort.clone()];
+        assert_eq!(exec_replies(refused), vec![oom.clone(), oom]);
+        // An EXEC that failed without a queued refusal: each command gets EXEC's answer.
+        assert_eq!(
+            exec_replies(vec![ok(), queued(), exec_abort.clone()]),
+            vec![exec_abort]
+        );
+        // An EXEC refused for the layout (the slot moved between the queueing and EXEC).
+        let moved = error("MOVED 3999 127.0.0.1:7001");
+        assert_eq!(
+            exec_replies(vec![ok(), queued(), queued(), moved.clone()]),
+            vec![moved.clone(), moved]
+        );
+    }
 
     #[test]
     fn an_xadd_fits_the_buffers_sized_for_it() {
