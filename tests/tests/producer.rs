@@ -540,6 +540,20 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
     assert!(receipt.stream.starts_with("orders:"));
     let batch: Vec<(String, String)> = (0..10).map(|i| (format!("k{i}"), format!("{i}"))).collect();
     assert_eq!(producer.send_batch_bytes(&batch).await.unwrap().len(), 10);
+    // Keys repeating: a transaction, and `WAIT` after its `EXEC`.
+    let repeated: Vec<(String, String)> = (0..10)
+        .map(|i| (format!("k{}", i % 3), format!("{i}")))
+        .collect();
+    let receipts = producer.send_batch_bytes(&repeated).await.unwrap();
+    assert_eq!(receipts.len(), 10);
+    for (a, b) in receipts.iter().zip(receipts.iter().skip(3)) {
+        assert_eq!(a.stream, b.stream, "one key, one shard");
+        let id = |r: &stream_listener::producer::SendReceipt| {
+            let (ms, seq) = r.id.split_once('-').unwrap();
+            (ms.parse::<u64>().unwrap(), seq.parse::<u64>().unwrap())
+        };
+        assert!(id(a) < id(b), "{a:?} then {b:?}");
+    }
     let written = |conn: &mut MultiplexedConnection| {
         let mut conn = conn.clone();
         async move {
@@ -550,13 +564,14 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
             total
         }
     };
-    assert_eq!(written(&mut conn).await, 11);
+    assert_eq!(written(&mut conn).await, 21);
 
     replica.freeze();
     let error = impatient.send_bytes("k", "two").await.unwrap_err();
     let batch_error = impatient.send_batch_bytes(&batch).await.unwrap_err();
+    let repeated_error = impatient.send_batch_bytes(&repeated).await.unwrap_err();
     replica.thaw();
-    for error in [error, batch_error] {
+    for error in [error, batch_error, repeated_error] {
         match error {
             ProducerError::NotReplicated {
                 stream,
@@ -566,7 +581,7 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
             other => panic!("expected NotReplicated, got {other}"),
         }
     }
-    assert_eq!(written(&mut conn).await, 22, "on the master all the same");
+    assert_eq!(written(&mut conn).await, 42, "on the master all the same");
 
     // Waits its whole timeout for a second replica there is not; the one there acknowledges within it.
     let greedy = Producer::with_config(patient, "orders", config(2, Duration::from_secs(3)))
@@ -595,7 +610,7 @@ async fn a_send_waits_for_the_replicas_asked_for_and_fails_without_them() {
         },
     )
     .await;
-    assert_eq!(written(&mut on_replica).await, 23);
+    assert_eq!(written(&mut on_replica).await, 43);
 }
 
 /// A full Redis refuses a batch in which keys repeat whole (one transaction, refused while queued),
