@@ -11,7 +11,9 @@ use stream_listener::producer::{
 };
 use stream_listener::routing::{shard_for_key, PrefixError};
 use stream_listener::topology::{StartFrom, Topology, TopologyError};
-use stream_listener_test_support::aio::{connect_multiplexed, xlen, xrange};
+use stream_listener_test_support::aio::{
+    command_calls, connect_multiplexed, info, info_field, xlen, xrange,
+};
 use stream_listener_test_support::RedisServer;
 
 /// One stream entry as Redis returns it: (id, [(field, value)]).
@@ -628,16 +630,11 @@ async fn a_full_redis_refuses_a_batch_of_repeated_keys_whole() {
     let execs = |conn: &MultiplexedConnection| {
         let mut conn = conn.clone();
         async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut conn)
+            command_calls(&mut conn)
                 .await
-                .unwrap();
-            info.lines()
-                .find_map(|l| l.strip_prefix("cmdstat_exec:calls="))
-                .map_or(0, |rest| {
-                    rest.split(',').next().unwrap().parse::<u64>().unwrap()
-                })
+                .get("exec")
+                .copied()
+                .unwrap_or(0)
         }
     };
     let distinct: Vec<(String, String)> = (0..64).map(|j| (format!("d-{j}"), "x".into())).collect();
@@ -649,18 +646,7 @@ async fn a_full_redis_refuses_a_batch_of_repeated_keys_whole() {
         "a transaction for distinct keys"
     );
 
-    let used: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let used: u64 = used
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let used: u64 = info_field(&info(&mut conn, "memory").await, "used_memory").unwrap();
     let set_maxmemory = |limit: u64| {
         let mut conn = conn.clone();
         async move {
