@@ -1051,6 +1051,32 @@ fn replicas_short(reply: Option<Value>, wanted: u32) -> Result<Option<u32>, Prod
 mod tests {
     use super::*;
 
+    /// The rule of `Pipelines`: a repeated key makes its own shard's part a transaction, and no other;
+    /// on one node, the whole write.
+    #[test]
+    fn rule_a_part_is_a_transaction_only_where_a_key_repeats() {
+        let xadd = || redis::cmd("XADD");
+        let mut per_shard = Pipelines::new(true, 3);
+        per_shard.add(0, "s:0", xadd(), false);
+        per_shard.add(1, "s:1", xadd(), false);
+        per_shard.add(0, "s:0", xadd(), false);
+        per_shard.add(1, "s:1", xadd(), true);
+        per_shard.add(2, "s:2", xadd(), false);
+        let Pipelines::PerShard { parts, len, .. } = per_shard else {
+            unreachable!()
+        };
+        let repeats: Vec<(usize, bool)> = parts.iter().map(|p| (p.cmds.len(), p.repeats)).collect();
+        assert_eq!(repeats, [(2, false), (2, true), (1, false)]);
+        assert_eq!(parts[1].positions, [1, 3]);
+        assert_eq!(len, 5);
+        let mut one = Pipelines::new(false, 3);
+        one.add(0, "s:0", xadd(), false);
+        one.add(1, "s:1", xadd(), false);
+        assert!(matches!(one, Pipelines::One { repeats: false, .. }));
+        one.add(1, "s:1", xadd(), true);
+        assert!(matches!(one, Pipelines::One { repeats: true, .. }));
+    }
+
     #[test]
     fn a_transactions_replies_are_its_commands_or_the_refusal_of_all() {
         let ok = || Value::Okay;
