@@ -382,9 +382,9 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
-        // A profile of the library in one phase but the last runs nothing of the hand-written side.
-        let library_only = only_side == Some(1) && only_phase.is_some_and(|phase| phase != 3);
-        let max = if library_only {
+        // A profile of one phase but the last needs no maximum.
+        let no_max = only_phase.is_some_and(|phase| phase != 3);
+        let max = if no_max {
             0
         } else {
             baseline_max(&url, &mut conn).await

@@ -512,10 +512,12 @@ impl Driver {
     /// connection, without a hand-off between tasks. On a multi-threaded runtime each such hand-off
     /// after the third in a row wakes another worker thread, and those wake-ups, not the commands, are
     /// most of a consumer's client CPU at low rates (see the latency bench's slices per entry).
-    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<String>)>) {
+    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<Arc<str>>)>) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
         let count = self.io.wait_count(shards.len());
+        // A group wait reads from the group's position: it watches from nowhere.
+        let group_wait = self.io.group_wait();
         for (shard, from) in shards {
             if let Some(owned) = self.owned.get_mut(&shard) {
                 owned.wait_count = count;
@@ -524,7 +526,7 @@ impl Driver {
                     key: owned.key.clone(),
                     fence: owned.fence.key.clone(),
                 });
-                if let Some(id) = from {
+                if let Some(id) = from.filter(|_| !group_wait) {
                     watch_from.insert(shard, id);
                 }
             }

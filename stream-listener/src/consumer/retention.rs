@@ -151,15 +151,25 @@ impl RetentionJob {
         self.shards().remove(key);
     }
 
-    /// Whether [`step`](Self::step) would run the script now: a cheap check for the idle wait, which leaves
-    /// the steps to the driver.
-    pub(crate) fn is_due(&self, io: &ShardIo, key: &Arc<str>) -> bool {
+    /// Which of `keys` [`step`](Self::step) would run the script for now: a cheap check for the idle wait,
+    /// which leaves the steps to the driver (one lock and one clock reading for all its shards).
+    pub(crate) fn due<'a>(
+        &self,
+        io: &ShardIo,
+        keys: impl Iterator<Item = (u32, &'a Arc<str>)>,
+    ) -> Vec<(u32, Arc<str>)> {
         let Some(settings) = io.config.retention else {
-            return false;
+            return Vec::new();
         };
-        self.shards()
-            .get(key)
-            .is_none_or(|state| state.due(Instant::now(), settings.interval))
+        let now = Instant::now();
+        let shards = self.shards();
+        keys.filter(|(_, key)| {
+            shards
+                .get(*key)
+                .is_none_or(|state| state.due(now, settings.interval))
+        })
+        .map(|(shard, key)| (shard, key.clone()))
+        .collect()
     }
 
     /// The step at a job's end (and after a new ownership's fence): note `acked`, then run the script if a run

@@ -98,8 +98,8 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
         }
         match io.last_delivered_id(&watched.key).await {
             Ok(id) => {
-                outcome.watch_from.push((watched.shard, id.clone()));
-                spec.watch_from.insert(watched.shard, id);
+                spec.watch_from.insert(watched.shard, id.as_str().into());
+                outcome.watch_from.push((watched.shard, id));
             }
             Err(error) => {
                 if is_missing_group(&error) {
@@ -192,9 +192,9 @@ fn idle_and_due(
     retention: &RetentionJob,
     outcome: &WaitReport,
 ) -> Vec<(u32, Arc<str>)> {
-    shards
+    let idle = shards
         .iter()
-        .filter(|w| !outcome.new_entries.contains(&w.shard) && retention.is_due(io, &w.key))
-        .map(|w| (w.shard, w.key.clone()))
-        .collect()
+        .filter(|w| !outcome.new_entries.contains(&w.shard))
+        .map(|w| (w.shard, &w.key));
+    retention.due(io, idle)
 }

@@ -33,7 +33,7 @@ pub(crate) struct WaitSpec {
     pub(crate) count: usize,
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
     /// from the group first.
-    pub(crate) watch_from: HashMap<u32, String>,
+    pub(crate) watch_from: HashMap<u32, Arc<str>>,
     pub(crate) conn: Option<WaitConnection>,
     /// The scheduler's request to end the wait early (see the `unblock` module).
     pub(crate) interrupt: Arc<Interrupt>,
@@ -54,7 +54,7 @@ impl WaitSpec {
                 let second = if group_wait {
                     &*w.fence
                 } else {
-                    self.watch_from.get(&w.shard).map_or("0-0", String::as_str)
+                    self.watch_from.get(&w.shard).map_or("0-0", |id| &**id)
                 };
                 (&*w.key, second)
             })

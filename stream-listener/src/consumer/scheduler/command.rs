@@ -1,5 +1,7 @@
 //! What the scheduler asks of its driver: one [`Command`] enum, executed in order.
 
+use std::sync::Arc;
+
 use super::shard::ReadMode;
 use super::{JobId, JobKind};
 use crate::consumer::entry::Entry;
@@ -19,7 +21,7 @@ pub(crate) enum Command {
     /// Start the idle wait: one blocking read over `shards`, each watched from its id when known.
     StartWait {
         job: JobId,
-        shards: Vec<(u32, Option<String>)>,
+        shards: Vec<(u32, Option<Arc<str>>)>,
     },
     /// End the idle wait early (`CLIENT UNBLOCK`); it ends through [`super::ShardScheduler::wait_ended`].
     InterruptWait { job: JobId },

@@ -536,7 +536,7 @@ impl ShardScheduler {
             progress.dirty = true;
         }
         if let Some(id) = report.read_up_to.take() {
-            state.watch_from = Some(id);
+            state.watch_from = Some(id.into());
         }
         if report.missing_group {
             // The group comes back at a position of its own: watch from there.
@@ -694,7 +694,7 @@ impl ShardScheduler {
             }
             for (shard, id) in report.watch_from.drain(..) {
                 if let Some(state) = self.waited(&ended, shard) {
-                    state.watch_from = Some(id);
+                    state.watch_from = Some(id.into());
                 }
             }
             // Before a lost reply's claim: what came with the reply is handled first, then the claim.
@@ -997,6 +997,9 @@ impl ShardScheduler {
     }
 
     fn unpark(&mut self) {
+        if !self.shards.values().any(|s| s.phase == Phase::Parked) {
+            return;
+        }
         let parked: Vec<u32> = self
             .shards
             .iter()
@@ -1207,11 +1210,20 @@ impl ShardScheduler {
         }
         self.note_idle(now);
         let mut skipped = 0;
+        // A short delivery's job starts first, so that the wait covers its shard too. Such a shard is
+        // never put back below, so `rider` changes only when one leaves the queue.
+        let mut rider = self.rider_ready();
+        let mut rider_left = false;
+        // Only a wait started here ends the hold within this loop.
+        let mut holds = self.holds_wait(now);
         while self.jobs.len() < self.workers && skipped <= self.ready.len() {
-            // A short delivery's job starts first, so that the wait covers its shard too.
-            let rider = self.rider_ready();
-            if !self.holds_wait(now) && !rider {
+            if rider_left {
+                rider = self.rider_ready();
+                rider_left = false;
+            }
+            if !holds && !rider {
                 self.start_wait(now, out);
+                holds = self.holds_wait(now);
             }
             if self.jobs.len() >= self.workers {
                 return;
@@ -1219,30 +1231,27 @@ impl ShardScheduler {
             let Some(shard) = self.ready.pop_front() else {
                 break;
             };
-            let busy = self.busy(shard);
-            let reclaim_due = self
-                .shards
-                .get(&shard)
-                .is_some_and(|s| self.reclaim_due(s, now));
-            let held = self.holds_wait(now) || rider;
-            let eligible = self.shards.get(&shard).is_some_and(|s| self.waits(s, now));
-            let covered = self
-                .shards
-                .get(&shard)
-                .and_then(|s| self.wait_covering(shard, s.generation));
-            let Some(state) = self.shards.get_mut(&shard) else {
+            let held = holds || rider;
+            let Some(state) = self.shards.get(&shard) else {
                 continue;
             };
+            rider_left = rider && state.phase == Phase::Queued && state.one_batch_next();
             if state.phase != Phase::Queued || state.revoking {
                 continue;
             }
-            if held && eligible {
+            if held && self.waits(state, now) {
                 // Not polled: it waits for the wait, which holds back for the running reads (or starts
                 // once a short delivery's job did).
                 self.ready.push_back(shard);
                 skipped += 1;
                 continue;
             }
+            let reclaim_due = self.reclaim_due(state, now);
+            let covered = self.wait_covering(shard, state.generation);
+            let busy = self.busy(shard);
+            let Some(state) = self.shards.get_mut(&shard) else {
+                continue;
+            };
             if busy && !(covered.is_some() && state.one_batch_next()) {
                 // The wait it rode covers it still: it starts when that wait ends (unless its next job
                 // reads nothing, and rides that wait too). Else an earlier ownership's job runs.

@@ -1,6 +1,7 @@
 //! One owned shard as the scheduler sees it: where its turn is ([`Phase`]), where its reads are
 //! ([`ReadMode`]), and the facts its jobs carry from one to the next.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisError;
@@ -144,7 +145,7 @@ pub(super) struct Shard {
     pub(super) recreate_group: bool,
     /// Where the idle wait watches the stream from: the newest entry our `>` reads got; `None` until known,
     /// and after a wake-up (then the group's last-delivered id, see the `wait` module).
-    pub(super) watch_from: Option<String>,
+    pub(super) watch_from: Option<Arc<str>>,
     /// Its last read found nothing new (or came back short), and no wait saw anything since: it is not
     /// polled, the idle wait watches it.
     pub(super) idle: bool,

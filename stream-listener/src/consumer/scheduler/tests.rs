@@ -1677,7 +1677,7 @@ fn rule_the_idle_wait_watches_from_where_the_reads_got_and_forgets_it_on_a_wake_
             _ => None,
         })
         .expect("a wait");
-    assert_eq!(shards, vec![(0, Some("3-0".to_owned()))]);
+    assert_eq!(shards, vec![(0, Some("3-0".into()))]);
     let woke = WaitReport {
         new_entries: vec![0],
         ..WaitReport::default()
