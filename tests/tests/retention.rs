@@ -657,3 +657,151 @@ async fn an_evicting_redis_is_refused_at_start_up() {
         "{message}"
     );
 }
+
+/// The retention script against a model of it, on streams of many shapes: nodes of 1 to 100 entries,
+/// holes left by `XDEL`, a count to keep, a group whose floor (its smallest pending entry, or its
+/// last-delivered one) falls anywhere, and a bound of a few entries per run. Each run must remove exactly
+/// the oldest entries below the floor, as many as the bound and the count kept allow, and say it stopped
+/// at the bound exactly when entries below the floor were left for lack of it.
+///
+/// The script frees whole nodes first (`XTRIM MINID ~`), then trims the rest of the cut exactly; were
+/// either step off by a node or an entry, a shape here would show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_retention_run_trims_exactly_the_oldest_acknowledged_entries_within_its_bound() {
+    const SCRIPT: &str = include_str!("../../stream-listener/src/consumer/retention.lua");
+    let redis = RedisServer::start();
+    let mut conn = connection(&redis.url()).await;
+    let script = redis::Script::new(SCRIPT);
+    // A seeded linear congruential generator: the same shapes on every run.
+    let mut seed: u64 = 0x5eed;
+    let mut next = |below: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    };
+    let mut runs = 0;
+    for case in 0..60 {
+        let key = format!("shape:{case}");
+        let node = 1 + next(100);
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("stream-node-max-entries")
+            .arg(node)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let len = 1 + next(600);
+        let mut pipe = redis::pipe();
+        for i in 1..=len {
+            pipe.cmd("XADD")
+                .arg(&key)
+                .arg(format!("{i}-0"))
+                .arg("f")
+                .arg("v")
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+        // Holes: entries deleted one by one, which leave nodes partly empty.
+        let mut ids: Vec<u64> = (1..=len).collect();
+        for _ in 0..next(len / 3 + 1) {
+            let i = 1 + next(len);
+            let _: i64 = redis::cmd("XDEL")
+                .arg(&key)
+                .arg(format!("{i}-0"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            ids.retain(|id| *id != i);
+        }
+        // The group read up to `delivered` and has `pending` of those unacknowledged from `low` on.
+        let delivered = next(len + 1);
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&key)
+            .arg("g")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let read = ids.iter().filter(|id| **id <= delivered).count();
+        if read > 0 {
+            let _: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg("g")
+                .arg("c")
+                .arg("COUNT")
+                .arg(read)
+                .arg("STREAMS")
+                .arg(&key)
+                .arg(">")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let read_ids: Vec<u64> = ids.iter().copied().filter(|id| *id <= delivered).collect();
+        let low = read_ids
+            .get(next(read_ids.len() as u64 + 1) as usize)
+            .copied();
+        let acked: Vec<String> = read_ids
+            .iter()
+            .filter(|id| low.is_none_or(|low| **id < low))
+            .map(|id| format!("{id}-0"))
+            .collect();
+        if !acked.is_empty() {
+            let _: i64 = redis::cmd("XACK")
+                .arg(&key)
+                .arg("g")
+                .arg(&acked)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        // Everything below the floor was acknowledged: the smallest pending entry, or the group's
+        // last-delivered one when nothing is pending.
+        let floor = low.unwrap_or(read_ids.last().copied().unwrap_or(0));
+        let keep = if next(3) == 0 { next(len) } else { 0 };
+        let bound = 1 + next(40);
+        let mut model = ids.clone();
+        loop {
+            let below = model.iter().filter(|id| **id < floor).count() as u64;
+            let excess = (model.len() as u64).saturating_sub(keep);
+            let limit = excess.min(bound);
+            let expect_trimmed = below.min(limit);
+            let expect_saturated = below > limit && excess > bound;
+            let reply: Vec<Value> = script
+                .key(&key)
+                .arg(keep)
+                .arg(0)
+                .arg(bound)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            runs += 1;
+            let int = |v: &Value| match v {
+                Value::Int(n) => *n as u64,
+                other => panic!("not an integer: {other:?}"),
+            };
+            model.drain(..expect_trimmed as usize);
+            let left: Vec<u64> = ids_of(&mut conn, &key).await;
+            let shape = format!(
+                "case {case}: node {node}, {len} entries, keep {keep}, floor {floor}, bound {bound}"
+            );
+            assert_eq!(left, model, "{shape}: what is left");
+            assert_eq!(int(&reply[0]), expect_trimmed, "{shape}: trimmed");
+            assert_eq!(int(&reply[1]) == 1, expect_saturated, "{shape}: saturated");
+            if !expect_saturated {
+                break;
+            }
+        }
+    }
+    assert!(runs > 100, "{runs} runs");
+}
+
+async fn ids_of(conn: &mut stream_listener::Connection, key: &str) -> Vec<u64> {
+    ids(conn, key)
+        .await
+        .iter()
+        .map(|id| id.split('-').next().unwrap().parse().unwrap())
+        .collect()
+}

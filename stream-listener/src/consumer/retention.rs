@@ -26,9 +26,12 @@ use redis::{RedisResult, Script, Value};
 use super::config::Retention;
 use super::shard_io::ShardIo;
 
-/// The most entries one run removes: one run costs O(`MAX_TRIM`) in Redis (an `XRANGE` of that many
-/// entries and an exact `XTRIM` of them). A run that stopped there is followed by another at the shard's
-/// next job end.
+/// The most entries one run removes. A run first frees the stream's whole nodes below its cut
+/// (`XTRIM MINID ~ … LIMIT`: no entry is read), then reads only the entries left below the cut (less than
+/// a node) and trims them exactly, so it costs O(nodes) in Redis. Reading the first `MAX_TRIM` entries
+/// to find the bound's cut, as runs did before, cost a busy shard's Redis as much as a second group read
+/// (the latency bench at 300,000 entries/s: hundreds of runs a second, each copying 1,001 entries into
+/// Lua). A run that stopped there is followed by another at the shard's next job end.
 pub(crate) const MAX_TRIM: u64 = 1000;
 
 /// Runs one step makes at most, one after the other while each stopped at [`MAX_TRIM`]: a step trims up to
