@@ -94,9 +94,10 @@ impl ConsumerConfig {
 /// right away when the last run stopped at its bound). The script computes the stream's *floor*: for each
 /// consumer group of the stream (`XINFO GROUPS`) its smallest pending id if it has pending entries
 /// (`XPENDING`), else its last-delivered id; the minimum over groups. Everything below the floor has been
-/// acknowledged by every group. It then trims with `XTRIM <shard> MINID <cut>`, the cut being the lowest of
-/// the floor, the id of the entry that keeps the newest [`keep`](Self::keep) entries, and the age
-/// limit `now - keep_for` (`TIME`), and removes at most 1000 entries per run (so one run costs O(1000)).
+/// acknowledged by every group. It then trims below the cut, the lowest of the floor, the id of the entry
+/// that keeps the newest [`keep`](Self::keep) entries, and the age limit `now - keep_for` (`TIME`),
+/// removing at most 1000 entries per run: the stream's whole nodes first (`XTRIM MINID ~ … LIMIT`, no
+/// entry read), then the rest exactly, so a run costs Redis O(nodes), not O(entries).
 /// A stream without groups is never trimmed; each group's last-delivered entry stays.
 ///
 /// The same run counts entries removed before a group read them (a producer's
