@@ -624,36 +624,29 @@ async fn busy_shards_are_rotated_not_drained_one_by_one(target: Target) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_shards_are_read_than_handled_at_once() {
     let (redis, mut conn) = redis_with_groups(Target::Single, "ahead", 0..16).await;
-    let running_now = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let release = Arc::new(tokio::sync::Notify::new());
-    let released = Arc::new(AtomicBool::new(false));
-    let handled = Arc::new(AtomicUsize::new(0));
+    /// What the handlers do: block until released, counting how many run at once.
+    #[derive(Default)]
+    struct Gate {
+        running: AtomicUsize,
+        most: AtomicUsize,
+        handled: AtomicUsize,
+        released: AtomicBool,
+        release: tokio::sync::Notify,
+    }
+    let gate = Arc::new(Gate::default());
     let handler = {
-        let (running_now, most, release, released, handled) = (
-            running_now.clone(),
-            most.clone(),
-            release.clone(),
-            released.clone(),
-            handled.clone(),
-        );
+        let gate = gate.clone();
         BoxedHandler::raw(move |_msg: RawMessage| {
-            let (running_now, most, release, released, handled) = (
-                running_now.clone(),
-                most.clone(),
-                release.clone(),
-                released.clone(),
-                handled.clone(),
-            );
+            let gate = gate.clone();
             async move {
-                let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                let wait = release.notified();
-                if !released.load(Ordering::SeqCst) {
-                    wait.await;
+                let now = gate.running.fetch_add(1, Ordering::SeqCst) + 1;
+                gate.most.fetch_max(now, Ordering::SeqCst);
+                let release = gate.release.notified();
+                if !gate.released.load(Ordering::SeqCst) {
+                    release.await;
                 }
-                running_now.fetch_sub(1, Ordering::SeqCst);
-                handled.fetch_add(1, Ordering::SeqCst);
+                gate.running.fetch_sub(1, Ordering::SeqCst);
+                gate.handled.fetch_add(1, Ordering::SeqCst);
                 Ok::<(), String>(())
             }
         })
@@ -666,7 +659,7 @@ async fn more_shards_are_read_than_handled_at_once() {
         produce(&mut conn, "ahead", shard, 0, 3).await;
     }
     wait_until_async("four handlers block", Duration::from_secs(10), || async {
-        running_now.load(Ordering::SeqCst) == 4
+        gate.running.load(Ordering::SeqCst) == 4
     })
     .await;
     for shard in 4..16 {
@@ -684,14 +677,18 @@ async fn more_shards_are_read_than_handled_at_once() {
         }
     })
     .await;
-    assert_eq!(running_now.load(Ordering::SeqCst), 4, "handlers running");
-    released.store(true, Ordering::SeqCst);
-    release.notify_waiters();
+    assert_eq!(gate.running.load(Ordering::SeqCst), 4, "handlers running");
+    gate.released.store(true, Ordering::SeqCst);
+    gate.release.notify_waiters();
     wait_until_async("all handled", Duration::from_secs(10), || async {
-        handled.load(Ordering::SeqCst) == 48
+        gate.handled.load(Ordering::SeqCst) == 48
     })
     .await;
-    assert_eq!(most.load(Ordering::SeqCst), 4, "handlers at once, at most");
+    assert_eq!(
+        gate.most.load(Ordering::SeqCst),
+        4,
+        "handlers at once, at most"
+    );
     running.stop().await;
 }
 
