@@ -7,7 +7,9 @@
 //!
 //! `cargo bench -p stream-listener --bench throughput` (`SL_BENCH_ROUNDS`, default 5; `SL_BENCH_ENTRIES`
 //! scales the entries; `SL_BENCH_SCENARIOS=raw,json,spread` picks scenarios; `SL_BENCH_BUSY=n` runs it on
-//! a busy machine: n other processes spin on the machine's cores throughout).
+//! a busy machine: n other processes spin on the machine's cores throughout; `SL_BENCH_LOG=1` installs
+//! an INFO `tracing_subscriber::fmt` subscriber without colours, writing nowhere, as `Runtime::start` does
+//! by default for a process whose stderr is no terminal, so that each message's span is made and recorded).
 //!
 //! Both sides drain the same streams through two different consumer groups, one run after the other (which
 //! goes first alternates per round), each member with one multiplexed connection for its non-blocking reads
@@ -280,6 +282,15 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
+    // What the runtime's default logging costs: an INFO subscriber, as `Runtime::start` installs when the
+    // application has none (the lines go nowhere; the spans and fields are made all the same).
+    if std::env::var("SL_BENCH_LOG").is_ok_and(|v| v == "1") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_writer(std::io::sink)
+            .with_ansi(false)
+            .init();
+    }
     let per_shard = env("SL_BENCH_ENTRIES", 50_000);
     let rounds = env("SL_BENCH_ROUNDS", 5).max(1);
     let wanted = std::env::var("SL_BENCH_SCENARIOS").unwrap_or_else(|_| "raw,json,spread".into());
