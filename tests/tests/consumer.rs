@@ -2034,6 +2034,10 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target
     };
     let mut cfg = config("zombie", "owner");
     cfg.reclaim_idle = Duration::from_millis(300);
+    // Batches of 3: what the idle wait delivers (entries 0-2) is a full batch, so the owner's job goes on
+    // reading after it and its shard rides no wait while the handler holds entry 2. (A short delivery's
+    // shard would: the owner's next wait could read the zombie's entries before the zombie does.)
+    cfg.batch_size = 3;
     let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     produce(&mut conn, "zombie", 0, 0, 3).await;
