@@ -16,7 +16,7 @@ use stream_listener::topology::{StartFrom, Topology};
 use stream_listener::{ConsumerBuilder, Message, RunningRuntime, RuntimeError};
 use stream_listener_test_support::aio::{
     command_calls, info, info_field, read_reply_entries, wait_until, wait_until_async, xlen,
-    xpending_count,
+    xpending_count, xreadgroup,
 };
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{connection, logs, orders, test_runtime, Order};
@@ -726,18 +726,7 @@ async fn each_retention_run_trims_exactly_the_oldest_acknowledged_entries_within
             .unwrap();
         let read = ids.iter().filter(|id| **id <= delivered).count();
         if read > 0 {
-            let _: Value = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg("g")
-                .arg("c")
-                .arg("COUNT")
-                .arg(read)
-                .arg("STREAMS")
-                .arg(&key)
-                .arg(">")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            xreadgroup(&mut conn, "g", "c", read, &key).await;
         }
         let read_ids: Vec<u64> = ids.iter().copied().filter(|id| *id <= delivered).collect();
         let low = read_ids

@@ -997,9 +997,6 @@ impl ShardScheduler {
     }
 
     fn unpark(&mut self) {
-        if !self.shards.values().any(|s| s.phase == Phase::Parked) {
-            return;
-        }
         let parked: Vec<u32> = self
             .shards
             .iter()
