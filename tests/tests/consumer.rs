@@ -1873,6 +1873,92 @@ async fn a_consumer_past_its_deadline_touches_nothing_without_being_told() {
     running.stop().await;
 }
 
+/// Redis ends a `BLOCK` only when its event loop next looks (up to `1000 / hz` ms late), and an entry
+/// written meanwhile is delivered to the still-blocked read. So an idle wait must be over before the
+/// deadline: its block ends early enough in Redis, and the member ends it itself (`CLIENT UNBLOCK`) when
+/// it would not. An entry written the instant the deadline passes then reaches no one, and nothing
+/// touches the shard.
+///
+/// `CLIENT UNBLOCK` never reaches Redis here (the proxy holds it): the block alone must end in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_wait_blocks_in_redis_no_later_than_the_deadline() {
+    let redis = RedisServer::start();
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    proxy.hold_connection_from("UNBLOCK");
+    an_idle_wait_reads_nothing_written_right_after_the_deadline(&redis, &proxy).await;
+}
+
+/// The same with a Redis that looks at timeouts once a second (`hz 1`), over a link of 20 ms each way: the
+/// member ends its wait itself, early enough for `CLIENT UNBLOCK` to arrive before the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_wait_is_ended_before_the_deadline_when_redis_would_end_it_late() {
+    let redis = RedisServer::try_start_with_args(vec!["--hz".into(), "1".into()], None).unwrap();
+    let proxy = stream_listener_test_support::proxy::FaultProxy::start(redis.addr()).await;
+    proxy.set_latency(Duration::from_millis(20));
+    an_idle_wait_reads_nothing_written_right_after_the_deadline(&redis, &proxy).await;
+}
+
+/// Single node only (one node's `INFO commandstats`). The member reaches Redis through `proxy`; the test
+/// directly.
+async fn an_idle_wait_reads_nothing_written_right_after_the_deadline(
+    redis: &RedisServer,
+    proxy: &stream_listener_test_support::proxy::FaultProxy,
+) {
+    let url = proxy.url();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, "edge", 0..1).await;
+    let deadline = OwnershipDeadline::new();
+    deadline.set(deadline.local_now().plus_ms(1_500));
+    let log = Log::default();
+    // A wait blocks until the deadline (not for a shorter `block_ms`).
+    let mut cfg = config("edge", "m0");
+    cfg.block_ms = 5_000;
+    let running =
+        Running::start_with_deadline(&url, cfg, recording_handler(&log), deadline.clone()).await;
+    running.assign([0]).await;
+    produce(&mut conn, "edge", 0, 0, 1).await;
+    wait_until_async(
+        "the first entry handled",
+        Duration::from_secs(1),
+        || async { log.count() == 1 },
+    )
+    .await;
+    // Idle from here: the member waits until the deadline comes. The entry is written the moment the
+    // deadline has passed, before the member's own timer could react to it.
+    let spin = Instant::now() + Duration::from_secs(5);
+    while deadline.is_valid() {
+        assert!(Instant::now() < spin, "the deadline never passed");
+        tokio::task::yield_now().await;
+    }
+    // Any other command would wake Redis, which would then notice a timed-out block by itself.
+    produce(&mut conn, "edge", 0, 1, 1).await;
+    let after = shard_commands(&mut conn).await;
+    // Longer than Redis may take to notice a timeout (up to a second at `hz 1`).
+    let window = Instant::now() + Duration::from_millis(1_200);
+    while Instant::now() < window {
+        assert_eq!(
+            xpending_count(&mut conn, "edge:0", GROUP).await,
+            0,
+            "the entry written after the deadline was read"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        shard_commands(&mut conn).await,
+        after,
+        "nothing touched the shard"
+    );
+    assert_eq!(log.count(), 1, "no handler started past the deadline");
+    // A renewed lease: the entry is handled (what the proxy held reaches Redis first).
+    proxy.release();
+    deadline.set(deadline.local_now().plus_ms(60_000));
+    wait_until_async("the entry handled", Duration::from_secs(10), || async {
+        log.count() == 2
+    })
+    .await;
+    running.stop().await;
+}
+
 /// Entries another consumer read after it lost the shard (a zombie) stay in its pending list; the owner
 /// must claim them periodically, not only when it takes the shard over.
 async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target) {

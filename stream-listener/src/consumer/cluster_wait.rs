@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
-use super::wait_spec::{Read, WaitSpec};
+use super::wait_spec::{Block, Read, WaitSpec};
 use crate::connection::{as_cluster, slot_of, NodeConnections, SlotMaps};
 
 /// A node's address.
@@ -143,11 +143,14 @@ pub(crate) async fn read(
             }
         }
     }
-    let Some(left) = spec.deadline.remaining() else {
-        outcome.expired = true;
-        return outcome;
+    let block = match spec.block(io.config.block_ms) {
+        Block::For(block) => block,
+        Block::TooLate => return outcome,
+        Block::Expired => {
+            outcome.expired = true;
+            return outcome;
+        }
     };
-    let block = Duration::from_millis(io.config.block_ms).min(left);
     let mut running: HashMap<u16, (Node, i64)> = HashMap::new();
     let mut reads = tokio::task::JoinSet::new();
     let count = spec.count;

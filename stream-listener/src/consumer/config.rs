@@ -18,7 +18,7 @@ pub struct ConsumerConfig {
     /// Entries fetched per read (`COUNT`). Larger batches mean fewer round trips but longer revokes.
     pub batch_size: usize,
     /// How long the idle wait blocks (`BLOCK`) once a full rotation over the owned shards found nothing,
-    /// at most (it never blocks past the member's self-fencing deadline). A new entry ends the wait at
+    /// at most (and it is over 150 ms before the member's self-fencing deadline). A new entry ends the wait at
     /// once; a longer block means fewer commands from an idle member.
     pub block_ms: u64,
     /// Local worker capacity: how many shards are read and handled in parallel. Not an ownership limit.

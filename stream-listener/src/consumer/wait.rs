@@ -27,7 +27,9 @@
 //! group's last-delivered id, read once with `XINFO GROUPS`. Both are at most the group's last-delivered
 //! id, below which everything was delivered, so no undelivered entry is above-but-missed.
 //!
-//! The wait never blocks past the member's self-fencing deadline. The scheduler interrupts it when
+//! The wait is over before the member's self-fencing deadline: it blocks until
+//! [`WAIT_MARGIN`](super::scheduler::WAIT_MARGIN) before it at most, and the scheduler interrupts it then
+//! (Redis may end a block late, and deliver what was written meanwhile). The scheduler interrupts it when
 //! ownership changes (an assignment, a revocation, a fence, shutdown) or a shard is parked; the wait then
 //! ends its own read with `CLIENT UNBLOCK` (see the `unblock` module), and what it read is still handed on.
 
@@ -40,7 +42,7 @@ use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::read_until_interrupted;
-use super::wait_spec::{Read, WaitConnection, WaitSpec, Watched};
+use super::wait_spec::{Block, Read, WaitConnection, WaitSpec, Watched};
 
 /// How a wait ended.
 pub(crate) struct WaitEnd {
@@ -132,11 +134,14 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     if spec.interrupt.is_set() {
         return WaitEnd::of(outcome, spec.conn);
     }
-    let Some(left) = spec.deadline.remaining() else {
-        outcome.expired = true;
-        return WaitEnd::of(outcome, spec.conn);
+    let block = match spec.block(io.config.block_ms) {
+        Block::For(block) => block,
+        Block::TooLate => return WaitEnd::of(outcome, spec.conn),
+        Block::Expired => {
+            outcome.expired = true;
+            return WaitEnd::of(outcome, spec.conn);
+        }
     };
-    let block = Duration::from_millis(io.config.block_ms).min(left);
     let (mut conn, id, generation) = spec.conn.take().expect("connected above");
     let mut kept = None;
     let mut retention_due = Vec::new();

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
@@ -11,7 +12,7 @@ use crate::member::lifecycle::OwnershipDeadline;
 use super::entry::Entry;
 use super::order::OrderGate;
 use super::retention::RetentionJob;
-use super::scheduler::WaitReport;
+use super::scheduler::{WaitReport, WAIT_MARGIN};
 use super::unblock::Interrupt;
 
 /// The idle wait's blocking connection, its Redis client id, and the target's master switches when it
@@ -44,7 +45,29 @@ pub(crate) struct WaitSpec {
     pub(crate) order: Arc<OrderGate>,
 }
 
+/// How long the wait's read may block (see [`WaitSpec::block`]).
+pub(crate) enum Block {
+    For(Duration),
+    /// Within [`WAIT_MARGIN`] of the deadline: the wait reads nothing.
+    TooLate,
+    /// The deadline has passed.
+    Expired,
+}
+
 impl WaitSpec {
+    /// `block_ms`, cut to end [`WAIT_MARGIN`] before the deadline (see there), read now.
+    pub(crate) fn block(&self, block_ms: u64) -> Block {
+        let Some(left) = self.deadline.remaining() else {
+            return Block::Expired;
+        };
+        match left.checked_sub(WAIT_MARGIN) {
+            Some(until_margin) if until_margin >= Duration::from_millis(1) => {
+                Block::For(Duration::from_millis(block_ms).min(until_margin))
+            }
+            _ => Block::TooLate,
+        }
+    }
+
     /// `(stream key, id to watch above)` of every shard, in order (all known by now); for a group wait,
     /// `(stream key, fence key)`.
     pub(crate) fn streams(&self, group_wait: bool) -> Vec<(&str, &str)> {

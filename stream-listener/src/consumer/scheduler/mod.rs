@@ -37,7 +37,8 @@
 //!   renewed lease (a heartbeat the coordinator accepted after the loss confirms that it is still ours);
 //! * a shard whose read came back empty or short of a batch is idle: not polled again, one idle wait
 //!   covers every idle shard, never the last worker a deferred shard needs; an assignment, a revocation,
-//!   pause, shutdown or a deadline lapse interrupts it. A shard whose job comes back idle while the wait
+//!   pause, shutdown or the deadline interrupts it, and it is over [`WAIT_MARGIN`] before the deadline
+//!   (none starts within that margin; idle shards are not polled there either). A shard whose job comes back idle while the wait
 //!   runs is parked for the next wait (not polled again by a free worker) and the wait is interrupted,
 //!   once, so that the next one covers it too. After a wake-up the next wait holds back for the woken
 //!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt;
@@ -97,6 +98,14 @@ pub(crate) const RENEWAL_POLL: Duration = Duration::from_millis(50);
 /// handler from leaving the idle shards unwatched.
 pub(crate) const WAIT_HOLD: Duration = Duration::from_millis(2);
 
+/// How long before the ownership deadline the idle wait is over. Redis ends a `BLOCK` only when its event
+/// loop next looks, up to `1000 / hz` ms late (100 ms at the default `hz 10`), and an entry written to a
+/// watched stream meanwhile is still delivered to the read: so a wait blocks until this long before the
+/// deadline at most, none starts later, and one still running then is ended with `CLIENT UNBLOCK` (a
+/// server with a lower `hz` is covered by that, and the margin leaves it time to arrive). Idle shards are
+/// not polled meanwhile either: they wait for the renewed lease.
+pub(crate) const WAIT_MARGIN: Duration = Duration::from_millis(150);
+
 /// A point on the member's monotonic clock, in milliseconds: a [`LocalMillis`] clamped to the machine's
 /// unsigned range (never a store time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -125,6 +134,13 @@ impl Millis {
 
     pub(crate) fn plus_duration(self, delay: Duration) -> Self {
         self.plus(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    fn minus_duration(self, delay: Duration) -> Self {
+        Millis(
+            self.0
+                .saturating_sub(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+        )
     }
 }
 
@@ -216,7 +232,8 @@ pub(crate) struct ShardScheduler {
     /// Shards the last wait saw new entries on, until their read ends.
     woken: BTreeSet<u32>,
     wait: Option<JobId>,
-    /// The running wait was interrupted for a parked shard (once per wait is enough).
+    /// The running wait was interrupted for a parked shard or for the deadline's [`WAIT_MARGIN`] (once
+    /// per wait is enough).
     wait_interrupted: bool,
     hooks: Hooks,
     /// The WARNs of failed shard reads and idle waits: a Redis outage fails every one of them.
@@ -862,6 +879,10 @@ impl ShardScheduler {
         let mut out = Vec::new();
         if now >= self.deadline {
             self.lapse(&mut out);
+        } else if self.wait.is_some() && !self.may_wait(now) && !self.wait_interrupted {
+            // A wait must be over before the deadline (see `WAIT_MARGIN`).
+            self.wait_interrupted = true;
+            self.interrupt_wait(&mut out);
         }
         let due: Vec<u32> = self
             .shards
@@ -953,11 +974,14 @@ impl ShardScheduler {
         [self.next_timer(), poll, hold].into_iter().flatten().min()
     }
 
-    /// The earliest backoff end or the deadline.
+    /// The earliest backoff end, the end of a running wait's time (see [`WAIT_MARGIN`]) or the deadline.
     fn next_timer(&self) -> Option<Millis> {
         let backoff = self.shards.values().filter_map(Shard::retry_at).min();
         let deadline = (!self.lapsed).then_some(self.deadline);
-        [backoff, deadline].into_iter().flatten().min()
+        let wait_end = deadline
+            .filter(|_| self.wait.is_some() && !self.wait_interrupted)
+            .map(|deadline| deadline.minus_duration(WAIT_MARGIN));
+        [backoff, wait_end, deadline].into_iter().flatten().min()
     }
 
     /// The deadline lapsed with shards owned, or a shard waits for a confirmation of its ownership.
@@ -1141,6 +1165,11 @@ impl ShardScheduler {
         !self.paused && !self.closing && !self.lapsed && now < self.deadline
     }
 
+    /// Whether an idle wait may run now: not within [`WAIT_MARGIN`] of the deadline.
+    fn may_wait(&self, now: Millis) -> bool {
+        now.plus_duration(WAIT_MARGIN) < self.deadline
+    }
+
     fn reclaim_due(&self, state: &Shard, now: Millis) -> bool {
         now >= state.reclaimed_at.plus(self.reclaim_every)
     }
@@ -1228,7 +1257,8 @@ impl ShardScheduler {
             let Some(shard) = self.ready.pop_front() else {
                 break;
             };
-            let held = holds || rider;
+            // Within the wait's margin of the deadline, idle shards wait for the renewed lease.
+            let held = holds || rider || !self.may_wait(now);
             let Some(state) = self.shards.get(&shard) else {
                 continue;
             };
@@ -1354,7 +1384,7 @@ impl ShardScheduler {
     /// entries, once the reads running have ended (or [`WAIT_HOLD`] passed), unless the shards that need
     /// a worker for something else would be left without one.
     fn start_wait(&mut self, now: Millis, out: &mut Vec<Command>) {
-        if self.wait.is_some() {
+        if self.wait.is_some() || !self.may_wait(now) {
             return;
         }
         let eligible = |s: &Shard| self.waits(s, now);

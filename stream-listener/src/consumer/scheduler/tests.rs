@@ -672,18 +672,42 @@ fn rule_revoking_a_waited_shard_interrupts_the_wait_and_reports_after_it() {
 }
 
 #[test]
-fn rule_a_deadline_lapse_interrupts_the_idle_wait() {
-    let (mut s, wait) = idle_until(2, t(100));
-    assert!(s
-        .tick(t(100))
-        .contains(&Output::InterruptWait { job: wait }));
-    // Back from the wait, both shards claim their own pending entries first, once the lease is back.
-    assert!(starts(&s.wait_ended(t(101), wait, &[], false)).is_empty());
-    let out = s.lease_renewed(t(102), FAR);
+fn rule_the_idle_wait_is_over_its_margin_before_the_deadline() {
+    let (mut s, wait) = idle_until(2, t(1_000));
+    let end = t(1_000).minus_duration(WAIT_MARGIN);
+    assert_eq!(s.next_wake(), Some(end));
+    assert!(s.tick(t(end.0 - 1)).is_empty());
+    assert_eq!(s.tick(end), vec![Output::InterruptWait { job: wait }]);
+    assert!(s.tick(t(end.0 + 1)).is_empty(), "interrupted once");
+    assert_eq!(s.next_wake(), Some(t(1_000)));
+    // Back from the wait within the margin: no new wait, and the idle shards are not polled either.
+    assert!(s.wait_ended(t(end.0 + 2), wait, &[], false).is_empty());
+    assert!(s.tick(t(999)).is_empty());
+    // Back from the lapse, both shards claim their own pending entries first, once the lease is back.
+    assert!(s.tick(t(1_000)).is_empty());
+    let out = s.lease_renewed(t(1_002), FAR);
     assert!(
         starts(&out).iter().all(|j| j.2 == JobKind::ClaimOwn) && starts(&out).len() == 2,
         "{out:?}"
     );
+    // A lease renewed within the margin, before the deadline: the wait starts again.
+    let (mut s, wait) = idle_until(2, t(1_000));
+    s.tick(end);
+    assert!(s.wait_ended(t(end.0 + 2), wait, &[], false).is_empty());
+    let out = s.lease_renewed(t(end.0 + 3), FAR);
+    let mut watched = wait_of(&out).expect("a wait").1;
+    watched.sort_unstable();
+    assert_eq!(watched, [0, 1], "{out:?}");
+}
+
+#[test]
+fn rule_a_deadline_lapse_interrupts_the_idle_wait() {
+    // Not interrupted at its margin (the tick came late): the lapse interrupts it.
+    let (mut s, wait) = idle_until(2, t(1_000));
+    assert!(s
+        .tick(t(1_000))
+        .contains(&Output::InterruptWait { job: wait }));
+    assert!(starts(&s.wait_ended(t(1_001), wait, &[], false)).is_empty());
 }
 
 #[test]
@@ -977,7 +1001,11 @@ impl Model {
                     }
                 }
                 Output::StartWait { job, shards } => {
-                    prop_assert!(!self.paused && !self.closing && self.now < self.deadline);
+                    prop_assert!(!self.paused && !self.closing);
+                    prop_assert!(
+                        Millis(self.now).plus_duration(WAIT_MARGIN) < Millis(self.deadline),
+                        "a wait started within its margin of the deadline"
+                    );
                     for shard in shards {
                         prop_assert!(self.owned.contains_key(shard));
                         // Only a job that reads nothing may run beside a wait over its shard.
