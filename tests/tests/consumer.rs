@@ -614,6 +614,140 @@ async fn busy_shards_are_rotated_not_drained_one_by_one(target: Target) {
     running.stop().await;
 }
 
+/// Single node only: it counts pending entries per shard on one node.
+///
+/// Four workers over 16 shards whose handlers block: at most four handlers run at once, and meanwhile the
+/// other shards' new entries are read (pending for the member), each shard by a job of its own that waits
+/// for a worker, so that a shard is read as it fills rather than when its turn comes. Without the
+/// handlers' permits all 16 handlers run at once; with a job per worker, four blocked handlers hold every
+/// job and nothing else is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_shards_are_read_than_handled_at_once() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "ahead", 0..16).await;
+    /// What the handlers do: block until released, counting how many run at once.
+    #[derive(Default)]
+    struct Gate {
+        running: AtomicUsize,
+        most: AtomicUsize,
+        handled: AtomicUsize,
+        released: AtomicBool,
+        release: tokio::sync::Notify,
+    }
+    let gate = Arc::new(Gate::default());
+    let handler = {
+        let gate = gate.clone();
+        BoxedHandler::raw(move |_msg: RawMessage| {
+            let gate = gate.clone();
+            async move {
+                let now = gate.running.fetch_add(1, Ordering::SeqCst) + 1;
+                gate.most.fetch_max(now, Ordering::SeqCst);
+                let release = gate.release.notified();
+                if !gate.released.load(Ordering::SeqCst) {
+                    release.await;
+                }
+                gate.running.fetch_sub(1, Ordering::SeqCst);
+                gate.handled.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let mut cfg = config("ahead", "m0");
+    cfg.runtime_max_concurrency = 4;
+    let running = Running::start(redis.url(), cfg, handler).await;
+    running.assign(0..16).await;
+    for shard in 0..4 {
+        produce(&mut conn, "ahead", shard, 0, 3).await;
+    }
+    wait_until_async("four handlers block", Duration::from_secs(10), || async {
+        gate.running.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    for shard in 4..16 {
+        produce(&mut conn, "ahead", shard, 0, 3).await;
+    }
+    wait_until_async("the other shards read", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            let mut read = 0;
+            for shard in 4..16 {
+                let key = format!("ahead:{shard}");
+                read += u32::from(xpending_count(&mut conn, &key, GROUP).await > 0);
+            }
+            read == 12
+        }
+    })
+    .await;
+    assert_eq!(gate.running.load(Ordering::SeqCst), 4, "handlers running");
+    gate.released.store(true, Ordering::SeqCst);
+    gate.release.notify_waiters();
+    wait_until_async("all handled", Duration::from_secs(10), || async {
+        gate.handled.load(Ordering::SeqCst) == 48
+    })
+    .await;
+    assert_eq!(
+        gate.most.load(Ordering::SeqCst),
+        4,
+        "handlers at once, at most"
+    );
+    running.stop().await;
+}
+
+/// Single node only: it looks at one shard's pending entries.
+///
+/// A shard revoked while its job waits for a worker (its batch read, every worker's handler blocked)
+/// is handed back at once, its entries unhandled and pending for the next owner: the revocation does
+/// not wait for another shard's handler. (Without the job's wake-up on stop it waits for the blocked
+/// handler, here for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_revoked_while_its_batch_waits_for_a_worker_is_handed_back_at_once() {
+    let (redis, mut conn) = redis_with_groups(Target::Single, "queue", 0..2).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let handler = {
+        let (release, seen) = (release.clone(), seen.clone());
+        BoxedHandler::raw(move |msg: RawMessage| {
+            let (release, seen) = (release.clone(), seen.clone());
+            async move {
+                seen.lock().unwrap().push(msg.shard);
+                if msg.shard == 0 {
+                    release.notified().await;
+                }
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let mut cfg = config("queue", "m0");
+    cfg.runtime_max_concurrency = 1;
+    let running = Running::start(redis.url(), cfg, handler).await;
+    running.assign(0..2).await;
+    produce(&mut conn, "queue", 0, 0, 1).await;
+    wait_until_async(
+        "shard 0's handler blocks",
+        Duration::from_secs(10),
+        || async { seen.lock().unwrap().as_slice() == [0] },
+    )
+    .await;
+    produce(&mut conn, "queue", 1, 0, 2).await;
+    wait_until_async("shard 1's batch read", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move { xpending_count(&mut conn, "queue:1", GROUP).await == 2 }
+    })
+    .await;
+    running.revoke(1).await;
+    wait_until_async("shard 1 revoked", Duration::from_secs(5), || async {
+        running.revoked(1)
+    })
+    .await;
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        [0],
+        "shard 1 was not handled"
+    );
+    assert_eq!(xpending_count(&mut conn, "queue:1", GROUP).await, 2);
+    release.notify_waiters();
+    running.stop().await;
+}
+
 /// Runs the ack-and-delete checks against `server`, for both the script path and `XACKDEL`.
 async fn check_ack_delete(server: &RedisServer, expect_xackdel: bool) {
     let mut conn = connect_multiplexed(&server.url()).await;
@@ -1986,6 +2120,10 @@ async fn entries_a_zombie_left_pending_are_reclaimed_by_the_owner(target: Target
     };
     let mut cfg = config("zombie", "owner");
     cfg.reclaim_idle = Duration::from_millis(300);
+    // Batches of 3: what the idle wait delivers (entries 0-2) is a full batch, so the owner's job goes on
+    // reading after it and its shard rides no wait while the handler holds entry 2. (A short delivery's
+    // shard would: the owner's next wait could read the zombie's entries before the zombie does.)
+    cfg.batch_size = 3;
     let running = Running::start(redis.url(), cfg, handler).await;
     running.assign([0]).await;
     produce(&mut conn, "zombie", 0, 0, 3).await;

@@ -21,7 +21,9 @@ pub struct ConsumerConfig {
     /// at most (and it is over 150 ms before the member's self-fencing deadline). A new entry ends the wait at
     /// once; a longer block means fewer commands from an idle member.
     pub block_ms: u64,
-    /// Local worker capacity: how many shards are read and handled in parallel. Not an ownership limit.
+    /// Local worker capacity: how many handlers run at once (each on one shard's batch; up to four times as
+    /// many shards are read meanwhile, each holding one batch until a worker is free). Not an ownership
+    /// limit.
     pub runtime_max_concurrency: usize,
     /// What "done" means for a handled entry.
     pub ack_policy: AckPolicy,

@@ -10,7 +10,7 @@ use redis::RedisError;
 use super::attempt::{self, Fate};
 use super::entry::Entry;
 use super::fence::{self, is_missing_group};
-use super::job_spec::JobSpec;
+use super::job_spec::{JobSignals, JobSpec};
 use super::order::GateMemo;
 use super::scheduler::{hands_back, JobReport, ReadMode};
 use super::shard_io::{CarriedAcks, Letter, ShardIo};
@@ -140,6 +140,12 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             .in_flight
             .store(entries.len() as u32, Ordering::Release);
         memo.next_batch();
+        // The batch is read; its handler waits for a worker (stopped, it handles nothing: see below).
+        let permit = if entries.is_empty() {
+            None
+        } else {
+            handler_permit(&io, &spec.signals).await
+        };
 
         let mut acks: Vec<&str> = Vec::with_capacity(entries.len());
         let mut letters: Vec<(&Entry, Letter)> = Vec::new();
@@ -197,6 +203,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             last_done = Some(&entry.id);
         }
         spec.signals.in_flight.store(0, Ordering::Release);
+        drop(permit);
 
         // Keep the shard while it is busy and the scheduler did not ask for it back (another shard waits
         // for a worker, or the listener paused): saves the hand-back and lets the acks ride along with the
@@ -210,7 +217,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             && defer.is_none()
             && letters.is_empty()
             && next_read_mode == ReadMode::Live
-            && entries.len() >= full
+            && busy(entries.len(), full)
             && turns < spec.max_turns
             && !asked_back
             && spec.ownership.is_active();
@@ -223,9 +230,9 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
             continue;
         }
 
-        // A `>` read short of a batch left nothing behind it: the shard goes idle, watched by the wait.
+        // A `>` read that found little left nothing behind it: the shard goes idle, watched by the wait.
         outcome.drained = read_new
-            && entries.len() < full
+            && !busy(entries.len(), full)
             && !stopped
             && defer.is_none()
             && spec.read_mode == ReadMode::Live;
@@ -250,6 +257,34 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         }
         outcome.next_read_mode = Some(spec.read_mode.clone());
         return outcome;
+    }
+}
+
+/// Whether a read of `read` entries, of `full` at most, says its shard is busy, so that the job reads
+/// again rather than leave it to the idle wait: a quarter of a batch or more. (A short read left nothing
+/// behind it, but on a busy shard more comes while the batch is handled; the idle wait's cycle over
+/// every idle shard, a blocking read and then their jobs, would hold such a shard back by a cycle.)
+pub(crate) fn busy(read: usize, full: usize) -> bool {
+    read > 0 && read >= (full / 4).max(1)
+}
+
+/// A worker's permit for the handler (see [`ShardIo::handlers`]), or none if the job is told to stop
+/// meanwhile (then it handles nothing: its entries stay pending, for its next job or the next owner).
+async fn handler_permit<'a>(
+    io: &'a ShardIo,
+    signals: &JobSignals,
+) -> Option<tokio::sync::SemaphorePermit<'a>> {
+    let stopped = signals.stopped.notified();
+    tokio::pin!(stopped);
+    // Registered before the flag is read: a stop between the two still wakes it.
+    stopped.as_mut().enable();
+    if signals.stop.load(Ordering::Acquire) {
+        return None;
+    }
+    tokio::select! {
+        biased;
+        () = stopped => None,
+        permit = io.handlers.acquire() => permit.ok(),
     }
 }
 
@@ -325,5 +360,23 @@ async fn finish(
                 attempt += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::busy;
+
+    #[test]
+    fn rule_a_read_of_a_quarter_batch_or_more_keeps_its_shard_read() {
+        assert!(!busy(0, 100), "an empty read: idle");
+        assert!(
+            !busy(24, 100),
+            "a few entries: nothing was left behind, idle"
+        );
+        assert!(busy(25, 100), "a quarter of a batch: busy, read again");
+        assert!(busy(100, 100));
+        // Small batches: one entry is enough.
+        assert!(busy(1, 3) && busy(1, 1) && !busy(0, 1));
     }
 }

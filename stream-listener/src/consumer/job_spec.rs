@@ -18,6 +18,8 @@ use super::scheduler::ReadMode;
 pub(crate) struct JobSignals {
     /// Revoked or shutting down: finish the running handler, ack, leave the rest pending.
     pub(crate) stop: AtomicBool,
+    /// Notified with `stop`: a job waiting for a handler's permit stops waiting.
+    pub(crate) stopped: tokio::sync::Notify,
     /// Hand the shard back after this batch (another shard waits for a worker, or paused).
     pub(crate) yield_now: AtomicBool,
     /// Entries of the batch not finished yet, for `Draining` and progress reports.

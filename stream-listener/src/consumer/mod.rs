@@ -6,10 +6,11 @@
 //!
 //! # Scheduling
 //!
-//! Owned shards wait in one round-robin ready queue. Up to `runtime_max_concurrency` jobs run at once; a
-//! job takes one shard, fetches a batch, runs the handler on each entry in order, acknowledges, and puts
-//! the shard back at the end of the queue (it keeps the shard for up to 64 full batches until the scheduler
-//! asks for it back because another shard waits for a worker, or the listener paused). So:
+//! Owned shards wait in one round-robin ready queue. Up to four jobs per worker run at once; a job takes
+//! one shard, fetches a batch, waits for a worker (at most `runtime_max_concurrency` handlers run at once),
+//! runs the handler on each entry in order, gives the worker back, acknowledges, and puts the shard back at
+//! the end of the queue (it keeps a busy shard for up to 64 batches until the scheduler asks for it back
+//! because another shard waits for a job, or the listener paused). So:
 //!
 //! * a shard is in at most one job at a time: one read loop per shard, one batch in flight, per-key order;
 //! * a member with far more shards than workers still visits every shard once per rotation: no starvation;

@@ -99,12 +99,16 @@ pub(crate) struct ShardIo {
     warned_missing_group: std::sync::atomic::AtomicBool,
     /// Handlers running and failing reads, for health and shutdown reports.
     pub(crate) probe: crate::health::Probe,
+    /// One permit per worker (`runtime_max_concurrency`): a job holds one while its handler runs on a
+    /// batch, so that more shards may be read than handled at once (see the `job` module).
+    pub(crate) handlers: tokio::sync::Semaphore,
     /// The consumer's counters and histograms, labelled with its stream and group.
     pub(crate) metrics: crate::metrics::ConsumerMetrics,
 }
 
 impl ShardIo {
     pub(crate) async fn connect(client: RedisTarget, config: ConsumerConfig) -> RedisResult<Self> {
+        let handlers = tokio::sync::Semaphore::new(config.runtime_max_concurrency.max(1));
         let options = ConnectOptions {
             response_timeout: Some(config.response_timeout),
             connection_timeout: Some(config.response_timeout),
@@ -134,6 +138,7 @@ impl ShardIo {
             fenced_script: Script::new(super::fence::FENCED_SCRIPT),
             warned_missing_group: std::sync::atomic::AtomicBool::new(false),
             probe: crate::health::Probe::default(),
+            handlers,
         })
     }
 

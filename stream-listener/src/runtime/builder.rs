@@ -62,8 +62,8 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Local worker capacity of this one member (default 1, at least 1). Never creates members, never
-    /// limits owned shards.
+    /// Local worker capacity of this one member: how many handlers run at once (default 1, at least 1;
+    /// up to four shards per worker are read meanwhile). Never creates members, never limits owned shards.
     pub fn runtime_max_concurrency(mut self, workers: usize) -> Self {
         self.spec.runtime_max_concurrency = workers;
         self
