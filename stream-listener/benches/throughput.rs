@@ -9,7 +9,8 @@
 //! scales the entries; `SL_BENCH_SCENARIOS=raw,json,spread` picks scenarios; `SL_BENCH_BUSY=n` runs it on
 //! a busy machine: n other processes spin on the machine's cores throughout; `SL_BENCH_LOG=1` installs
 //! an INFO `tracing_subscriber::fmt` subscriber without colours, writing nowhere, as `Runtime::start` does
-//! by default for a process whose stderr is no terminal, so that each message's span is made and recorded).
+//! by default for a process whose stderr is no terminal, so that each message's span is made and recorded;
+//! any other value is the subscriber's filter instead, e.g. `info,stream_listener::message=off`).
 //!
 //! Both sides drain the same streams through two different consumer groups, one run after the other (which
 //! goes first alternates per round), each member with one multiplexed connection for its non-blocking reads
@@ -284,9 +285,13 @@ fn main() {
     };
     // What the runtime's default logging costs: an INFO subscriber, as `Runtime::start` installs when the
     // application has none (the lines go nowhere; the spans and fields are made all the same).
-    if std::env::var("SL_BENCH_LOG").is_ok_and(|v| v == "1") {
+    if let Some(filter) = std::env::var("SL_BENCH_LOG")
+        .ok()
+        .filter(|v| !v.is_empty() && v != "0")
+    {
+        let filter = if filter == "1" { "info".into() } else { filter };
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::sink)
             .with_ansi(false)
             .init();

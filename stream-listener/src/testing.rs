@@ -380,7 +380,7 @@ impl HandlerTest {
     pub async fn run<T, H: Handler<T>>(&self, handler: &H, message: Message<T>) -> Outcome {
         let (message, acked) = self.hand_over(message);
         let deliveries = message.delivery_count;
-        let span = tracing::info_span!("message", entry_id = %message.id, key = %message.key, shard = message.shard, delivery_count = deliveries);
+        let span = tracing::info_span!(target: attempt::SPAN_TARGET, "message", entry_id = %message.id, key = %message.key, shard = message.shard, delivery_count = deliveries);
         let call = attempt::called(&span, || handler.handle(message));
         self.outcome(span, call, deliveries, &[acked]).await
     }
@@ -396,6 +396,7 @@ impl HandlerTest {
             messages.into_iter().map(|m| self.hand_over(m)).unzip();
         let deliveries = messages.iter().map(|m| m.delivery_count).max().unwrap_or(1);
         let span = tracing::info_span!(
+            target: attempt::SPAN_TARGET,
             "batch",
             entries = messages.len(),
             delivery_count = deliveries
@@ -691,6 +692,57 @@ mod tests {
                 .failure(policy)
                 .ack(AckPolicy::Manual)
                 .handler_timeout(ms(250))
+        );
+    }
+
+    /// What a handler logs, formatted by `tracing-subscriber` (no colours) under `filter`.
+    async fn handler_logs(filter: &str) -> (Outcome, String) {
+        #[derive(Default, Clone)]
+        struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Logs {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        async fn logs(msg: Message<u64>) -> Result<(), HandlerError> {
+            tracing::info!(payload = msg.payload, "handling");
+            Ok(())
+        }
+        let logs_ = Logs::default();
+        let writer = logs_.clone();
+        let _guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let message = TestMessage::new(5u64).id("7-1").key("k").shard(3).build();
+        let outcome = HandlerTest::new().run(&logs, message).await;
+        let text = String::from_utf8_lossy(&logs_.0.lock().unwrap()).into_owned();
+        (outcome, text)
+    }
+
+    /// The documented way to drop the per-message span (and its cost): the handler still runs and logs,
+    /// only without the span; every other line stays.
+    #[tokio::test]
+    async fn the_message_span_has_a_target_of_its_own_to_turn_it_off() {
+        let (outcome, on) = handler_logs("info").await;
+        assert_eq!(outcome, Outcome::Acked);
+        assert!(
+            on.contains("message{entry_id=7-1 key=k shard=3 delivery_count=1}:")
+                && on.contains("handling payload=5"),
+            "{on}"
+        );
+        let (outcome, off) = handler_logs("info,stream_listener::message=off").await;
+        assert_eq!(outcome, Outcome::Acked);
+        assert!(
+            off.contains("handling payload=5") && !off.contains("message{"),
+            "{off}"
         );
     }
 }

@@ -36,6 +36,8 @@ pub struct Captured {
     pub fields: Fields,
     /// The span the event is in: its name and fields.
     pub span: Option<(String, Fields)>,
+    /// That span's target (what a `RUST_LOG` directive matches).
+    pub span_target: Option<String>,
     /// Every field of every span the event is in, innermost first wins.
     pub scope: BTreeMap<String, String>,
 }
@@ -62,6 +64,9 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = Fields::default();
         event.record(&mut fields);
+        let span_target = ctx
+            .event_span(event)
+            .map(|span| span.metadata().target().to_owned());
         let span = ctx.event_span(event).map(|span| {
             let fields = span
                 .extensions()
@@ -85,6 +90,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
             target: event.metadata().target().to_owned(),
             fields,
             span,
+            span_target,
             scope,
         });
     }

@@ -59,6 +59,11 @@ async fn the_handler_runs_inside_a_span_per_message_and_an_idle_member_stays_qui
     };
     let (name, span) = handled.span.expect("inside a span");
     assert_eq!(name, "message");
+    // Its own target: `RUST_LOG=info,stream_listener::message=off` turns it off (see the README).
+    assert_eq!(
+        handled.span_target.as_deref(),
+        Some("stream_listener::message")
+    );
     let span = span.0;
     assert_eq!(span["stream"], "traced");
     assert_eq!(span["group"], "g");
