@@ -697,23 +697,12 @@ mod tests {
 
     /// What a handler logs, formatted by `tracing-subscriber` (no colours) under `filter`.
     async fn handler_logs(filter: &str) -> (Outcome, String) {
-        #[derive(Default, Clone)]
-        struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Logs {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         async fn logs(msg: Message<u64>) -> Result<(), HandlerError> {
             tracing::info!(payload = msg.payload, "handling");
             Ok(())
         }
-        let logs_ = Logs::default();
-        let writer = logs_.clone();
+        let buffer = crate::util::LogBuffer::default();
+        let writer = buffer.clone();
         let _guard = tracing::subscriber::set_default(
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -723,8 +712,7 @@ mod tests {
         );
         let message = TestMessage::new(5u64).id("7-1").key("k").shard(3).build();
         let outcome = HandlerTest::new().run(&logs, message).await;
-        let text = String::from_utf8_lossy(&logs_.0.lock().unwrap()).into_owned();
-        (outcome, text)
+        (outcome, buffer.text())
     }
 
     /// The documented way to drop the per-message span (and its cost): the handler still runs and logs,

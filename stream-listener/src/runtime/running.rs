@@ -364,33 +364,18 @@ mod tests {
         }
     }
 
-    /// The log lines of the current thread, formatted by `tracing-subscriber` without colours.
-    #[derive(Default, Clone)]
-    struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Logs {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Logs {
-        fn errors(&self) -> Vec<String> {
-            String::from_utf8_lossy(&self.0.lock().unwrap())
-                .lines()
-                .filter(|line| line.contains("ERROR"))
-                .map(str::to_owned)
-                .collect()
-        }
+    /// The ERROR lines `tracing-subscriber` wrote (without colours).
+    fn errors(logs: &crate::util::LogBuffer) -> Vec<String> {
+        logs.text()
+            .lines()
+            .filter(|line| line.contains("ERROR"))
+            .map(str::to_owned)
+            .collect()
     }
 
     #[tokio::test]
     async fn run_fails_naming_the_member_whose_heartbeat_loop_panicked() {
-        let logs = Logs::default();
+        let logs = crate::util::LogBuffer::default();
         let writer = logs.clone();
         let _guard = tracing::subscriber::set_default(
             tracing_subscriber::fmt()
@@ -413,7 +398,7 @@ mod tests {
             "{error:?}"
         );
         assert!(error.to_string().contains("member pod-1-m0"), "{error}");
-        let errors = logs.errors();
+        let errors = errors(&logs);
         assert!(
             errors.iter().any(|e| e.contains("owner=member pod-1-m0")
                 && e.contains("task=\"heartbeat loop\"")
