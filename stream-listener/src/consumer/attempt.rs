@@ -20,7 +20,7 @@ use super::shard_io::{Letter, ShardIo};
 
 /// The target of the `message` and `batch` spans a handler runs in: one of their own, so that
 /// `RUST_LOG=info,stream_listener::message=off` drops those spans, and what they cost per entry (about
-/// 1.8 µs of client CPU with a `fmt` subscriber, see the README's "Tracing"), and nothing else.
+/// 1.5-2 µs of client CPU with a `fmt` subscriber, see the README's "Tracing"), and nothing else.
 pub(crate) const SPAN_TARGET: &str = "stream_listener::message";
 
 /// The fate of one entry.
