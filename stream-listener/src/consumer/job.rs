@@ -231,8 +231,14 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
         }
 
         // A `>` read that found little left nothing behind it: the shard goes idle, watched by the wait.
+        // A job of one batch (a short delivery's, whose shard rides the wait) is judged by its own rule.
+        let still_busy = if spec.max_turns == 1 {
+            delivery_busy(entries.len(), full)
+        } else {
+            busy(entries.len(), full)
+        };
         outcome.drained = read_new
-            && !busy(entries.len(), full)
+            && !still_busy
             && !stopped
             && defer.is_none()
             && spec.read_mode == ReadMode::Live;
@@ -261,10 +267,19 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
 }
 
 /// Whether a read of `read` entries, of `full` at most, says its shard is busy, so that the job reads
-/// again rather than leave it to the idle wait: a quarter of a batch or more. (A short read left nothing
-/// behind it, but on a busy shard more comes while the batch is handled; the idle wait's cycle over
-/// every idle shard, a blocking read and then their jobs, would hold such a shard back by a cycle.)
+/// again rather than leave it to the idle wait: two entries or more (a full read, when a batch is one).
+/// Two arrived since the last look, so more come while they are handled: polling costs a command per
+/// two entries at most, while the idle wait's cycle over every idle shard (a blocking read, then their
+/// jobs) would hold such a shard back by a cycle. A read of one entry left nothing behind it.
 pub(crate) fn busy(read: usize, full: usize) -> bool {
+    read > 0 && read >= full.min(2)
+}
+
+/// Whether a short delivery of the idle wait, `read` of the `full` it read at most, says its shard is busy,
+/// so that the shard is polled after its job rather than left riding the wait: a quarter of that or more.
+/// Stricter than [`busy`]: the delivery may have gathered over a slow handler's whole run, so a few
+/// entries say little of the shard's rate.
+pub(crate) fn delivery_busy(read: usize, full: usize) -> bool {
     read > 0 && read >= (full / 4).max(1)
 }
 
@@ -365,18 +380,31 @@ async fn finish(
 
 #[cfg(test)]
 mod tests {
-    use super::busy;
+    use super::{busy, delivery_busy};
 
     #[test]
-    fn rule_a_read_of_a_quarter_batch_or_more_keeps_its_shard_read() {
+    fn rule_a_read_of_two_entries_or_more_keeps_its_shard_read() {
         assert!(!busy(0, 100), "an empty read: idle");
+        assert!(!busy(1, 100), "one entry: nothing was left behind, idle");
         assert!(
-            !busy(24, 100),
-            "a few entries: nothing was left behind, idle"
+            busy(2, 100),
+            "two arrived since the last look: busy, read again"
         );
-        assert!(busy(25, 100), "a quarter of a batch: busy, read again");
-        assert!(busy(100, 100));
-        // Small batches: one entry is enough.
-        assert!(busy(1, 3) && busy(1, 1) && !busy(0, 1));
+        assert!(busy(25, 100) && busy(100, 100));
+        // A batch of one: a full read is busy.
+        assert!(busy(1, 1) && !busy(0, 1));
+        assert!(!busy(1, 3) && busy(2, 3));
+    }
+
+    #[test]
+    fn rule_a_short_delivery_of_a_quarter_of_the_waits_count_or_more_has_its_shard_polled() {
+        assert!(!delivery_busy(0, 25));
+        assert!(
+            !delivery_busy(5, 25),
+            "a few entries: they may have come over a slow handler's run, idle"
+        );
+        assert!(delivery_busy(6, 25), "a quarter: polled after the job");
+        // A wait that read one entry a shard: one is enough.
+        assert!(delivery_busy(1, 1) && delivery_busy(1, 3));
     }
 }
