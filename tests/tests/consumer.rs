@@ -22,6 +22,7 @@ use stream_listener_test_support::aio::{
     command_calls, connect_multiplexed, info, info_field, wait_until_async, xlen, xpending_count,
     xrange,
 };
+use stream_listener_test_support::monitor::{Monitor, MonitorLine};
 use stream_listener_test_support::RedisServer;
 use stream_listener_tests::{on_every_target, Target, TestRedis};
 use tokio::sync::mpsc;
@@ -2719,6 +2720,119 @@ async fn entries_written_while_a_pickups_handler_runs_are_handled_after_it_in_or
     );
     wait_until_async("nothing pending", Duration::from_secs(10), || async {
         pending().await == 0
+    })
+    .await;
+    running.stop().await;
+}
+
+/// The non-blocking group reads over several shards (the idle wait's follow-up: a job reads one shard)
+/// in a `MONITOR` feed.
+fn follow_up_reads(monitor: &Monitor) -> usize {
+    monitor
+        .lines()
+        .iter()
+        .filter_map(|line| MonitorLine::parse(line))
+        .filter(|line| {
+            line.client != "lua"
+                && line
+                    .args
+                    .first()
+                    .is_some_and(|c| c.eq_ignore_ascii_case("XREADGROUP"))
+                && !line.args.iter().any(|a| a.eq_ignore_ascii_case("BLOCK"))
+                && line.args.iter().filter(|a| *a == ">").count() > 2
+        })
+        .count()
+}
+
+/// Single node only: the wait's commands are read from one server's `MONITOR` feed.
+///
+/// Redis serves a blocked read as soon as the first entry of a producer's pipelined burst is written, so
+/// the wait alone would deliver that one, and the entries written to the other shards would wait for the
+/// next wait. After a wait that delivered to two shards or more, the next one pipelines a second read
+/// without `BLOCK` behind its blocking one, which Redis runs right after it: the burst's other entries
+/// come with its reply. Pickups of one shard at a time send no such read (it would be an empty read a
+/// pickup). Every entry is handled once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_burst_over_several_shards_the_wait_reads_again_behind_its_block() {
+    let prefix = "burst";
+    let redis = RedisServer::start();
+    let mut conn = connect_multiplexed(&redis.url()).await;
+    create_groups(&mut conn, prefix, 0..8).await;
+    let seen: Seen = Seen::default();
+    let mut config = config(prefix, "m");
+    config.runtime_max_concurrency = 4;
+    config.batch_size = 100;
+    let running = Running::start(&redis.url(), config, order_recording_handler(&seen)).await;
+    running.assign(0..8).await;
+    wait_for_blocked_client(&mut conn).await;
+    let monitor = Monitor::start(redis.addr()).await;
+    let handled = |n: usize| {
+        let seen = seen.clone();
+        move || {
+            let seen = seen.clone();
+            async move { seen.lock().unwrap().len() == n }
+        }
+    };
+    // One shard at a time.
+    for shard in 0..3 {
+        produce(&mut conn, prefix, shard, u64::from(shard) * 100, 1).await;
+        wait_until_async(
+            "a pickup handled",
+            Duration::from_secs(10),
+            handled(shard as usize + 1),
+        )
+        .await;
+        wait_for_blocked_client(&mut conn).await;
+    }
+    assert_eq!(
+        follow_up_reads(&monitor),
+        0,
+        "no follow-up read for single pickups"
+    );
+    // Two bursts, one entry to each shard in one pipeline each.
+    for (round, n) in [(1u64, 11), (2, 19)] {
+        let mut pipe = redis::pipe();
+        for shard in 0..8u64 {
+            pipe.cmd("XADD")
+                .arg(format!("{prefix}:{shard}"))
+                .arg("*")
+                .arg("k")
+                .arg(format!("key-{shard}"))
+                .arg("p")
+                .arg(format!("{{\"n\":{}}}", shard * 100 + round));
+        }
+        let _: Vec<String> = pipe.query_async(&mut conn).await.unwrap();
+        wait_until_async("the burst handled", Duration::from_secs(10), handled(n)).await;
+        wait_for_blocked_client(&mut conn).await;
+    }
+    assert!(
+        follow_up_reads(&monitor) >= 1,
+        "the wait after a burst over several shards reads again behind its block"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|&(_, deliveries)| deliveries == 1),
+        "{seen:?}"
+    );
+    for shard in 0..8u64 {
+        let mine: Vec<u64> = seen
+            .iter()
+            .map(|&(n, _)| n)
+            .filter(|n| n / 100 == shard)
+            .collect();
+        let mut sorted = mine.clone();
+        sorted.sort_unstable();
+        assert_eq!(mine, sorted, "shard {shard} in order");
+        sorted.dedup();
+        assert_eq!(mine.len(), sorted.len(), "shard {shard} handled once each");
+    }
+    assert_eq!(seen.len(), 19);
+    wait_until_async("nothing pending", Duration::from_secs(10), || async {
+        let mut pending = 0;
+        for shard in 0..8 {
+            pending += pending_count(&redis.url(), &format!("{prefix}:{shard}")).await;
+        }
+        pending == 0
     })
     .await;
     running.stop().await;

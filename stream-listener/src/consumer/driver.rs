@@ -396,7 +396,11 @@ impl Driver {
                         queue.extend(self.machine.job_ended(now, not_started.job, None));
                     }
                 }
-                Command::StartWait { job, shards } => self.start_wait(job, shards),
+                Command::StartWait {
+                    job,
+                    shards,
+                    follow_up,
+                } => self.start_wait(job, shards, follow_up),
                 Command::InterruptWait { job } => self.interrupt_wait(job),
                 Command::Stop { job } => {
                     if let Some(signals) = self.signals(job) {
@@ -522,10 +526,14 @@ impl Driver {
     /// connection, without a hand-off between tasks. On a multi-threaded runtime each such hand-off
     /// after the third in a row wakes another worker thread, and those wake-ups, not the commands, are
     /// most of a consumer's client CPU at low rates (see the latency bench's slices per entry).
-    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<Arc<str>>)>) {
+    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<Arc<str>>)>, follow_up: bool) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
         let count = self.io.wait_count(shards.len());
+        // With a follow-up, each read takes half: both deliver no more than one wait would.
+        let follow_up = follow_up && count >= 2;
+        let per_read = if follow_up { count / 2 } else { count };
+        let count = per_read * if follow_up { 2 } else { 1 };
         // A group wait reads from the group's position: it watches from nowhere.
         let group_wait = self.io.group_wait();
         for (shard, from) in shards {
@@ -545,7 +553,8 @@ impl Driver {
         self.interrupt.reset();
         let spec = WaitSpec {
             shards: keys,
-            count,
+            count: per_read,
+            follow_up,
             watch_from,
             conn,
             interrupt: self.interrupt.clone(),

@@ -298,7 +298,8 @@ impl ShardIo {
 
     /// The idle wait as a group read: `XREADGROUP ... COUNT n BLOCK ms STREAMS k1 f1 k2 f2 .. > > ..` over
     /// several shards, each with its ownership's fence, on a blocking connection. Returns the entries it
-    /// delivered, by shard key.
+    /// delivered, by shard key. With `follow_up`, the same read without `BLOCK` is pipelined behind it:
+    /// Redis runs it as soon as the blocked read ends (see the `wait` module), `count` each.
     ///
     /// Fenced like any group read (see the `fence` module): a read that reaches Redis after a newer owner
     /// installed its fence fails with `NOGROUP` at once, and one blocked when that happens is ended with
@@ -310,24 +311,35 @@ impl ShardIo {
         &self,
         streams: &[(&str, &str)],
         count: usize,
+        follow_up: bool,
         conn: &mut MultiplexedConnection,
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let mut cmd = self.group_read_of(count);
-        cmd.arg("BLOCK").arg(ms).arg("STREAMS");
-        for (key, fence) in streams {
-            cmd.arg(*key).arg(*fence);
-        }
-        for _ in 0..streams.len() * 2 {
-            cmd.arg(">");
-        }
-        let reply: Value = cmd.query_async(conn).await?;
-        Ok(reply::read_by_stream(reply)
-            .into_iter()
-            .filter(|(_, entries)| !entries.is_empty())
-            .map(|(key, rows)| (key, entries_of(rows)))
-            .collect())
+        let read = |block: Option<u64>| {
+            let mut cmd = self.group_read_of(count);
+            if let Some(ms) = block {
+                cmd.arg("BLOCK").arg(ms);
+            }
+            cmd.arg("STREAMS");
+            for (key, fence) in streams {
+                cmd.arg(*key).arg(*fence);
+            }
+            for _ in 0..streams.len() * 2 {
+                cmd.arg(">");
+            }
+            cmd
+        };
+        let replies: Vec<RedisResult<Value>> = if follow_up {
+            let mut pipe = redis::pipe();
+            pipe.add_command(read(Some(ms)))
+                .add_command(read(None))
+                .ignore_errors();
+            pipe.query_async(conn).await?
+        } else {
+            vec![read(Some(ms)).query_async(conn).await]
+        };
+        merge_reads(replies)
     }
 
     /// The group's last-delivered id on shard stream `key` (`XINFO GROUPS`): where the idle wait watches
@@ -686,6 +698,37 @@ fn entries_of(rows: Vec<reply::StreamEntry>) -> Vec<Entry> {
         .collect()
 }
 
+/// What the wait's reads delivered, by shard key, in order (a key read by both: the blocking read's
+/// entries first). An error reply delivered nothing: it is the result only when nothing was delivered, and
+/// what the other read delivered is handed on (the next command on the shard finds the error again).
+fn merge_reads(replies: Vec<RedisResult<Value>>) -> RedisResult<Vec<(String, Vec<Entry>)>> {
+    let mut delivered: Vec<(String, Vec<Entry>)> = Vec::new();
+    let mut refused = None;
+    for reply in replies {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                refused.get_or_insert(error);
+                continue;
+            }
+        };
+        for (key, rows) in reply::read_by_stream(reply) {
+            if rows.is_empty() {
+                continue;
+            }
+            let entries = entries_of(rows);
+            match delivered.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, have)) => have.extend(entries),
+                None => delivered.push((key, entries)),
+            }
+        }
+    }
+    match refused {
+        Some(error) if delivered.is_empty() => Err(error),
+        _ => Ok(delivered),
+    }
+}
+
 /// See [`ShardIo::wait_count`].
 fn wait_count(batch: usize, workers: usize, watched: usize) -> usize {
     let batch = batch.max(1);
@@ -723,6 +766,80 @@ mod tests {
         assert_eq!(entries[0].payload(), Some(&b"{}"[..]));
         assert_eq!((entries[0].delivery_count, entries[0].deleted), (1, false));
         assert!(entries_of(reply::read(Value::Nil)).is_empty());
+    }
+
+    /// A read reply of `key` with entries `ids`.
+    fn read_reply(key: &str, ids: &[&str]) -> Value {
+        let rows = ids
+            .iter()
+            .map(|id| {
+                Value::Array(vec![
+                    Value::BulkString(id.as_bytes().to_vec()),
+                    Value::Array(vec![
+                        Value::BulkString(b"k".to_vec()),
+                        Value::BulkString(b"user-1".to_vec()),
+                    ]),
+                ])
+            })
+            .collect();
+        Value::Array(vec![Value::Array(vec![
+            Value::BulkString(key.as_bytes().to_vec()),
+            Value::Array(rows),
+        ])])
+    }
+
+    fn ids(delivered: &[(String, Vec<Entry>)]) -> Vec<(String, Vec<String>)> {
+        delivered
+            .iter()
+            .map(|(key, entries)| (key.clone(), entries.iter().map(|e| e.id.clone()).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn the_waits_two_reads_are_merged_by_shard_in_order_and_an_error_reply_hands_on_the_other() {
+        let refused = || -> RedisResult<Value> {
+            Err(redis::make_extension_error("NOGROUP".to_owned(), None))
+        };
+        let both = merge_reads(vec![
+            Ok(read_reply("s:0", &["1-0"])),
+            Ok(Value::Array(vec![
+                read_reply("s:1", &["2-0"])
+                    .into_sequence()
+                    .unwrap()
+                    .remove(0),
+                read_reply("s:0", &["3-0", "4-0"])
+                    .into_sequence()
+                    .unwrap()
+                    .remove(0),
+            ])),
+        ])
+        .unwrap();
+        assert_eq!(
+            ids(&both),
+            vec![
+                (
+                    "s:0".to_owned(),
+                    vec!["1-0".to_owned(), "3-0".to_owned(), "4-0".to_owned()]
+                ),
+                ("s:1".to_owned(), vec!["2-0".to_owned()]),
+            ]
+        );
+        // Either read refused: what the other delivered is handed on, not dropped (it is pending for us).
+        for replies in [
+            vec![refused(), Ok(read_reply("s:0", &["5-0"]))],
+            vec![Ok(read_reply("s:0", &["5-0"])), refused()],
+        ] {
+            assert_eq!(
+                ids(&merge_reads(replies).unwrap()),
+                vec![("s:0".to_owned(), vec!["5-0".to_owned()])]
+            );
+        }
+        // Nothing delivered: the error is the result.
+        let error = merge_reads(vec![Ok(Value::Nil), refused()]).unwrap_err();
+        assert_eq!(error.code(), Some("NOGROUP"));
+        assert!(merge_reads(vec![Ok(Value::Nil), Ok(Value::Nil)])
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //! On Redis 7.0 and later (and Valkey) the wait is a group read behind the shards' fences,
 //! `XREADGROUP ... COUNT n BLOCK ms STREAMS s1 f1 s2 f2 ... > > ...`, and it delivers: what it reads goes
 //! to the shards' next jobs, handled first, so an idle pickup costs the read and the ack, as in a
-//! hand-written loop. The wait is no task of its own: the driver polls it (see `Driver::start_wait`).
+//! hand-written loop. After a wait that delivered to two shards or more (a producer's burst over
+//! several shards: Redis ends a blocked read with the first entry written), a second group read without
+//! `BLOCK` is pipelined behind the blocking one, so the rest of the burst comes with the reply (see
+//! [`Command::StartWait`](super::scheduler::Command::StartWait)). The wait is no task of its own: the
+//! driver polls it (see `Driver::start_wait`).
 //! It is fenced like any group read (see the `fence` module): a newer owner's fence install deletes our
 //! fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
 //! `NOGROUP`, so a zombie's wait (its process froze while it blocked, past its lease) delivers nothing
@@ -69,7 +73,7 @@ impl WaitEnd {
 /// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
 pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> WaitEnd {
     let mut outcome = WaitReport {
-        count: spec.count,
+        count: spec.delivers_at_most(),
         ..WaitReport::default()
     };
     let cluster = io.client.is_cluster();
@@ -148,7 +152,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     let streams = spec.streams(group_wait);
     let read = async {
         if group_wait {
-            io.read_new_blocking(&streams, spec.count, &mut conn, block)
+            io.read_new_blocking(&streams, spec.count, spec.follow_up, &mut conn, block)
                 .await
                 .map(Read::Delivered)
         } else {

@@ -32,6 +32,9 @@ pub(crate) struct WaitSpec {
     pub(crate) shards: Vec<Watched>,
     /// Entries a group wait reads from each shard at most ([`ShardIo::wait_count`](super::shard_io::ShardIo::wait_count)).
     pub(crate) count: usize,
+    /// A group wait pipelines a second read without `BLOCK` behind the blocking one (see
+    /// [`Command::StartWait`](super::scheduler::Command::StartWait)).
+    pub(crate) follow_up: bool,
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
     /// from the group first.
     pub(crate) watch_from: HashMap<u32, Arc<str>>,
@@ -55,6 +58,11 @@ pub(crate) enum Block {
 }
 
 impl WaitSpec {
+    /// Entries a group wait delivers to each shard at most: `count` a read.
+    pub(crate) fn delivers_at_most(&self) -> usize {
+        self.count * if self.follow_up { 2 } else { 1 }
+    }
+
     /// `block_ms`, cut to end [`WAIT_MARGIN`] before the deadline (see there), read now.
     pub(crate) fn block(&self, block_ms: u64) -> Block {
         let Some(left) = self.deadline.remaining() else {

@@ -22,6 +22,12 @@ pub(crate) enum Command {
     StartWait {
         job: JobId,
         shards: Vec<(u32, Option<Arc<str>>)>,
+        /// A second, non-blocking read pipelined right behind the blocking one: Redis serves a blocked
+        /// read as soon as the first entry is written, so entries written to other shards in the same
+        /// burst (a producer's pipelined batch) come with the second read's reply instead of waiting for
+        /// the next wait. Set after a wait delivered to two shards or more; at low rates it would be an
+        /// empty read per pickup.
+        follow_up: bool,
     },
     /// End the idle wait early (`CLIENT UNBLOCK`); it ends through [`super::ShardScheduler::wait_ended`].
     InterruptWait { job: JobId },

@@ -41,7 +41,9 @@
 //!   (none starts within that margin; idle shards are not polled there either). A shard whose job comes back idle while the wait
 //!   runs is parked for the next wait (not polled again by a free worker) and the wait is interrupted,
 //!   once, so that the next one covers it too. After a wake-up the next wait holds back for the woken
-//!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt;
+//!   shards' reads ([`WAIT_HOLD`] at most), so that it covers them without an interrupt. After a wait
+//!   that delivered to two shards or more, the next one reads again right behind its blocking read
+//!   ([`Command::StartWait`]'s `follow_up`);
 //! * a short delivery's job handles that batch and reads nothing: past the hold its shard rides the wait
 //!   beside it ([`rides`](ShardScheduler::rides)); what the wait delivers to it is queued for after the job
 //!   (up to a batch, then it rides no further wait), or left to a claim of our own pending entries if the
@@ -235,6 +237,9 @@ pub(crate) struct ShardScheduler {
     /// The running wait was interrupted for a parked shard or for the deadline's [`WAIT_MARGIN`] (once
     /// per wait is enough).
     wait_interrupted: bool,
+    /// The last wait delivered to two shards or more: the next one reads again right behind its
+    /// blocking read (see [`Command::StartWait`]).
+    follow_up: bool,
     hooks: Hooks,
     /// The WARNs of failed shard reads and idle waits: a Redis outage fails every one of them.
     read_warnings: Throttle,
@@ -267,6 +272,7 @@ impl ShardScheduler {
             woken: BTreeSet::new(),
             wait: None,
             wait_interrupted: false,
+            follow_up: false,
             hooks: Hooks {
                 set: hooks,
                 ..Hooks::default()
@@ -695,6 +701,9 @@ impl ShardScheduler {
         self.wait_interrupted = false;
         self.unpark();
         let (mut woke, mut delivered) = (Vec::new(), Vec::new());
+        self.follow_up = report
+            .as_ref()
+            .is_some_and(|report| !report.failed() && report.delivered.len() >= 2);
         if let Some(mut report) = report {
             if let Some(error) = &report.error {
                 if let Some(not_logged) = self.wait_warnings.admit(now.into()) {
@@ -1432,6 +1441,10 @@ impl ShardScheduler {
         }
         self.wait = Some(job);
         self.idle_since = None;
-        out.push(Command::StartWait { job, shards });
+        out.push(Command::StartWait {
+            job,
+            shards,
+            follow_up: self.follow_up,
+        });
     }
 }

@@ -48,7 +48,7 @@ fn rotation(commands: Vec<Command>) -> Vec<Output> {
                 kind: plan.kind,
                 one_batch: plan.max_turns == 1,
             }),
-            Command::StartWait { job, shards } => Some(Output::StartWait {
+            Command::StartWait { job, shards, .. } => Some(Output::StartWait {
                 job,
                 shards: shards.into_iter().map(|(s, _)| s).collect(),
             }),
@@ -1701,7 +1701,7 @@ fn rule_the_idle_wait_watches_from_where_the_reads_got_and_forgets_it_on_a_wake_
     let (wait, shards) = out
         .iter()
         .find_map(|c| match c {
-            Command::StartWait { job, shards } => Some((*job, shards.clone())),
+            Command::StartWait { job, shards, .. } => Some((*job, shards.clone())),
             _ => None,
         })
         .expect("a wait");
@@ -1727,7 +1727,7 @@ fn rule_the_idle_wait_watches_from_where_the_reads_got_and_forgets_it_on_a_wake_
 fn started_wait(out: &[Command]) -> (JobId, Vec<u32>) {
     out.iter()
         .find_map(|c| match c {
-            Command::StartWait { job, shards } => {
+            Command::StartWait { job, shards, .. } => {
                 Some((*job, shards.iter().map(|(s, _)| *s).collect()))
             }
             _ => None,
@@ -1748,7 +1748,7 @@ fn waiting_on_two() -> (Machine, JobId) {
         wait = out
             .iter()
             .find_map(|c| match c {
-                Command::StartWait { job, shards } => {
+                Command::StartWait { job, shards, .. } => {
                     Some((*job, shards.iter().map(|(s, _)| *s).collect::<Vec<_>>()))
                 }
                 _ => None,
@@ -1890,6 +1890,59 @@ fn riding() -> (Machine, JobPlan, JobId) {
     let (next, shards) = started_wait(&out);
     assert_eq!(shards, vec![0, 1]);
     (m, job, next)
+}
+
+/// Whether the `StartWait` in `out` reads again right behind its blocking read.
+fn follows_up(out: &[Command]) -> bool {
+    out.iter()
+        .find_map(|c| match c {
+            Command::StartWait { follow_up, .. } => Some(*follow_up),
+            _ => None,
+        })
+        .expect("a wait")
+}
+
+#[test]
+fn rule_after_a_wait_that_delivered_to_two_shards_the_next_reads_again_behind_its_block() {
+    let (mut m, wait) = waiting_on_two();
+    let both = WaitReport {
+        new_entries: vec![0, 1],
+        delivered: vec![(0, vec![entry("5-0")]), (1, vec![entry("6-0")])],
+        count: 25,
+        ..WaitReport::default()
+    };
+    let out = m.wait_ended(t(1), wait, Some(both));
+    assert!(follows_up(&out), "a burst over two shards: follow up");
+    let (next, _) = started_wait(&out);
+    for shard in [0, 1] {
+        m.job_ended(t(1), plan_of(&out, shard).job, Some(handled_short(1)));
+    }
+    // That wait delivers to one shard: the one after it does not follow up.
+    let out = m.wait_ended(t(2), next, Some(delivery(1, &["7-0"], 25)));
+    let job = plan_of(&out, 1);
+    let mut out_all = out.clone();
+    out_all.extend(m.job_ended(t(2), job.job, Some(handled_short(1))));
+    assert!(
+        !follows_up(&out_all),
+        "one shard at a time: no empty read per pickup"
+    );
+    // Nor after one that failed.
+    let (next, _) = started_wait(&out_all);
+    let failed = WaitReport {
+        error: Some(redis::RedisError::from((redis::ErrorKind::Io, "reset"))),
+        delivered: vec![(0, vec![entry("8-0")]), (1, vec![entry("9-0")])],
+        in_doubt: true,
+        ..WaitReport::default()
+    };
+    let mut out = m.wait_ended(t(3), next, Some(failed));
+    // Its shards claim their own pending entries first, then go idle.
+    for plan in plans(&out.clone()) {
+        out.extend(m.job_ended(t(3), plan.job, Some(read(0))));
+    }
+    for plan in plans(&out.clone()) {
+        out.extend(m.job_ended(t(3), plan.job, Some(handled_short(0))));
+    }
+    assert!(!follows_up(&out), "a failed wait says nothing of bursts");
 }
 
 #[test]
