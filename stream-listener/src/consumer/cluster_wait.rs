@@ -153,7 +153,7 @@ pub(crate) async fn read(
     };
     let mut running: HashMap<u16, (Node, i64)> = HashMap::new();
     let mut reads = tokio::task::JoinSet::new();
-    let (count, follow_up) = (spec.count, spec.follow_up);
+    let wait_reads = spec.reads;
     for (slot, keys, mut blocking) in connected {
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let io = io.clone();
@@ -163,7 +163,7 @@ pub(crate) async fn read(
                 .map(|(k, id)| (k.as_str(), id.as_str()))
                 .collect();
             let result = if group_wait {
-                io.read_new_blocking(&streams, count, follow_up, &mut blocking.conn, block)
+                io.read_new_blocking(&streams, wait_reads, &mut blocking.conn, block)
                     .await
                     .map(Read::Delivered)
             } else {

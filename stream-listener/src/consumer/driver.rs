@@ -31,7 +31,7 @@ use super::scheduler::{
 };
 use super::shard_io::ShardIo;
 use super::unblock::Interrupt;
-use super::wait_spec::{WaitSpec, Watched};
+use super::wait_spec::{WaitReads, WaitSpec, Watched};
 use super::{job, wait, PauseHandle};
 
 /// What a task of the driver's join set returns.
@@ -529,16 +529,12 @@ impl Driver {
     fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<Arc<str>>)>, follow_up: bool) {
         let mut keys = Vec::with_capacity(shards.len());
         let mut watch_from = HashMap::new();
-        let count = self.io.wait_count(shards.len());
-        // With a follow-up, each read takes half: both deliver no more than one wait would.
-        let follow_up = follow_up && count >= 2;
-        let per_read = if follow_up { count / 2 } else { count };
-        let count = per_read * if follow_up { 2 } else { 1 };
+        let reads = WaitReads::new(self.io.wait_count(shards.len()), follow_up);
         // A group wait reads from the group's position: it watches from nowhere.
         let group_wait = self.io.group_wait();
         for (shard, from) in shards {
             if let Some(owned) = self.owned.get_mut(&shard) {
-                owned.wait_count = count;
+                owned.wait_count = reads.delivers_at_most();
                 keys.push(Watched {
                     shard,
                     key: owned.key.clone(),
@@ -553,8 +549,7 @@ impl Driver {
         self.interrupt.reset();
         let spec = WaitSpec {
             shards: keys,
-            count: per_read,
-            follow_up,
+            reads,
             watch_from,
             conn,
             interrupt: self.interrupt.clone(),

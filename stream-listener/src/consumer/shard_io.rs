@@ -15,6 +15,7 @@ use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{Acknowledge, BoxFuture};
+use super::wait_spec::WaitReads;
 
 pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
@@ -298,8 +299,8 @@ impl ShardIo {
 
     /// The idle wait as a group read: `XREADGROUP ... COUNT n BLOCK ms STREAMS k1 f1 k2 f2 .. > > ..` over
     /// several shards, each with its ownership's fence, on a blocking connection. Returns the entries it
-    /// delivered, by shard key. With `follow_up`, the same read without `BLOCK` is pipelined behind it:
-    /// Redis runs it as soon as the blocked read ends (see the `wait` module), `count` each.
+    /// delivered, by shard key. With [`WaitReads::follow_up`], the same read without `BLOCK` is pipelined
+    /// behind it: Redis runs it as soon as the blocked read ends (see the `wait` module).
     ///
     /// Fenced like any group read (see the `fence` module): a read that reaches Redis after a newer owner
     /// installed its fence fails with `NOGROUP` at once, and one blocked when that happens is ended with
@@ -310,14 +311,13 @@ impl ShardIo {
     pub(crate) async fn read_new_blocking(
         &self,
         streams: &[(&str, &str)],
-        count: usize,
-        follow_up: bool,
+        reads: WaitReads,
         conn: &mut MultiplexedConnection,
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
         let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let read = |block: Option<u64>| {
-            let mut cmd = self.group_read_of(count);
+            let mut cmd = self.group_read_of(reads.count);
             if let Some(ms) = block {
                 cmd.arg("BLOCK").arg(ms);
             }
@@ -330,7 +330,7 @@ impl ShardIo {
             }
             cmd
         };
-        let replies: Vec<RedisResult<Value>> = if follow_up {
+        let replies: Vec<RedisResult<Value>> = if reads.follow_up {
             let mut pipe = redis::pipe();
             pipe.add_command(read(Some(ms)))
                 .add_command(read(None))

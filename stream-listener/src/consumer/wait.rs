@@ -73,7 +73,7 @@ impl WaitEnd {
 /// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
 pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> WaitEnd {
     let mut outcome = WaitReport {
-        count: spec.delivers_at_most(),
+        count: spec.reads.delivers_at_most(),
         ..WaitReport::default()
     };
     let cluster = io.client.is_cluster();
@@ -152,7 +152,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     let streams = spec.streams(group_wait);
     let read = async {
         if group_wait {
-            io.read_new_blocking(&streams, spec.count, spec.follow_up, &mut conn, block)
+            io.read_new_blocking(&streams, spec.reads, &mut conn, block)
                 .await
                 .map(Read::Delivered)
         } else {
