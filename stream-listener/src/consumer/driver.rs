@@ -29,9 +29,9 @@ use super::scheduler::{
     Command, HooksSet, JobId, JobKind, JobPlan, JobReport, Millis, ProbeEvent, Report,
     ShardScheduler,
 };
-use super::shard_io::ShardIo;
+use super::shard_io::{ShardIo, WaitReads};
 use super::unblock::Interrupt;
-use super::wait_spec::{WaitReads, WaitSpec, Watched};
+use super::wait_spec::{WaitSpec, Watched};
 use super::{job, wait, PauseHandle};
 
 /// What a task of the driver's join set returns.

@@ -15,7 +15,6 @@ use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{Acknowledge, BoxFuture};
-use super::wait_spec::WaitReads;
 
 pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
@@ -729,6 +728,39 @@ fn merge_reads(replies: Vec<RedisResult<Value>>) -> RedisResult<Vec<(String, Vec
     }
 }
 
+/// How a group wait reads each shard: `count` entries at most, in the blocking read and, with
+/// `follow_up`, again in a read without `BLOCK` pipelined behind it (see
+/// [`Command::StartWait`](super::scheduler::Command::StartWait)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitReads {
+    pub(crate) count: usize,
+    pub(crate) follow_up: bool,
+}
+
+impl WaitReads {
+    /// A wait that may deliver `most` entries a shard ([`ShardIo::wait_count`]):
+    /// with a follow-up each read takes half, so that both deliver no more than one wait would (a wait of
+    /// one entry a shard reads once).
+    pub(crate) fn new(most: usize, follow_up: bool) -> Self {
+        if follow_up && most >= 2 {
+            Self {
+                count: most / 2,
+                follow_up: true,
+            }
+        } else {
+            Self {
+                count: most,
+                follow_up: false,
+            }
+        }
+    }
+
+    /// Entries the wait delivers to each shard at most.
+    pub(crate) fn delivers_at_most(self) -> usize {
+        self.count * if self.follow_up { 2 } else { 1 }
+    }
+}
+
 /// See [`ShardIo::wait_count`].
 fn wait_count(batch: usize, workers: usize, watched: usize) -> usize {
     let batch = batch.max(1);
@@ -851,6 +883,28 @@ mod tests {
         let entries = entries_of(reply::entries(claimed));
         assert_eq!(entries.len(), 1);
         assert!(entries[0].deleted && entries[0].fields.is_empty());
+    }
+
+    #[test]
+    fn rule_a_follow_up_halves_each_reads_count_so_that_both_deliver_no_more_than_one() {
+        let one = WaitReads::new(25, false);
+        assert_eq!(
+            (one.count, one.follow_up, one.delivers_at_most()),
+            (25, false, 25)
+        );
+        let two = WaitReads::new(25, true);
+        assert_eq!(
+            (two.count, two.follow_up, two.delivers_at_most()),
+            (12, true, 24)
+        );
+        let two = WaitReads::new(100, true);
+        assert_eq!((two.count, two.delivers_at_most()), (50, 100));
+        // One entry a shard (1,024 shards on 4 workers): one read, not two.
+        let one = WaitReads::new(1, true);
+        assert_eq!(
+            (one.count, one.follow_up, one.delivers_at_most()),
+            (1, false, 1)
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::entry::Entry;
 use super::order::OrderGate;
 use super::retention::RetentionJob;
 use super::scheduler::{WaitReport, WAIT_MARGIN};
+use super::shard_io::WaitReads;
 use super::unblock::Interrupt;
 
 /// The idle wait's blocking connection, its Redis client id, and the target's master switches when it
@@ -43,39 +44,6 @@ pub(crate) struct WaitSpec {
     pub(crate) retention: Arc<RetentionJob>,
     /// Kept fresh while the wait blocks (see the `order` module).
     pub(crate) order: Arc<OrderGate>,
-}
-
-/// How a group wait reads each shard: `count` entries at most, in the blocking read and, with
-/// `follow_up`, again in a read without `BLOCK` pipelined behind it (see
-/// [`Command::StartWait`](super::scheduler::Command::StartWait)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WaitReads {
-    pub(crate) count: usize,
-    pub(crate) follow_up: bool,
-}
-
-impl WaitReads {
-    /// A wait that may deliver `most` entries a shard ([`ShardIo::wait_count`](super::shard_io::ShardIo::wait_count)):
-    /// with a follow-up each read takes half, so that both deliver no more than one wait would (a wait of
-    /// one entry a shard reads once).
-    pub(crate) fn new(most: usize, follow_up: bool) -> Self {
-        if follow_up && most >= 2 {
-            Self {
-                count: most / 2,
-                follow_up: true,
-            }
-        } else {
-            Self {
-                count: most,
-                follow_up: false,
-            }
-        }
-    }
-
-    /// Entries the wait delivers to each shard at most.
-    pub(crate) fn delivers_at_most(self) -> usize {
-        self.count * if self.follow_up { 2 } else { 1 }
-    }
 }
 
 /// How long the wait's read may block (see [`WaitSpec::block`]).
@@ -149,31 +117,4 @@ impl WaitSpec {
 pub(crate) enum Read {
     Seen(Vec<String>),
     Delivered(Vec<(String, Vec<Entry>)>),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::WaitReads;
-
-    #[test]
-    fn rule_a_follow_up_halves_each_reads_count_so_that_both_deliver_no_more_than_one() {
-        let one = WaitReads::new(25, false);
-        assert_eq!(
-            (one.count, one.follow_up, one.delivers_at_most()),
-            (25, false, 25)
-        );
-        let two = WaitReads::new(25, true);
-        assert_eq!(
-            (two.count, two.follow_up, two.delivers_at_most()),
-            (12, true, 24)
-        );
-        let two = WaitReads::new(100, true);
-        assert_eq!((two.count, two.delivers_at_most()), (50, 100));
-        // One entry a shard (1,024 shards on 4 workers): one read, not two.
-        let one = WaitReads::new(1, true);
-        assert_eq!(
-            (one.count, one.follow_up, one.delivers_at_most()),
-            (1, false, 1)
-        );
-    }
 }
