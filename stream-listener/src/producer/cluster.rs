@@ -112,7 +112,8 @@ async fn to_masters(
     let sends: Vec<(NodeAddr, Pipeline, Vec<Sent>)> = by_node
         .into_iter()
         .map(|(node, parts)| {
-            let mut pipe = redis::pipe();
+            let commands = parts.iter().map(|p| p.cmds.len() + 2).sum::<usize>() + 1;
+            let mut pipe = redis::Pipeline::with_capacity(commands);
             let sent = parts
                 .into_iter()
                 .map(|part| {

@@ -730,18 +730,22 @@ where
         receipts: &mut [Option<SendReceipt>],
     ) -> Result<Vec<usize>, ProducerError> {
         let mut targets = Vec::with_capacity(indices.len());
+        let shards: Vec<u32> = indices
+            .iter()
+            .map(|&i| topology.shard_for_key(messages[i].key))
+            .collect();
         let mut pipelines = Pipelines::new(
             crate::connection::as_cluster(&self.conn).is_some(),
             topology.shard_count(),
+            &shards,
         );
         // Each shard's key is formatted once per write, not once per message.
         let mut streams: Vec<Option<String>> = vec![None; topology.shard_count() as usize];
         // The keys seen so far: a key met again makes its shard's part a transaction.
         let mut keys: HashSet<&[u8]> =
             HashSet::with_capacity(if indices.len() > 1 { indices.len() } else { 0 });
-        for &i in indices {
+        for (&i, &shard) in indices.iter().zip(&shards) {
             let message = &messages[i];
-            let shard = topology.shard_for_key(message.key);
             let stream = streams[shard as usize]
                 .get_or_insert_with(|| topology.stream_key(shard))
                 .clone();
@@ -882,22 +886,31 @@ enum Pipelines {
     PerShard {
         /// Where each shard's part is in `parts`.
         part_of: Vec<Option<usize>>,
+        /// How many XADDs each shard's part gets.
+        sizes: Vec<usize>,
         parts: Vec<cluster::Part>,
         len: usize,
     },
 }
 
 impl Pipelines {
-    fn new(per_shard: bool, shard_count: u32) -> Self {
+    /// For the XADDs to `shards`, in order: each part is sized up front, as a part grown command by
+    /// command would move its commands several times.
+    fn new(per_shard: bool, shard_count: u32, shards: &[u32]) -> Self {
         if per_shard {
+            let mut sizes = vec![0; shard_count as usize];
+            for &shard in shards {
+                sizes[shard as usize] += 1;
+            }
             Self::PerShard {
                 part_of: vec![None; shard_count as usize],
+                sizes,
                 parts: Vec::new(),
                 len: 0,
             }
         } else {
             Self::One {
-                cmds: Vec::new(),
+                cmds: Vec::with_capacity(shards.len()),
                 repeats: false,
             }
         }
@@ -912,14 +925,16 @@ impl Pipelines {
             }
             Self::PerShard {
                 part_of,
+                sizes,
                 parts,
                 len,
             } => {
                 let part = *part_of[shard as usize].get_or_insert_with(|| {
+                    let size = sizes[shard as usize];
                     parts.push(cluster::Part {
                         slot: crate::connection::slot_of(stream.as_bytes()),
-                        cmds: Vec::new(),
-                        positions: Vec::new(),
+                        cmds: Vec::with_capacity(size),
+                        positions: Vec::with_capacity(size),
                         repeats: false,
                     });
                     parts.len() - 1
@@ -954,17 +969,16 @@ fn write_into(pipe: &mut redis::Pipeline, cmds: Vec<redis::Cmd>, transaction: bo
 fn exec_replies(replies: Vec<Value>) -> Vec<Value> {
     let n = replies.len().saturating_sub(2);
     let mut replies = replies.into_iter();
-    let queued: Vec<Value> = replies.by_ref().skip(1).take(n).collect();
+    let refusal = replies
+        .by_ref()
+        .skip(1)
+        .take(n)
+        .fold(None, |refusal, queued| {
+            refusal.or_else(|| matches!(queued, Value::ServerError(_)).then_some(queued))
+        });
     match replies.next() {
         Some(Value::Array(executed)) if executed.len() == n => executed,
-        exec => {
-            let refusal = queued
-                .into_iter()
-                .find(|r| matches!(r, Value::ServerError(_)))
-                .or(exec)
-                .unwrap_or(Value::Nil);
-            vec![refusal; n]
-        }
+        exec => vec![refusal.or(exec).unwrap_or(Value::Nil); n],
     }
 }
 
@@ -992,7 +1006,7 @@ where
         });
         match pipelines {
             Pipelines::One { cmds, repeats } => {
-                let mut pipe = redis::pipe();
+                let mut pipe = redis::Pipeline::with_capacity(cmds.len() + 3);
                 write_into(&mut pipe, cmds, repeats);
                 pipe.ignore_errors();
                 if let Some(wait) = &wait {
@@ -1056,7 +1070,7 @@ mod tests {
     #[test]
     fn rule_a_part_is_a_transaction_only_where_a_key_repeats() {
         let xadd = || redis::cmd("XADD");
-        let mut per_shard = Pipelines::new(true, 3);
+        let mut per_shard = Pipelines::new(true, 3, &[0, 1, 0, 1, 2]);
         per_shard.add(0, "s:0", xadd(), false);
         per_shard.add(1, "s:1", xadd(), false);
         per_shard.add(0, "s:0", xadd(), false);
@@ -1069,7 +1083,7 @@ mod tests {
         assert_eq!(repeats, [(2, false), (2, true), (1, false)]);
         assert_eq!(parts[1].positions, [1, 3]);
         assert_eq!(len, 5);
-        let mut one = Pipelines::new(false, 3);
+        let mut one = Pipelines::new(false, 3, &[0, 1, 1]);
         one.add(0, "s:0", xadd(), false);
         one.add(1, "s:1", xadd(), false);
         assert!(matches!(one, Pipelines::One { repeats: false, .. }));
