@@ -5,7 +5,8 @@
 //!
 //! `cargo bench -p stream-listener --bench cluster` (`SL_BENCH_ENTRIES`: entries per shard, default
 //! 50,000: with 10,000 a phase took 0.2 s and one round's ratio said 0.76, the next 1.01;
-//! `SL_BENCH_ROUNDS`: default 1). On a 2-core machine running 7 redis-servers a cluster cannot be
+//! `SL_BENCH_ROUNDS`: default 3; one round's ratio swung from 0.77 to 1.01 and back, so the last lines
+//! are medians over the rounds). On a 2-core machine running 7 redis-servers a cluster cannot be
 //! faster: the ratio measures overhead. The producer runs twice: batches of distinct keys (plain
 //! XADDs), and `producer x4`, each key four times in a row (each shard's part a transaction).
 //! Production also prints the client CPU per entry of each side (this process's threads only, not the
@@ -266,6 +267,11 @@ async fn measure(target: &RedisTarget, per_shard: u64, round: u64) -> ([f64; 5],
     )
 }
 
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn main() {
     let env = |name: &str, default: u64| {
         std::env::var(name)
@@ -274,7 +280,7 @@ fn main() {
             .unwrap_or(default)
     };
     let per_shard = env("SL_BENCH_ENTRIES", 50_000);
-    let rounds = env("SL_BENCH_ROUNDS", 1).max(1);
+    let rounds = env("SL_BENCH_ROUNDS", 3).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -288,9 +294,22 @@ fn main() {
         server.version()
     );
     runtime.block_on(async {
+        // Per round: the ratios ours/raw (producer, producer x4, consumer; single, cluster) and the
+        // client CPU per entry (raw, producer, producer x4; single, cluster).
+        let mut ratios: Vec<[f64; 6]> = Vec::new();
+        let mut cpus: Vec<[f64; 6]> = Vec::new();
         for round in 0..rounds {
             let (s, s_cpu) = measure(&single, per_shard, round).await;
             let (c, c_cpu) = measure(&clustered, per_shard, round).await;
+            ratios.push([
+                s[1] / s[0],
+                c[1] / c[0],
+                s[4] / s[0],
+                c[4] / c[0],
+                s[3] / s[2],
+                c[3] / c[2],
+            ]);
+            cpus.push([s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1], s_cpu[2], c_cpu[2]]);
             let names = [
                 "produce raw",
                 "producer",
@@ -323,5 +342,27 @@ fn main() {
                 s_cpu[0], c_cpu[0], s_cpu[1], c_cpu[1], s_cpu[2], c_cpu[2]
             );
         }
+        let r = |i: usize| median(ratios.iter().map(|round| round[i]).collect());
+        let u = |i: usize| median(cpus.iter().map(|round| round[i]).collect());
+        println!(
+            "median of {rounds} rounds, ours/raw: producer single {:.2} cluster {:.2}; producer x4 single \
+             {:.2} cluster {:.2}; consumer single {:.2} cluster {:.2}",
+            r(0),
+            r(1),
+            r(2),
+            r(3),
+            r(4),
+            r(5)
+        );
+        println!(
+            "median of {rounds} rounds, client CPU per entry: produce raw single {:.2} µs cluster {:.2} µs; \
+             producer single {:.2} µs cluster {:.2} µs; producer x4 single {:.2} µs cluster {:.2} µs",
+            u(0),
+            u(1),
+            u(2),
+            u(3),
+            u(4),
+            u(5)
+        );
     });
 }
