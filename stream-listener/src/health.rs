@@ -86,7 +86,7 @@ impl Probe {
         shard: u32,
         id: &str,
         timeout: Option<Duration>,
-    ) -> HandlerGuard {
+    ) -> HandlerGuard<'_> {
         let started = Instant::now();
         let mut state = self.state();
         let ticket = match state.free.pop() {
@@ -105,7 +105,7 @@ impl Probe {
         slot.timeout = timeout;
         drop(state);
         HandlerGuard {
-            probe: self.clone(),
+            probe: self,
             ticket,
         }
     }
@@ -171,14 +171,15 @@ impl Probe {
     }
 }
 
-/// Unregisters a handler attempt when dropped (also when the attempt is cancelled or aborted).
+/// Unregisters a handler attempt when dropped (also when the attempt is cancelled or aborted). It borrows
+/// the probe: a clone per handled entry was an atomic count moved between the workers' cores.
 #[derive(Debug)]
-pub(crate) struct HandlerGuard {
-    probe: Probe,
+pub(crate) struct HandlerGuard<'a> {
+    probe: &'a Probe,
     ticket: usize,
 }
 
-impl Drop for HandlerGuard {
+impl Drop for HandlerGuard<'_> {
     fn drop(&mut self) {
         let mut state = self.probe.state();
         if let Some(slot) = state.handlers.get_mut(self.ticket) {

@@ -223,8 +223,14 @@ fn source<'a>(io: &'a ShardIo, spec: &JobSpec) -> crate::otel::Source<'a> {
     }
 }
 
-fn acker(io: &Arc<ShardIo>, spec: &JobSpec, acked: &Arc<AtomicBool>) -> Option<Acker> {
-    (io.config.ack_policy == AckPolicy::Manual).then(|| Acker {
+/// The flag a message's manual acker sets: only under [`AckPolicy::Manual`] (under the others the
+/// handler has no acker, and a flag per handled entry was an allocation for nothing).
+fn ack_flag(io: &ShardIo) -> Option<Arc<AtomicBool>> {
+    (io.config.ack_policy == AckPolicy::Manual).then(|| Arc::new(AtomicBool::new(false)))
+}
+
+fn acker(io: &Arc<ShardIo>, spec: &JobSpec, acked: Option<&Arc<AtomicBool>>) -> Option<Acker> {
+    acked.map(|acked| Acker {
         io: io.clone(),
         stream_key: spec.key.clone(),
         ownership: spec.ownership.clone(),
@@ -240,16 +246,17 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
     }
     let retry = entry.retries;
     let deliveries = entry.delivery_count + retry;
-    let acked = Arc::new(AtomicBool::new(false));
+    let acked = ack_flag(io);
+    let key = entry.key();
     let delivery = Delivery {
         fields: &entry.fields,
         id: &entry.id,
-        key: entry.key(),
+        key,
         shard: spec.shard,
         delivery_count: deliveries,
         token: &spec.token,
         headers: entry.headers(),
-        acker: acker(io, spec, &acked),
+        acker: acker(io, spec, acked.as_ref()),
     };
     let _running = io
         .probe
@@ -262,7 +269,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         group = %io.config.group,
         shard = spec.shard,
         entry_id = %entry.id,
-        key = entry.key(),
+        key,
         member = %spec.token.member_id,
         epoch = spec.token.member_epoch,
         delivery_count = deliveries,
@@ -287,7 +294,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         deliveries,
         retry,
         manual: io.config.ack_policy == AckPolicy::Manual,
-        acked: acked.load(Ordering::Acquire),
+        acked: acked.is_some_and(|acked| acked.load(Ordering::Acquire)),
         stopped: spec.signals.stop.load(Ordering::Acquire),
         // Drawn only for a retry's jitter: a handled entry costs no draw.
         random: if result.is_err() {
@@ -346,10 +353,7 @@ pub(super) async fn batch(
         .max()
         .unwrap_or(1)
         + retry;
-    let acked: Vec<Arc<AtomicBool>> = handed
-        .iter()
-        .map(|_| Arc::new(AtomicBool::new(false)))
-        .collect();
+    let acked: Vec<Option<Arc<AtomicBool>>> = handed.iter().map(|_| ack_flag(io)).collect();
     let batch: Vec<Delivery<'_>> = handed
         .iter()
         .zip(&acked)
@@ -361,7 +365,7 @@ pub(super) async fn batch(
             delivery_count: entries[i].delivery_count + retry,
             token: &spec.token,
             headers: entries[i].headers(),
-            acker: acker(io, spec, acked),
+            acker: acker(io, spec, acked.as_ref()),
         })
         .collect();
     let first_id = entries[first].id.as_str();
@@ -413,7 +417,10 @@ pub(super) async fn batch(
         deliveries,
         retry,
         manual,
-        acked: manual && acked.iter().all(|a| a.load(Ordering::Acquire)),
+        acked: manual
+            && acked
+                .iter()
+                .all(|a| a.as_ref().is_some_and(|a| a.load(Ordering::Acquire))),
         stopped: spec.signals.stop.load(Ordering::Acquire),
         // Drawn only for a retry's jitter: a handled entry costs no draw.
         random: if result.is_err() {

@@ -100,7 +100,7 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                 && (carried.is_some() || matches!(spec.read_mode, ReadMode::Live));
         let fetched = if !spec.deferred.is_empty() {
             Ok((std::mem::take(&mut spec.deferred), spec.read_mode.clone()))
-        } else if let Some(acks) = &carried {
+        } else if let Some(acks) = &mut carried {
             io.ack_and_read_new(&spec.key, &spec.fence, acks)
                 .await
                 .map(|entries| (entries, ReadMode::Live))

@@ -461,15 +461,17 @@ impl ShardIo {
         &self,
         key: &str,
         fence: &Fence,
-        acks: &CarriedAcks,
+        acks: &mut CarriedAcks,
     ) -> RedisResult<Vec<Entry>> {
-        let Some(ack) = &acks.cmd else {
+        // Taken, not copied (a batch's ids, every turn): the acks go out once, in this pipeline, and
+        // after a failure the job ends without them.
+        let Some(ack) = acks.cmd.take() else {
             let ids: Vec<&str> = acks.ids.iter().map(String::as_str).collect();
             self.ack(key, &ids).await?;
             return self.read_new(key, fence).await;
         };
         let mut pipe = redis::pipe();
-        pipe.add_command(ack.clone()).ignore();
+        pipe.add_command(ack).ignore();
         pipe.add_command(self.read_cmd(key, fence));
         let (reply,): (Value,) = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(entries_of(reply::read(reply)))
