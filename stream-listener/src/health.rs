@@ -107,6 +107,7 @@ impl Probe {
         HandlerGuard {
             probe: self,
             ticket,
+            started,
         }
     }
 
@@ -177,6 +178,14 @@ impl Probe {
 pub(crate) struct HandlerGuard<'a> {
     probe: &'a Probe,
     ticket: usize,
+    started: Instant,
+}
+
+impl HandlerGuard<'_> {
+    /// When the attempt was registered.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
 }
 
 impl Drop for HandlerGuard<'_> {

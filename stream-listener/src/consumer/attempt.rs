@@ -17,6 +17,7 @@ use super::job_spec::JobSpec;
 use super::message::{Acker, BoxFuture, Delivery, ErrorClass, HandlerError};
 use super::order::GateMemo;
 use super::shard_io::{Letter, ShardIo};
+use crate::health::HandlerGuard;
 
 /// The target of the `message` and `batch` spans a handler runs in: one of their own, so that
 /// `RUST_LOG=info,stream_listener::message=off` drops those spans, and what they cost per entry (about
@@ -199,14 +200,18 @@ pub(crate) async fn run(
     }
 }
 
-/// [`run`], recording the attempt (`entries` handled or failed) in the metrics.
+/// [`run`], recording the attempt (`entries` handled or failed, since `running` registered it) in the
+/// metrics.
 async fn attempt(
     io: &ShardIo,
     span: tracing::Span,
     future: BoxFuture<'static, Result<(), HandlerError>>,
     entries: u64,
+    running: &HandlerGuard<'_>,
 ) -> Result<(), Failure> {
-    let started = std::time::Instant::now();
+    // The probe's start: one clock read per attempt fewer (each was about 8 % of an attempt's own work in
+    // a profile of the throughput bench).
+    let started = running.started();
     let (result, outcome) = run(span, future, io.config.handler_timeout).await;
     io.metrics.handler_attempt(outcome, started.elapsed());
     let counted = if result.is_ok() { "handled" } else { "failed" };
@@ -258,7 +263,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         headers: entry.headers(),
         acker: acker(io, spec, acked.as_ref()),
     };
-    let _running = io
+    let running = io
         .probe
         .handler_started(spec.shard, &entry.id, io.config.handler_timeout);
     // The handler runs inside the message's span, so its own logs carry where the entry came from.
@@ -279,7 +284,7 @@ pub(super) async fn single(io: &Arc<ShardIo>, spec: &JobSpec, entry: &Entry) -> 
         crate::otel::message_span(&span, &source(io, spec), &entry.id, headers);
     }
     let result = match called(&span, || spec.handler.call(delivery)) {
-        Ok(Ok(future)) => attempt(io, span, future, 1).await,
+        Ok(Ok(future)) => attempt(io, span, future, 1, &running).await,
         Ok(Err(decode_error)) => return undecodable(deliveries, &decode_error),
         Err(panicked) => {
             io.metrics.handler_attempt("error", Duration::ZERO);
@@ -330,12 +335,14 @@ pub(super) async fn batch(
         if spec.signals.stop.load(Ordering::Acquire) || !spec.ownership.is_active() {
             break;
         }
-        if spec.order.gate(io, spec.shard, memo, entry).await.is_some() {
+        if spec
+            .order
+            .admit(io, spec.shard, memo, entry)
+            .await
+            .is_some()
+        {
             break;
         }
-        spec.order
-            .note_stale_write(io, spec.shard, memo, entry)
-            .await;
         let fate = without_attempt(entry, &io.config.group, &policy);
         if fate.is_none() {
             handed.push(fates.len());
@@ -369,7 +376,7 @@ pub(super) async fn batch(
         })
         .collect();
     let first_id = entries[first].id.as_str();
-    let _running = io
+    let running = io
         .probe
         .handler_started(spec.shard, first_id, io.config.handler_timeout);
     let span = tracing::info_span!(
@@ -401,7 +408,7 @@ pub(super) async fn batch(
                 return done(fates);
             };
             let count = handed.iter().filter(|&&i| fates[i].is_none()).count();
-            attempt(io, span, future, count as u64).await
+            attempt(io, span, future, count as u64, &running).await
         }
         Err(panicked) => {
             io.metrics.handler_attempt("error", Duration::ZERO);

@@ -168,14 +168,11 @@ async fn turns(io: &Arc<ShardIo>, mut spec: JobSpec) -> JobReport {
                     stopped = true;
                     break;
                 }
-                if let Some(delay) = spec.order.gate(&io, spec.shard, &mut memo, entry).await {
+                if let Some(delay) = spec.order.admit(&io, spec.shard, &mut memo, entry).await {
                     tracing::debug!(shard = spec.shard, id = %entry.id, ?delay, "moved key waits for its old shard");
                     defer = Some((index, delay));
                     break;
                 }
-                spec.order
-                    .note_stale_write(&io, spec.shard, &mut memo, entry)
-                    .await;
                 attempt::single(&io, &spec, entry).await
             };
             spec.signals.in_flight.fetch_sub(1, Ordering::AcqRel);

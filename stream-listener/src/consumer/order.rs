@@ -192,13 +192,39 @@ impl OrderGate {
     }
 
     /// The batch's layout: from `memo`, else from the cache (and kept in `memo`).
-    async fn memoized(self: &Arc<Self>, io: &Arc<ShardIo>, memo: &mut GateMemo) -> Option<Layout> {
-        if let Some(view) = &memo.view {
-            return view.clone();
+    /// The job's layout, read from the cache for its first entry. Borrowed, not cloned: a clone per entry
+    /// was a count on the topology's `Arc`, shared by every job, moved between the workers' cores.
+    async fn memoized<'m>(
+        self: &Arc<Self>,
+        io: &Arc<ShardIo>,
+        memo: &'m mut GateMemo,
+    ) -> Option<&'m Layout> {
+        if memo.view.is_none() {
+            memo.view = Some(self.layout(io, false).await);
         }
-        let view = self.layout(io, false).await;
-        memo.view = Some(view.clone());
-        view
+        memo.view.as_ref().and_then(Option::as_ref)
+    }
+
+    /// The resize's order for `entry`, about to be handled: `None` if it may be handled now (see
+    /// [`gate`](Self::gate); a late stale-layout write among those is counted and warned, see
+    /// [`note_stale_write`](Self::note_stale_write)), else how long to defer it. The entry's key and id
+    /// time are read once for both.
+    pub(super) async fn admit(
+        self: &Arc<Self>,
+        io: &Arc<ShardIo>,
+        shard: u32,
+        memo: &mut GateMemo,
+        entry: &Entry,
+    ) -> Option<Duration> {
+        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
+            return None;
+        };
+        if let Some(delay) = self.gate(io, shard, memo, entry, key, entry_ms).await {
+            return Some(delay);
+        }
+        self.note_stale_write(io, shard, memo, entry, key, entry_ms)
+            .await;
+        None
     }
 
     /// Whether the group consumed old shard `from` below `before_ms` (see
@@ -255,16 +281,15 @@ impl OrderGate {
     /// Detects a late stale-layout write (see [`Topology::is_stale_write`]) about to be handled: counts it
     /// for the group in Redis and in the process, and warns (at once, then at most once per
     /// [`crate::throttle::WARN_EVERY_MS`], counting the writes held back).
-    pub(crate) async fn note_stale_write(
+    async fn note_stale_write(
         self: &Arc<Self>,
         io: &Arc<ShardIo>,
         shard: u32,
         memo: &mut GateMemo,
         entry: &Entry,
+        key: &[u8],
+        entry_ms: u64,
     ) {
-        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
-            return;
-        };
         let Some(view) = self.memoized(io, memo).await else {
             return;
         };
@@ -310,17 +335,31 @@ impl OrderGate {
     /// The order barrier of a resize: `None` if `entry` may be handled now, else how long to defer it (see the
     /// module docs). The topology comes from the consumer's cache, at most `LAYOUT_MAX_AGE` old when the
     /// batch's first entry is placed; `memo` limits forced re-reads to one per job.
-    pub(super) async fn gate(
+    async fn gate(
         self: &Arc<Self>,
         io: &Arc<ShardIo>,
         shard: u32,
         memo: &mut GateMemo,
         entry: &Entry,
+        key: &[u8],
+        entry_ms: u64,
     ) -> Option<Duration> {
-        let (Some(key), Some(entry_ms)) = (entry.raw_key(), entry.id_ms()) else {
-            return None;
+        let refreshed = memo.refreshed;
+        let view = self.memoized(io, memo).await?;
+        // Most entries: in their key's shard, routed with no newer topology than ours.
+        let newer = || {
+            entry
+                .topology_version()
+                .is_some_and(|v| v > view.topology.version())
         };
-        let mut layout: Option<Layout> = self.memoized(io, memo).await;
+        if matches!(
+            view.topology.placement(key, shard, entry_ms),
+            Placement::Current | Placement::Previous
+        ) && (refreshed || !newer())
+        {
+            return None;
+        }
+        let mut layout: Option<Layout> = Some(view.clone());
         loop {
             let view = layout.as_ref()?;
             // Routed with a newer topology than ours: re-read it once.
@@ -489,7 +528,7 @@ mod tests {
         };
         let gate = Arc::new(OrderGate::default());
         for _ in 0..3 {
-            gate.note_stale_write(&io, old_shard, &mut GateMemo::default(), &entry)
+            gate.admit(&io, old_shard, &mut GateMemo::default(), &entry)
                 .await;
         }
         let counted: u64 = Topology::stale_writes(&mut admin, "orders")
