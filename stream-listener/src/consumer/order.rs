@@ -191,9 +191,9 @@ impl OrderGate {
         cache.view.clone()
     }
 
-    /// The batch's layout: from `memo`, else from the cache (and kept in `memo`).
-    /// The job's layout, read from the cache for its first entry. Borrowed, not cloned: a clone per entry
-    /// was a count on the topology's `Arc`, shared by every job, moved between the workers' cores.
+    /// The batch's layout: from `memo`, else from the cache (and kept in `memo`). Borrowed, not cloned: a
+    /// clone per entry was a count on the topology's `Arc`, shared by every job, moved between the
+    /// workers' cores.
     async fn memoized<'m>(
         self: &Arc<Self>,
         io: &Arc<ShardIo>,
