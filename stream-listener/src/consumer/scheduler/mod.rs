@@ -56,10 +56,11 @@
 mod command;
 mod job_end;
 mod shard;
+mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::clock::LocalMillis;
@@ -71,6 +72,7 @@ pub(crate) use command::{Command, JobPlan, ProbeEvent, Report};
 pub(crate) use job_end::{end_of, JobEnd, JobReport, WaitReport};
 pub(crate) use shard::ReadMode;
 use shard::{Next, Phase, Shard};
+use table::Table;
 
 /// Upper bound of consecutive batches one job takes from its shard before handing it back, even when no
 /// other shard is waiting (so progress and commands are looked at).
@@ -217,9 +219,9 @@ struct Lease {
 pub(crate) struct ShardScheduler {
     workers: usize,
     reclaim_every: u64,
-    shards: BTreeMap<u32, Shard>,
+    shards: Table<u32, Shard>,
     ready: VecDeque<u32>,
-    jobs: BTreeMap<JobId, Job>,
+    jobs: Table<JobId, Job>,
     next_job: u64,
     next_generation: u64,
     deadline: Millis,
@@ -232,7 +234,7 @@ pub(crate) struct ShardScheduler {
     /// of the shards the last wait woke (so that it covers them too), for [`WAIT_HOLD`] at most.
     idle_since: Option<Millis>,
     /// Shards the last wait saw new entries on, until their read ends.
-    woken: BTreeSet<u32>,
+    woken: Table<u32, ()>,
     wait: Option<JobId>,
     /// The running wait was interrupted for a parked shard or for the deadline's [`WAIT_MARGIN`] (once
     /// per wait is enough).
@@ -253,9 +255,9 @@ impl ShardScheduler {
         Self {
             workers: workers.max(1),
             reclaim_every: reclaim_every_ms,
-            shards: BTreeMap::new(),
+            shards: Table::default(),
             ready: VecDeque::new(),
-            jobs: BTreeMap::new(),
+            jobs: Table::default(),
             next_job: 0,
             next_generation: 0,
             deadline: Millis(0),
@@ -269,7 +271,7 @@ impl ShardScheduler {
             closing: false,
             stopped: false,
             idle_since: None,
-            woken: BTreeSet::new(),
+            woken: Table::default(),
             wait: None,
             wait_interrupted: false,
             follow_up: false,
@@ -761,7 +763,7 @@ impl ShardScheduler {
                     // within the hold, and one wait after it costs least); one that outlasts the hold
                     // rides that wait.
                     woke.push(shard);
-                    self.woken.insert(shard);
+                    self.woken.insert(shard, ());
                 }
             }
         } else {
@@ -1382,7 +1384,7 @@ impl ShardScheduler {
             return false;
         };
         now < since.plus_duration(WAIT_HOLD)
-            && self.woken.iter().any(|shard| {
+            && self.woken.keys().any(|shard| {
                 self.shards
                     .get(shard)
                     .is_some_and(|s| !s.revoking && s.token.is_some())
