@@ -66,6 +66,16 @@ struct RunningWait {
     >,
 }
 
+/// A wait the scheduler started at the end of the last one, built once that end's jobs ran (see
+/// [`Driver::start_deferred_wait`]).
+struct WaitStart {
+    job: JobId,
+    shards: Vec<(u32, Option<Arc<str>>)>,
+    follow_up: bool,
+    /// The scheduler interrupted it meanwhile.
+    interrupted: bool,
+}
+
 /// The running wait's end; never, when none runs.
 async fn wait_end(wait: &mut Option<RunningWait>) -> Result<wait::WaitEnd, String> {
     match wait {
@@ -97,6 +107,9 @@ pub(crate) struct Driver {
     owned: HashMap<u32, Owned>,
     /// The idle wait, if one runs.
     wait: Option<RunningWait>,
+    /// While a wait's end is executed, the next wait is kept here rather than built (`defer_wait`).
+    wait_to_start: Option<WaitStart>,
+    defer_wait: bool,
     /// A wait dropped by `AbortAll`, or that panicked, to be reported as aborted.
     aborted_wait: Option<JobId>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
@@ -146,6 +159,8 @@ impl Driver {
             by_job: HashMap::new(),
             owned: HashMap::new(),
             wait: None,
+            wait_to_start: None,
+            defer_wait: false,
             aborted_wait: None,
             wait_conn: None,
             interrupt: Arc::default(),
@@ -232,13 +247,15 @@ impl Driver {
                         match end {
                             Ok(end) => {
                                 let before = jobs.len();
-                                self.on_wait_end(wait.job, end, &mut jobs);
-                                if jobs.len() > before && self.wait.is_some() {
-                                    // The jobs just started run their handlers before the next wait's
-                                    // read goes out (polling it first held them back, 20-40 us at
-                                    // 1,000/s in the latency bench).
+                                let idle = self.on_wait_end(wait.job, end, &mut jobs);
+                                if jobs.len() > before && self.wait_to_start.is_some() {
+                                    // The jobs just started run their handlers before the next wait is
+                                    // built and its read goes out (polling it first held them back,
+                                    // 20-40 us at 1,000/s in the latency bench; building it, 5-8 us).
                                     tokio::task::yield_now().await;
                                 }
+                                self.start_deferred_wait();
+                                self.run_retention(&idle, &mut jobs);
                             }
                             Err(panic) => {
                                 tracing::error!(%panic, "the idle wait panicked");
@@ -340,15 +357,32 @@ impl Driver {
         self.execute(out, jobs);
     }
 
-    /// The idle wait ended: the scheduler starts the jobs of the shards it saw entries on.
-    fn on_wait_end(&mut self, job: JobId, end: wait::WaitEnd, jobs: &mut JoinSet<Ended>) {
+    /// The idle wait ended: the scheduler starts the jobs of the shards it saw entries on, and the next wait
+    /// (kept in `wait_to_start`, to be built after those jobs ran). Gives back the shards it saw nothing on.
+    fn on_wait_end(
+        &mut self,
+        job: JobId,
+        end: wait::WaitEnd,
+        jobs: &mut JoinSet<Ended>,
+    ) -> Vec<Watched> {
         if end.conn.is_some() {
             self.wait_conn = end.conn;
         }
         let out = self.machine.wait_ended(self.now(), job, Some(end.report));
-        // After the shards' next jobs start: their entries come first.
+        self.defer_wait = true;
         self.execute(out, jobs);
-        self.run_retention(end.retention_due, jobs);
+        self.defer_wait = false;
+        end.idle
+    }
+
+    /// Builds the wait `on_wait_end` kept back.
+    fn start_deferred_wait(&mut self) {
+        if let Some(start) = self.wait_to_start.take() {
+            self.start_wait(start.job, start.shards, start.follow_up);
+            if start.interrupted {
+                self.interrupt.fire();
+            }
+        }
     }
 
     fn signals(&self, job: JobId) -> Option<&Arc<JobSignals>> {
@@ -400,7 +434,18 @@ impl Driver {
                     job,
                     shards,
                     follow_up,
-                } => self.start_wait(job, shards, follow_up),
+                } => {
+                    if self.defer_wait {
+                        self.wait_to_start = Some(WaitStart {
+                            job,
+                            shards,
+                            follow_up,
+                            interrupted: false,
+                        });
+                    } else {
+                        self.start_wait(job, shards, follow_up);
+                    }
+                }
                 Command::InterruptWait { job } => self.interrupt_wait(job),
                 Command::Stop { job } => {
                     if let Some(signals) = self.signals(job) {
@@ -418,6 +463,9 @@ impl Driver {
                     // may have delivered).
                     if let Some(wait) = self.wait.take() {
                         self.aborted_wait = Some(wait.job);
+                    }
+                    if let Some(start) = self.wait_to_start.take() {
+                        self.aborted_wait = Some(start.job);
                     }
                     for running in self.tasks.values() {
                         running.signals.stop.store(true, Ordering::Release);
@@ -554,7 +602,6 @@ impl Driver {
             conn,
             interrupt: self.interrupt.clone(),
             deadline: self.deadline.clone(),
-            retention: self.retention.clone(),
             order: self.order.clone(),
         };
         let (io, pool) = (self.io.clone(), self.cluster_wait.clone());
@@ -567,9 +614,12 @@ impl Driver {
         });
     }
 
-    /// Runs the retention steps of idle shards (see [`wait::WaitEnd::retention_due`]) in a task of the
-    /// join set: untracked (it holds no worker and ends no job), aborted with the rest at shutdown.
-    fn run_retention(&mut self, due: Vec<(u32, Arc<str>)>, jobs: &mut JoinSet<Ended>) {
+    /// Runs the due retention steps of idle shards (see [`wait::WaitEnd::idle`]) in a task of the join set:
+    /// untracked (it holds no worker and ends no job), aborted with the rest at shutdown.
+    fn run_retention(&mut self, idle: &[Watched], jobs: &mut JoinSet<Ended>) {
+        let due = self
+            .retention
+            .due(&self.io, idle.iter().map(|w| (w.shard, &w.key)));
         if due.is_empty() {
             return;
         }
@@ -594,6 +644,9 @@ impl Driver {
     fn interrupt_wait(&mut self, job: JobId) {
         if self.wait.as_ref().is_some_and(|wait| wait.job == job) {
             self.interrupt.fire();
+        }
+        if let Some(start) = self.wait_to_start.as_mut().filter(|start| start.job == job) {
+            start.interrupted = true;
         }
     }
 }

@@ -42,7 +42,6 @@ use std::time::Duration;
 
 use super::cluster_wait::ClusterWait;
 use super::fence::is_missing_group;
-use super::retention::RetentionJob;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::read_until_interrupted;
@@ -53,11 +52,11 @@ pub(crate) struct WaitEnd {
     pub(crate) report: WaitReport,
     /// The blocking connection, to be used again (none after an error: a fresh one is made next time).
     pub(crate) conn: Option<WaitConnection>,
-    /// Watched shards that saw nothing and whose retention step is due: an idle shard runs no job, so the
-    /// driver runs their steps beside the next jobs (see the `retention` module), and what they
-    /// acknowledged last is trimmed without waiting for new entries, while the entries the wait found go to
-    /// their handlers first.
-    pub(crate) retention_due: Vec<(u32, Arc<str>)>,
+    /// Watched shards that saw nothing, after a read that did not fail, before the deadline: an idle shard
+    /// runs no job, so the driver runs their due retention steps beside the next jobs (see the `retention`
+    /// module), and what they acknowledged last is trimmed without waiting for new entries. It looks
+    /// which are due after those jobs started: the entries the wait found go to their handlers first.
+    pub(crate) idle: Vec<Watched>,
 }
 
 impl WaitEnd {
@@ -65,12 +64,12 @@ impl WaitEnd {
         Self {
             report,
             conn,
-            retention_due: Vec::new(),
+            idle: Vec::new(),
         }
     }
 }
 
-/// Waits; hands back what it saw, its connection and the idle shards' due retention steps.
+/// Waits; hands back what it saw, its connection and the shards it saw nothing on.
 pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: WaitSpec) -> WaitEnd {
     let mut outcome = WaitReport {
         count: spec.reads.delivers_at_most(),
@@ -122,15 +121,15 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     spec.order
         .keep_fresh(&io, Duration::from_millis(io.config.block_ms));
     if cluster {
-        let (shards, retention) = (spec.shards.clone(), spec.retention.clone());
+        let shards = spec.shards.clone();
         let outcome = super::cluster_wait::read(io.clone(), &pool, spec, outcome).await;
-        let retention_due = if outcome.failed() {
+        let idle = if outcome.failed() {
             Vec::new()
         } else {
-            idle_and_due(&io, &shards, &retention, &outcome)
+            idle(shards, &outcome)
         };
         return WaitEnd {
-            retention_due,
+            idle,
             ..WaitEnd::of(outcome, None)
         };
     }
@@ -148,7 +147,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     };
     let (mut conn, id, generation) = spec.conn.take().expect("connected above");
     let mut kept = None;
-    let mut retention_due = Vec::new();
+    let mut idle_shards = Vec::new();
     let streams = spec.streams(group_wait);
     let read = async {
         if group_wait {
@@ -182,28 +181,20 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
             }
             kept = Some((conn, id, generation));
             if spec.deadline.remaining().is_some() {
-                retention_due = idle_and_due(&io, &spec.shards, &spec.retention, &outcome);
+                idle_shards = idle(std::mem::take(&mut spec.shards), &outcome);
             }
         }
         // The connection may be broken; a fresh one is made next time.
         Some(Err(error)) => outcome.fail(error, group_wait),
     }
     WaitEnd {
-        retention_due,
+        idle: idle_shards,
         ..WaitEnd::of(outcome, kept)
     }
 }
 
-/// The watched shards the wait saw nothing on whose retention step is due.
-fn idle_and_due(
-    io: &ShardIo,
-    shards: &[Watched],
-    retention: &RetentionJob,
-    outcome: &WaitReport,
-) -> Vec<(u32, Arc<str>)> {
-    let idle = shards
-        .iter()
-        .filter(|w| !outcome.new_entries.contains(&w.shard))
-        .map(|w| (w.shard, &w.key));
-    retention.due(io, idle)
+/// The watched shards the wait saw nothing on.
+fn idle(mut shards: Vec<Watched>, outcome: &WaitReport) -> Vec<Watched> {
+    shards.retain(|w| !outcome.new_entries.contains(&w.shard));
+    shards
 }

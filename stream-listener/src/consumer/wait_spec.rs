@@ -11,7 +11,6 @@ use crate::member::lifecycle::OwnershipDeadline;
 
 use super::entry::Entry;
 use super::order::OrderGate;
-use super::retention::RetentionJob;
 use super::scheduler::{WaitReport, WAIT_MARGIN};
 use super::shard_io::WaitReads;
 use super::unblock::Interrupt;
@@ -40,8 +39,6 @@ pub(crate) struct WaitSpec {
     /// The scheduler's request to end the wait early (see the `unblock` module).
     pub(crate) interrupt: Arc<Interrupt>,
     pub(crate) deadline: Arc<OwnershipDeadline>,
-    /// Idle shards' retention steps are due at the wait's end (see the `retention` module).
-    pub(crate) retention: Arc<RetentionJob>,
     /// Kept fresh while the wait blocks (see the `order` module).
     pub(crate) order: Arc<OrderGate>,
 }
