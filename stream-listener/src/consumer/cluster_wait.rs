@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::Unblocking;
-use super::wait_spec::{Block, Read, WaitSpec};
+use super::wait_spec::{Block, Read, WaitSet, WaitSpec, Watched};
 use crate::connection::{as_cluster, slot_of, NodeConnections, SlotMaps};
 
 /// A node's address.
@@ -101,12 +101,13 @@ pub(crate) async fn read(
         return outcome;
     }
     let group_wait = io.group_wait();
-    let mut groups: BTreeMap<u16, Vec<(String, String)>> = BTreeMap::new();
-    for (key, from) in spec.streams(group_wait) {
+    // Each shard, with the id it is watched from (its fence, for a group wait), by slot.
+    let mut groups: BTreeMap<u16, Vec<(Watched, String)>> = BTreeMap::new();
+    for (watched, (key, from)) in spec.set.shards.iter().zip(spec.streams(group_wait)) {
         groups
             .entry(slot_of(key.as_bytes()))
             .or_default()
-            .push((key.to_owned(), from.to_owned()));
+            .push((watched.clone(), from.to_owned()));
     }
     let Some(cluster) = as_cluster(&io.conn) else {
         outcome.error = Some(redis::RedisError::from((
@@ -158,15 +159,17 @@ pub(crate) async fn read(
         running.insert(slot, (blocking.node.clone(), blocking.id));
         let io = io.clone();
         reads.spawn(tracing::Instrument::in_current_span(async move {
-            let streams: Vec<(&str, &str)> = keys
-                .iter()
-                .map(|(k, id)| (k.as_str(), id.as_str()))
-                .collect();
             let result = if group_wait {
-                io.read_new_blocking(&streams, wait_reads, &mut blocking.conn, block)
+                // A set of its own for each slot's read, built anew each time.
+                let set = WaitSet::new(keys.into_iter().map(|(watched, _)| watched).collect());
+                io.read_new_blocking(&set, wait_reads, &mut blocking.conn, block)
                     .await
                     .map(Read::Delivered)
             } else {
+                let streams: Vec<(&str, &str)> = keys
+                    .iter()
+                    .map(|(watched, id)| (&*watched.key, id.as_str()))
+                    .collect();
                 io.wait_for_new(&streams, &mut blocking.conn, block)
                     .await
                     .map(Read::Seen)

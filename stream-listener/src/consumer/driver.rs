@@ -31,7 +31,7 @@ use super::scheduler::{
 };
 use super::shard_io::{ShardIo, WaitReads};
 use super::unblock::Interrupt;
-use super::wait_spec::{WaitSpec, Watched};
+use super::wait_spec::{WaitSet, WaitSpec, Watched};
 use super::{job, wait, PauseHandle};
 
 /// What a task of the driver's join set returns.
@@ -112,6 +112,8 @@ pub(crate) struct Driver {
     defer_wait: bool,
     /// A wait dropped by `AbortAll`, or that panicked, to be reported as aborted.
     aborted_wait: Option<JobId>,
+    /// The shards the last wait watched, kept for the next one over the same ownerships.
+    wait_set: Option<Arc<WaitSet>>,
     /// The idle wait's blocking connection and its Redis client id, once made (one wait at a time).
     wait_conn: Option<super::wait_spec::WaitConnection>,
     /// Ends the running wait early (see the `unblock` module).
@@ -162,6 +164,7 @@ impl Driver {
             wait_to_start: None,
             defer_wait: false,
             aborted_wait: None,
+            wait_set: None,
             wait_conn: None,
             interrupt: Arc::default(),
             reports,
@@ -364,7 +367,7 @@ impl Driver {
         job: JobId,
         end: wait::WaitEnd,
         jobs: &mut JoinSet<Ended>,
-    ) -> Vec<Watched> {
+    ) -> wait::Idle {
         if end.conn.is_some() {
             self.wait_conn = end.conn;
         }
@@ -574,29 +577,53 @@ impl Driver {
     /// connection, without a hand-off between tasks. On a multi-threaded runtime each such hand-off
     /// after the third in a row wakes another worker thread, and those wake-ups, not the commands, are
     /// most of a consumer's client CPU at low rates (see the latency bench's slices per entry).
-    fn start_wait(&mut self, job: JobId, shards: Vec<(u32, Option<Arc<str>>)>, follow_up: bool) {
-        let mut keys = Vec::with_capacity(shards.len());
+    fn start_wait(
+        &mut self,
+        job: JobId,
+        mut shards: Vec<(u32, Option<Arc<str>>)>,
+        follow_up: bool,
+    ) {
+        // In index order, whatever the scheduler's queue order: the order of a read's streams changes
+        // nothing, and the same shards then make the same set.
+        shards.sort_unstable_by_key(|(shard, _)| *shard);
         let mut watch_from = HashMap::new();
         let reads = WaitReads::new(self.io.wait_count(shards.len()), follow_up);
         // A group wait reads from the group's position: it watches from nowhere.
         let group_wait = self.io.group_wait();
-        for (shard, from) in shards {
-            if let Some(owned) = self.owned.get_mut(&shard) {
+        for (shard, from) in &shards {
+            if let Some(owned) = self.owned.get_mut(shard) {
                 owned.wait_count = reads.delivers_at_most();
-                keys.push(Watched {
-                    shard,
-                    key: owned.key.clone(),
-                    fence: owned.fence.key.clone(),
-                });
-                if let Some(id) = from.filter(|_| !group_wait) {
-                    watch_from.insert(shard, id);
+                if let Some(id) = from.as_ref().filter(|_| !group_wait) {
+                    watch_from.insert(*shard, id.clone());
                 }
             }
         }
+        let watched = || {
+            shards.iter().filter_map(|(shard, _)| {
+                let owned = self.owned.get(shard)?;
+                Some((*shard, &owned.key, &owned.fence.key))
+            })
+        };
+        let set = match &self.wait_set {
+            Some(set) if set.is(watched()) => set.clone(),
+            _ => {
+                let set = Arc::new(WaitSet::new(
+                    watched()
+                        .map(|(shard, key, fence)| Watched {
+                            shard,
+                            key: key.clone(),
+                            fence: fence.clone(),
+                        })
+                        .collect(),
+                ));
+                self.wait_set = Some(set.clone());
+                set
+            }
+        };
         let conn = self.wait_conn.take();
         self.interrupt.reset();
         let spec = WaitSpec {
-            shards: keys,
+            set,
             reads,
             watch_from,
             conn,
@@ -616,10 +643,10 @@ impl Driver {
 
     /// Runs the due retention steps of idle shards (see [`wait::WaitEnd::idle`]) in a task of the join set:
     /// untracked (it holds no worker and ends no job), aborted with the rest at shutdown.
-    fn run_retention(&mut self, idle: &[Watched], jobs: &mut JoinSet<Ended>) {
+    fn run_retention(&mut self, idle: &wait::Idle, jobs: &mut JoinSet<Ended>) {
         let due = self
             .retention
-            .due(&self.io, idle.iter().map(|w| (w.shard, &w.key)));
+            .due(&self.io, idle.shards().map(|w| (w.shard, &w.key)));
         if due.is_empty() {
             return;
         }

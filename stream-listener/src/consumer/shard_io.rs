@@ -15,6 +15,7 @@ use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{Acknowledge, BoxFuture};
+use super::wait_spec::{BuiltRead, WaitSet, Watched};
 
 pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
@@ -309,36 +310,51 @@ impl ShardIo {
     /// ([`super::scheduler::WaitReport::in_doubt`]).
     pub(crate) async fn read_new_blocking(
         &self,
-        streams: &[(&str, &str)],
+        set: &WaitSet,
         reads: WaitReads,
         conn: &mut MultiplexedConnection,
         block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
-        let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let block_ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let built = set.take_read(reads, block_ms).unwrap_or_else(|| BuiltRead {
+            reads,
+            block_ms,
+            pipe: self.group_wait_read(&set.shards, reads, block_ms),
+        });
+        let replies: RedisResult<Vec<RedisResult<Value>>> = built.pipe.query_async(conn).await;
+        set.keep_read(built);
+        merge_reads(replies?)
+    }
+
+    /// The group wait's read over `shards` (see [`read_new_blocking`](Self::read_new_blocking)): one
+    /// command, or two with a follow-up.
+    fn group_wait_read(
+        &self,
+        shards: &[Watched],
+        reads: WaitReads,
+        block_ms: u64,
+    ) -> redis::Pipeline {
         let read = |block: Option<u64>| {
             let mut cmd = self.group_read_of(reads.count);
             if let Some(ms) = block {
                 cmd.arg("BLOCK").arg(ms);
             }
             cmd.arg("STREAMS");
-            for (key, fence) in streams {
-                cmd.arg(*key).arg(*fence);
+            for watched in shards {
+                cmd.arg(&*watched.key).arg(&*watched.fence);
             }
-            for _ in 0..streams.len() * 2 {
+            for _ in 0..shards.len() * 2 {
                 cmd.arg(">");
             }
             cmd
         };
-        let replies: Vec<RedisResult<Value>> = if reads.follow_up {
-            let mut pipe = redis::pipe();
-            pipe.add_command(read(Some(ms)))
-                .add_command(read(None))
-                .ignore_errors();
-            pipe.query_async(conn).await?
-        } else {
-            vec![read(Some(ms)).query_async(conn).await]
-        };
-        merge_reads(replies)
+        let mut pipe = redis::pipe();
+        pipe.add_command(read(Some(block_ms)));
+        if reads.follow_up {
+            pipe.add_command(read(None));
+        }
+        pipe.ignore_errors();
+        pipe
     }
 
     /// The group's last-delivered id on shard stream `key` (`XINFO GROUPS`): where the idle wait watches

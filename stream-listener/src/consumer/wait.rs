@@ -45,7 +45,7 @@ use super::fence::is_missing_group;
 use super::scheduler::WaitReport;
 use super::shard_io::ShardIo;
 use super::unblock::read_until_interrupted;
-use super::wait_spec::{Block, Read, WaitConnection, WaitSpec, Watched};
+use super::wait_spec::{Block, Read, WaitConnection, WaitSet, WaitSpec, Watched};
 
 /// How a wait ended.
 pub(crate) struct WaitEnd {
@@ -56,7 +56,7 @@ pub(crate) struct WaitEnd {
     /// runs no job, so the driver runs their due retention steps beside the next jobs (see the `retention`
     /// module), and what they acknowledged last is trimmed without waiting for new entries. It looks
     /// which are due after those jobs started: the entries the wait found go to their handlers first.
-    pub(crate) idle: Vec<Watched>,
+    pub(crate) idle: Idle,
 }
 
 impl WaitEnd {
@@ -64,8 +64,31 @@ impl WaitEnd {
         Self {
             report,
             conn,
-            idle: Vec::new(),
+            idle: Idle::default(),
         }
+    }
+}
+
+/// The shards of a wait's set that saw nothing (none when the wait failed).
+#[derive(Default)]
+pub(crate) struct Idle {
+    set: Option<Arc<WaitSet>>,
+    woken: Vec<u32>,
+}
+
+impl Idle {
+    fn of(set: Arc<WaitSet>, outcome: &WaitReport) -> Self {
+        Self {
+            set: Some(set),
+            woken: outcome.new_entries.clone(),
+        }
+    }
+
+    pub(crate) fn shards(&self) -> impl Iterator<Item = &Watched> {
+        self.set
+            .iter()
+            .flat_map(|set| set.shards.iter())
+            .filter(|w| !self.woken.contains(&w.shard))
     }
 }
 
@@ -97,7 +120,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     // Where to watch each stream from: the group's last-delivered id where this member has read nothing.
     // A group wait reads from the group's position itself.
     let group_wait = io.group_wait();
-    for watched in spec.shards.iter().filter(|_| !group_wait) {
+    for watched in spec.set.shards.iter().filter(|_| !group_wait) {
         if spec.watch_from.contains_key(&watched.shard) {
             continue;
         }
@@ -121,12 +144,12 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     spec.order
         .keep_fresh(&io, Duration::from_millis(io.config.block_ms));
     if cluster {
-        let shards = spec.shards.clone();
+        let set = spec.set.clone();
         let outcome = super::cluster_wait::read(io.clone(), &pool, spec, outcome).await;
         let idle = if outcome.failed() {
-            Vec::new()
+            Idle::default()
         } else {
-            idle(shards, &outcome)
+            Idle::of(set, &outcome)
         };
         return WaitEnd {
             idle,
@@ -147,14 +170,14 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     };
     let (mut conn, id, generation) = spec.conn.take().expect("connected above");
     let mut kept = None;
-    let mut idle_shards = Vec::new();
-    let streams = spec.streams(group_wait);
+    let mut idle_shards = Idle::default();
     let read = async {
         if group_wait {
-            io.read_new_blocking(&streams, spec.reads, &mut conn, block)
+            io.read_new_blocking(&spec.set, spec.reads, &mut conn, block)
                 .await
                 .map(Read::Delivered)
         } else {
+            let streams = spec.streams(false);
             io.wait_for_new(&streams, &mut conn, block)
                 .await
                 .map(Read::Seen)
@@ -181,7 +204,7 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
             }
             kept = Some((conn, id, generation));
             if spec.deadline.remaining().is_some() {
-                idle_shards = idle(std::mem::take(&mut spec.shards), &outcome);
+                idle_shards = Idle::of(spec.set.clone(), &outcome);
             }
         }
         // The connection may be broken; a fresh one is made next time.
@@ -191,10 +214,4 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
         idle: idle_shards,
         ..WaitEnd::of(outcome, kept)
     }
-}
-
-/// The watched shards the wait saw nothing on.
-fn idle(mut shards: Vec<Watched>, outcome: &WaitReport) -> Vec<Watched> {
-    shards.retain(|w| !outcome.new_entries.contains(&w.shard));
-    shards
 }

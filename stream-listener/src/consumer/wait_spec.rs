@@ -2,7 +2,7 @@
 //! connection, the deadline.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -27,9 +27,66 @@ pub(crate) struct Watched {
     pub(crate) fence: Arc<str>,
 }
 
+/// The shards one wait watches, in order. The driver keeps the last set and gives it to the next wait
+/// while the same ownerships are watched, so that an idle pickup neither copies every shard's keys nor
+/// builds the group read anew (at 1,000 entries/s that was a wait's largest own cost: 32 keys, 64
+/// arguments).
+pub(crate) struct WaitSet {
+    pub(crate) shards: Vec<Watched>,
+    /// The last group read over these shards, for the next wait that reads the same way.
+    read: Mutex<Option<BuiltRead>>,
+}
+
+/// A group read built for a set, with what it was built for.
+pub(crate) struct BuiltRead {
+    pub(crate) reads: WaitReads,
+    pub(crate) block_ms: u64,
+    pub(crate) pipe: redis::Pipeline,
+}
+
+impl WaitSet {
+    pub(crate) fn new(shards: Vec<Watched>) -> Self {
+        Self {
+            shards,
+            read: Mutex::default(),
+        }
+    }
+
+    /// Whether the set watches exactly `shards` (index, key, fence), in order, with the same `Arc`s (a new
+    /// ownership has a new fence).
+    pub(crate) fn is<'a>(
+        &self,
+        shards: impl Iterator<Item = (u32, &'a Arc<str>, &'a Arc<str>)>,
+    ) -> bool {
+        let mut have = self.shards.iter();
+        for (shard, key, fence) in shards {
+            match have.next() {
+                Some(w)
+                    if w.shard == shard
+                        && Arc::ptr_eq(&w.key, key)
+                        && Arc::ptr_eq(&w.fence, fence) => {}
+                _ => return false,
+            }
+        }
+        have.next().is_none()
+    }
+
+    /// The group read built for `reads` blocking `block_ms`, if the last one was that (taken: one wait
+    /// at a time uses it, and gives it back with [`keep_read`](Self::keep_read)).
+    pub(crate) fn take_read(&self, reads: WaitReads, block_ms: u64) -> Option<BuiltRead> {
+        let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        read.take()
+            .filter(|built| built.reads == reads && built.block_ms == block_ms)
+    }
+
+    pub(crate) fn keep_read(&self, built: BuiltRead) {
+        *self.read.lock().unwrap_or_else(|e| e.into_inner()) = Some(built);
+    }
+}
+
 /// The shards to wait on.
 pub(crate) struct WaitSpec {
-    pub(crate) shards: Vec<Watched>,
+    pub(crate) set: Arc<WaitSet>,
     /// How a group wait reads: how many entries from each shard, in one read or two.
     pub(crate) reads: WaitReads,
     /// Where each shard's stream is watched from, when known (see the module docs); the others are read
@@ -69,7 +126,8 @@ impl WaitSpec {
     /// `(stream key, id to watch above)` of every shard, in order (all known by now); for a group wait,
     /// `(stream key, fence key)`.
     pub(crate) fn streams(&self, group_wait: bool) -> Vec<(&str, &str)> {
-        self.shards
+        self.set
+            .shards
             .iter()
             .map(|w| {
                 let second = if group_wait {
@@ -84,7 +142,11 @@ impl WaitSpec {
 
     /// The index of the shard whose stream is `key`.
     fn shard_of(&self, key: &str) -> Option<u32> {
-        self.shards.iter().find(|w| *w.key == *key).map(|w| w.shard)
+        self.set
+            .shards
+            .iter()
+            .find(|w| *w.key == *key)
+            .map(|w| w.shard)
     }
 
     /// Records the shards whose streams have new entries (by key) as woken.

@@ -1408,14 +1408,17 @@ impl ShardScheduler {
         if free == 0 || others >= free {
             return;
         }
-        let mut shards = Vec::new();
-        let mut taken = Vec::new();
+        let mut shards = Vec::with_capacity(self.shards.len());
+        let mut taken = Vec::with_capacity(self.shards.len());
+        // The queue without the shards the wait takes.
+        let mut rest = VecDeque::with_capacity(self.ready.len());
         for shard in &self.ready {
-            if let Some(state) = self.shards.get(shard) {
-                if eligible(state) && !self.busy(*shard) {
+            match self.shards.get(shard) {
+                Some(state) if eligible(state) && !self.busy(*shard) => {
                     shards.push((*shard, state.watch_from.clone()));
                     taken.push((*shard, state.generation));
                 }
+                _ => rest.push_back(*shard),
             }
         }
         let idle = shards.len();
@@ -1433,8 +1436,7 @@ impl ShardScheduler {
         if shards.is_empty() {
             return;
         }
-        self.ready
-            .retain(|s| !shards[..idle].iter().any(|(w, _)| w == s));
+        self.ready = rest;
         let job = self.new_job(taken, true, false, 0);
         for (shard, _) in &shards[..idle] {
             if let Some(state) = self.shards.get_mut(shard) {
