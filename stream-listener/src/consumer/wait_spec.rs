@@ -177,3 +177,65 @@ pub(crate) enum Read {
     Seen(Vec<String>),
     Delivered(Vec<(String, Vec<Entry>)>),
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{BuiltRead, WaitSet, Watched};
+    use crate::consumer::shard_io::WaitReads;
+
+    fn watched(shard: u32) -> Watched {
+        Watched {
+            shard,
+            key: format!("s:{shard}").into(),
+            fence: format!("s:{shard}:fence").into(),
+        }
+    }
+
+    #[test]
+    fn rule_a_wait_set_is_the_same_shards_in_order_with_the_same_ownerships() {
+        let shards = vec![watched(0), watched(3)];
+        let set = WaitSet::new(shards.clone());
+        fn each(list: &[Watched]) -> impl Iterator<Item = (u32, &Arc<str>, &Arc<str>)> {
+            list.iter().map(|w| (w.shard, &w.key, &w.fence))
+        }
+        assert!(set.is(each(&shards)));
+        assert!(!set.is(each(&shards[..1])), "a shard fewer");
+        assert!(
+            !set.is(each(&[shards[1].clone(), shards[0].clone()])),
+            "another order"
+        );
+        let more = [shards.clone(), vec![watched(5)]].concat();
+        assert!(!set.is(each(&more)), "a shard more");
+        // A new ownership of shard 3: a fence of the same name, but another one.
+        let mut again = shards.clone();
+        again[1].fence = Arc::from(&*again[1].fence);
+        assert!(!set.is(each(&again)), "a new ownership's fence");
+    }
+
+    #[test]
+    fn rule_a_built_read_is_used_again_only_for_the_same_count_follow_up_and_block() {
+        let set = WaitSet::new(vec![watched(0)]);
+        let reads = WaitReads::new(8, false);
+        assert!(set.take_read(reads, 450).is_none(), "nothing built yet");
+        let built = |reads, block_ms| BuiltRead {
+            reads,
+            block_ms,
+            pipe: redis::pipe(),
+        };
+        set.keep_read(built(reads, 450));
+        assert!(set.take_read(reads, 300).is_none(), "another block");
+        set.keep_read(built(reads, 450));
+        assert!(
+            set.take_read(WaitReads::new(8, true), 450).is_none(),
+            "a follow-up"
+        );
+        set.keep_read(built(reads, 450));
+        assert!(set.take_read(reads, 450).is_some());
+        assert!(
+            set.take_read(reads, 450).is_none(),
+            "taken: one wait uses it at a time"
+        );
+    }
+}
