@@ -162,7 +162,8 @@ pub(crate) async fn read(
             let result = if group_wait {
                 // A set of its own for each slot's read, built anew each time.
                 let set = WaitSet::new(keys.into_iter().map(|(watched, _)| watched).collect());
-                io.read_new_blocking(&set, wait_reads, &mut blocking.conn, block)
+                let built = set.group_read(&io, wait_reads, block);
+                io.read_new_blocking(&built.pipe, &mut blocking.conn)
                     .await
                     .map(Read::Delivered)
             } else {

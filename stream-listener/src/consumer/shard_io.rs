@@ -15,7 +15,6 @@ use super::config::{AckPolicy, ConsumerConfig};
 use super::entry::Entry;
 use super::fence::Fence;
 use super::message::{Acknowledge, BoxFuture};
-use super::wait_spec::{BuiltRead, WaitSet, Watched};
 
 pub use crate::names::field::{KEY as KEY_FIELD, PAYLOAD as PAYLOAD_FIELD};
 
@@ -266,7 +265,7 @@ impl ShardIo {
         conn: &mut MultiplexedConnection,
         block: Duration,
     ) -> RedisResult<Vec<String>> {
-        let ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        let ms = block_ms(block);
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(1).arg("BLOCK").arg(ms).arg("STREAMS");
         for (key, _) in streams {
@@ -310,27 +309,18 @@ impl ShardIo {
     /// ([`super::scheduler::WaitReport::in_doubt`]).
     pub(crate) async fn read_new_blocking(
         &self,
-        set: &WaitSet,
-        reads: WaitReads,
+        read: &redis::Pipeline,
         conn: &mut MultiplexedConnection,
-        block: Duration,
     ) -> RedisResult<Vec<(String, Vec<Entry>)>> {
-        let block_ms = block.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        let built = set.take_read(reads, block_ms).unwrap_or_else(|| BuiltRead {
-            reads,
-            block_ms,
-            pipe: self.group_wait_read(&set.shards, reads, block_ms),
-        });
-        let replies: RedisResult<Vec<RedisResult<Value>>> = built.pipe.query_async(conn).await;
-        set.keep_read(built);
-        merge_reads(replies?)
+        let replies: Vec<RedisResult<Value>> = read.query_async(conn).await?;
+        merge_reads(replies)
     }
 
-    /// The group wait's read over `shards` (see [`read_new_blocking`](Self::read_new_blocking)): one
-    /// command, or two with a follow-up.
-    fn group_wait_read(
+    /// The group wait's read over `streams`, `(stream key, fence key)` each, for
+    /// [`read_new_blocking`](Self::read_new_blocking): one command, or two with a follow-up.
+    pub(crate) fn group_wait_read(
         &self,
-        shards: &[Watched],
+        streams: &[(&str, &str)],
         reads: WaitReads,
         block_ms: u64,
     ) -> redis::Pipeline {
@@ -340,10 +330,10 @@ impl ShardIo {
                 cmd.arg("BLOCK").arg(ms);
             }
             cmd.arg("STREAMS");
-            for watched in shards {
-                cmd.arg(&*watched.key).arg(&*watched.fence);
+            for (key, fence) in streams {
+                cmd.arg(*key).arg(*fence);
             }
-            for _ in 0..shards.len() * 2 {
+            for _ in 0..streams.len() * 2 {
                 cmd.arg(">");
             }
             cmd
@@ -701,6 +691,11 @@ pub(crate) struct CarriedAcks {
     ids: Vec<String>,
     /// The last id acknowledged.
     pub(crate) last: String,
+}
+
+/// A blocking read's `BLOCK`, in milliseconds: at least 1 (0 would block forever).
+pub(crate) fn block_ms(block: Duration) -> u64 {
+    block.as_millis().clamp(1, u128::from(u64::MAX)) as u64
 }
 
 fn entries_of(rows: Vec<reply::StreamEntry>) -> Vec<Entry> {

@@ -173,9 +173,10 @@ pub(crate) async fn run(io: Arc<ShardIo>, pool: Arc<ClusterWait>, mut spec: Wait
     let mut idle_shards = Idle::default();
     let read = async {
         if group_wait {
-            io.read_new_blocking(&spec.set, spec.reads, &mut conn, block)
-                .await
-                .map(Read::Delivered)
+            let built = spec.set.group_read(&io, spec.reads, block);
+            let read = io.read_new_blocking(&built.pipe, &mut conn).await;
+            spec.set.keep_read(built);
+            read.map(Read::Delivered)
         } else {
             let streams = spec.streams(false);
             io.wait_for_new(&streams, &mut conn, block)

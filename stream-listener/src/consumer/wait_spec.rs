@@ -12,7 +12,7 @@ use crate::member::lifecycle::OwnershipDeadline;
 use super::entry::Entry;
 use super::order::OrderGate;
 use super::scheduler::{WaitReport, WAIT_MARGIN};
-use super::shard_io::WaitReads;
+use super::shard_io::{block_ms, ShardIo, WaitReads};
 use super::unblock::Interrupt;
 
 /// The idle wait's blocking connection, its Redis client id, and the target's master switches when it
@@ -69,6 +69,21 @@ impl WaitSet {
             }
         }
         have.next().is_none()
+    }
+
+    /// The group read over this set for `reads` blocking `block`: the one built last if it was for that,
+    /// else a new one. Taken: give it back with [`keep_read`](Self::keep_read).
+    pub(crate) fn group_read(&self, io: &ShardIo, reads: WaitReads, block: Duration) -> BuiltRead {
+        let block_ms = block_ms(block);
+        self.take_read(reads, block_ms).unwrap_or_else(|| {
+            let streams: Vec<(&str, &str)> =
+                self.shards.iter().map(|w| (&*w.key, &*w.fence)).collect();
+            BuiltRead {
+                reads,
+                block_ms,
+                pipe: io.group_wait_read(&streams, reads, block_ms),
+            }
+        })
     }
 
     /// The group read built for `reads` blocking `block_ms`, if the last one was that (taken: one wait
