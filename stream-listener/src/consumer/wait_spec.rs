@@ -75,15 +75,17 @@ impl WaitSet {
     /// else a new one. Taken: give it back with [`keep_read`](Self::keep_read).
     pub(crate) fn group_read(&self, io: &ShardIo, reads: WaitReads, block: Duration) -> BuiltRead {
         let block_ms = block_ms(block);
-        self.take_read(reads, block_ms).unwrap_or_else(|| {
-            let streams: Vec<(&str, &str)> =
-                self.shards.iter().map(|w| (&*w.key, &*w.fence)).collect();
-            BuiltRead {
+        self.take_read(reads, block_ms)
+            .unwrap_or_else(|| BuiltRead {
                 reads,
                 block_ms,
-                pipe: io.group_wait_read(&streams, reads, block_ms),
-            }
-        })
+                pipe: io.group_wait_read(&self.streams(), reads, block_ms),
+            })
+    }
+
+    /// `(stream key, fence key)` of every shard, in order: what a group read names.
+    fn streams(&self) -> Vec<(&str, &str)> {
+        self.shards.iter().map(|w| (&*w.key, &*w.fence)).collect()
     }
 
     /// The group read built for `reads` blocking `block_ms`, if the last one was that (taken: one wait
@@ -141,16 +143,15 @@ impl WaitSpec {
     /// `(stream key, id to watch above)` of every shard, in order (all known by now); for a group wait,
     /// `(stream key, fence key)`.
     pub(crate) fn streams(&self, group_wait: bool) -> Vec<(&str, &str)> {
+        if group_wait {
+            return self.set.streams();
+        }
         self.set
             .shards
             .iter()
             .map(|w| {
-                let second = if group_wait {
-                    &*w.fence
-                } else {
-                    self.watch_from.get(&w.shard).map_or("0-0", |id| &**id)
-                };
-                (&*w.key, second)
+                let from = self.watch_from.get(&w.shard).map_or("0-0", |id| &**id);
+                (&*w.key, from)
             })
             .collect()
     }
