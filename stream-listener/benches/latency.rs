@@ -6,7 +6,9 @@
 //! `cargo bench -p stream-listener --bench latency` (`SL_BENCH_ROUNDS`, default 3; `SL_BENCH_SCALE`
 //! multiplies each phase's length, default 1; `SL_BENCH_WORKERS`, the library's workers, default 4; for
 //! a profile of one side and phase, `SL_BENCH_SIDE` 0 or 1 runs only the hand-written side or the
-//! library, `SL_BENCH_PHASE` 0-3 only that phase).
+//! library, `SL_BENCH_PHASE` 0-3 only that phase; `SL_BENCH_HW_BLOCK` the hand-written loop's `BLOCK` in
+//! ms, default 100, and `SL_BENCH_BLOCK_MS` the library's `block_ms`, default its default (450): with
+//! both at 450 the idle phase compares the two at the same block, see ARCHITECTURE.md).
 //!
 //! Phases, at a steady rate each: idle (1 entry / 200 ms), 1,000/s, 10,000/s and 50 % of the hand-written
 //! consumer's maximum (measured first, draining a backlog). Per round, each side runs every phase on
@@ -36,12 +38,25 @@ use stream_listener_test_support::RedisServer;
 use tokio::sync::mpsc;
 
 const SHARDS: u32 = 16;
+
+/// A number from the environment variable `name`, if it is set and parses.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The hand-written loop's `BLOCK` in ms, 100 unless `SL_BENCH_HW_BLOCK` says otherwise.
+fn hw_block() -> u64 {
+    env_number("SL_BENCH_HW_BLOCK").unwrap_or(100)
+}
+
+/// The library's `block_ms`: its default unless `SL_BENCH_BLOCK_MS` says otherwise.
+fn block_ms() -> u64 {
+    env_number("SL_BENCH_BLOCK_MS").unwrap_or(ConsumerConfig::new("s", GROUP, "m").block_ms)
+}
+
 /// The library's workers (`runtime_max_concurrency`), 4 unless `SL_BENCH_WORKERS` says otherwise.
 fn workers() -> usize {
-    std::env::var("SL_BENCH_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4)
+    env_number("SL_BENCH_WORKERS").unwrap_or(4)
 }
 const GROUP: &str = "g";
 
@@ -153,6 +168,8 @@ async fn start_baseline(
     recorder: Recorder,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let client = redis::Client::open(url).expect("client");
+    // Read once: an environment lookup per command is client CPU the loop would not spend.
+    let block = hw_block();
     let mut tasks = Vec::new();
     for shard in 0..SHARDS {
         let mut conn = client
@@ -172,7 +189,7 @@ async fn start_baseline(
                     .arg("COUNT")
                     .arg(100)
                     .arg("BLOCK")
-                    .arg(100)
+                    .arg(block)
                     .arg("STREAMS")
                     .arg(&key)
                     .arg(">")
@@ -243,6 +260,7 @@ async fn start_consumer(
 ) {
     let mut config = ConsumerConfig::new(prefix, GROUP, "m");
     config.runtime_max_concurrency = workers();
+    config.block_ms = block_ms();
     let handler = BoxedHandler::raw(move |msg: RawMessage| {
         recorder.record(&msg.payload);
         std::future::ready(Ok::<(), std::convert::Infallible>(()))
@@ -356,20 +374,12 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let env = |name: &str, default: f64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let rounds = env("SL_BENCH_ROUNDS", 3.0).max(1.0) as usize;
-    let scale = env("SL_BENCH_SCALE", 1.0).max(0.1);
-    let only = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    };
-    let (only_side, only_phase) = (only("SL_BENCH_SIDE"), only("SL_BENCH_PHASE"));
+    let rounds = env_number("SL_BENCH_ROUNDS").unwrap_or(3.0_f64).max(1.0) as usize;
+    let scale = env_number("SL_BENCH_SCALE").unwrap_or(1.0_f64).max(0.1);
+    let (only_side, only_phase) = (
+        env_number::<usize>("SL_BENCH_SIDE"),
+        env_number::<usize>("SL_BENCH_PHASE"),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -390,10 +400,12 @@ fn main() {
             baseline_max(&url, &mut conn).await
         };
         println!(
-            "redis {:?}; {SHARDS} shards; library: 1 member, {} workers, default config; \
-             hand-written: {SHARDS} tasks, BLOCK 100; its maximum {max}/s; {rounds} rounds",
+            "redis {:?}; {SHARDS} shards; library: 1 member, {} workers, block_ms {}; \
+             hand-written: {SHARDS} tasks, BLOCK {}; its maximum {max}/s; {rounds} rounds",
             server.version(),
             workers(),
+            block_ms(),
+            hw_block(),
         );
         let length = |s: f64| Duration::from_secs_f64(s * scale);
         let phases = [
