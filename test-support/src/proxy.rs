@@ -138,7 +138,8 @@ impl FaultProxy {
         self.shared.lock().expect("proxy state")
     }
 
-    /// From now on, keep what clients send instead of forwarding it.
+    /// From now on, keep what clients send instead of forwarding it (what they sent before, even if the
+    /// proxy has not forwarded it yet, still reaches the server).
     pub fn hold(&self) {
         self.shared().held.clear();
         self.switches.send_modify(|s| s.holding = true);
@@ -258,7 +259,7 @@ async fn connection(
         to_server,
         switches.clone(),
         born,
-        move |s: &Switches| s.holding || s.blackhole || s.held_connection == Some(id),
+        move |s: &Switches| s.holding || s.held_connection == Some(id),
         move |chunk: &mut Vec<u8>, switches: Switches| {
             let chunk = chunk.as_slice();
             let mut holding = switches.holding || switches.held_connection == Some(id);
@@ -288,6 +289,7 @@ async fn connection(
                     state.fired += 1;
                 }
             }
+            holding
         },
         None,
     );
@@ -296,7 +298,7 @@ async fn connection(
         to_client,
         switches,
         born,
-        |s: &Switches| s.blackhole,
+        |_: &Switches| false,
         move |chunk: &mut Vec<u8>, _| {
             for (from, to) in &rewrites.lock().expect("proxy state").rewrites {
                 let mut at = 0;
@@ -305,6 +307,7 @@ async fn connection(
                     at += found + to.len();
                 }
             }
+            false
         },
         Some(fault),
     );
@@ -320,19 +323,20 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Reads chunks from `from` and writes them to `to` in order, each no earlier than its read time plus the
-/// latency, and only while `stopped` is false. `seen` looks at every chunk read (and the switches then)
-/// and may change it; `reply_fault` (downstream only) drops or delays the next chunk after an armed
-/// command.
+/// latency, and only while no blackhole is on. `seen` looks at every chunk read (and the switches then),
+/// may change it, and says whether it is held: a held chunk (and so every chunk behind it) is written
+/// only once `holding` is false. A chunk read before a hold is not held: it was sent before the client
+/// froze. `reply_fault` (downstream only) drops or delays the next chunk after an armed command.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     switches: watch::Receiver<Switches>,
     born: u64,
-    stopped: impl Fn(&Switches) -> bool + Send,
-    mut seen: impl FnMut(&mut Vec<u8>, Switches) + Send,
+    holding: impl Fn(&Switches) -> bool + Send,
+    mut seen: impl FnMut(&mut Vec<u8>, Switches) -> bool + Send,
     reply_fault: Option<Arc<Mutex<Option<ReplyFault>>>>,
 ) {
-    let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let (chunks, mut queue) = tokio::sync::mpsc::unbounded_channel::<(Instant, bool, Vec<u8>)>();
     let mut reset = switches.clone();
     let mut gate = switches.clone();
     let read = async move {
@@ -345,8 +349,8 @@ async fn pump(
             // Read the switch first: `seen` may flip it (`hold_from`), which needs the watch unborrowed.
             let now = *switches.borrow();
             let mut chunk = buf[..n].to_vec();
-            seen(&mut chunk, now);
-            if chunks.send((Instant::now(), chunk)).is_err() {
+            let held = seen(&mut chunk, now);
+            if chunks.send((Instant::now(), held, chunk)).is_err() {
                 break;
             }
         }
@@ -355,7 +359,7 @@ async fn pump(
         std::future::pending::<()>().await;
     };
     let write = async move {
-        while let Some((at, chunk)) = queue.recv().await {
+        while let Some((at, held, chunk)) = queue.recv().await {
             let fault = reply_fault
                 .as_ref()
                 .and_then(|f| f.lock().expect("armed fault").take());
@@ -372,8 +376,8 @@ async fn pump(
             }
             let latency = gate.borrow().latency;
             tokio::time::sleep_until(at + latency).await;
-            if gate.wait_for(|s| !stopped(s)).await.is_err() || to.write_all(&chunk).await.is_err()
-            {
+            let open = |s: &Switches| !s.blackhole && !(held && holding(s));
+            if gate.wait_for(open).await.is_err() || to.write_all(&chunk).await.is_err() {
                 break;
             }
         }

@@ -283,7 +283,8 @@ impl ShardIo {
     }
 
     /// Whether the idle wait may block in a group read (see [`read_new_blocking`](Self::read_new_blocking)):
-    /// Redis 7.0 and Valkey end a blocked `XREADGROUP` with `NOGROUP` when one of its streams is deleted,
+    /// Redis 7.0 and Valkey end a blocked `XREADGROUP` with an error (`UNBLOCKED the stream key no longer
+    /// exists`) when one of its streams is deleted,
     /// so a newer owner's fence install ends a zombie's blocked read. Older servers leave it blocked, and
     /// wait with [`wait_for_new`](Self::wait_for_new), which delivers nothing.
     ///
@@ -303,8 +304,8 @@ impl ShardIo {
     ///
     /// Fenced like any group read (see the `fence` module): a read that reaches Redis after a newer owner
     /// installed its fence fails with `NOGROUP` at once, and one blocked when that happens is ended with
-    /// `NOGROUP` by the install's `DEL` of our fence (Redis 7.0 unblocks a blocked `XREADGROUP` whose stream
-    /// is deleted): a zombie's wait delivers nothing once the next owner is in. Only a reply from Redis
+    /// an `UNBLOCKED` error by the install's `DEL` of our fence (Redis 7.0 unblocks a blocked `XREADGROUP`
+    /// whose stream is deleted): a zombie's wait delivers nothing once the next owner is in. Only a reply from Redis
     /// says what it delivered: after a lost one the shards claim their own pending entries first
     /// ([`super::scheduler::WaitReport::in_doubt`]).
     pub(crate) async fn read_new_blocking(

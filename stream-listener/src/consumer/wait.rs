@@ -12,9 +12,10 @@
 //! [`Command::StartWait`](super::scheduler::Command::StartWait)). The wait is no task of its own: the
 //! driver polls it (see `Driver::start_wait`).
 //! It is fenced like any group read (see the `fence` module): a newer owner's fence install deletes our
-//! fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with
-//! `NOGROUP`, so a zombie's wait (its process froze while it blocked, past its lease) delivers nothing
-//! once the next owner is in, and one that reaches Redis after that fails at once. What it delivered
+//! fence, and Redis 7.0 ends a blocked `XREADGROUP` whose stream was deleted with an error
+//! (`UNBLOCKED the stream key no longer exists`), so a zombie's wait (its process froze while it blocked,
+//! past its lease) delivers nothing once the next owner is in, and one that reaches Redis after that
+//! fails at once. What it delivered
 //! before is pending for the zombie, never handled by it (its jobs check the deadline first), and claimed
 //! by the next owner before it reads anything new. A reply that never came (a reset, a timeout, a master
 //! switch) may have delivered entries: every waited shard then claims its own pending entries first
