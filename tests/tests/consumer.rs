@@ -1700,8 +1700,8 @@ async fn frozen_in_its_wait(prefix: &str) -> (TestRedis, Connection, Running, Lo
 ///
 /// The idle wait is a group read blocked in Redis. If the process freezes while it blocks and stays frozen
 /// past its lease, the shard's next owner installs its fence, which deletes the frozen member's: Redis
-/// ends the blocked read with an `UNBLOCKED` error then and there (long before its timeout), so an entry written
-/// afterwards goes to the next owner and the frozen member handles nothing.
+/// ends the blocked read with an `UNBLOCKED` error then and there (long before its timeout), so an entry
+/// written afterwards goes to the next owner and the frozen member handles nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_members_blocked_wait_is_ended_by_the_next_owners_fence() {
     let (redis, mut conn, frozen, frozen_log, line) = frozen_in_its_wait("frozen-wait").await;
