@@ -376,8 +376,9 @@ async fn pump(
             }
             let latency = gate.borrow().latency;
             tokio::time::sleep_until(at + latency).await;
-            let open = |s: &Switches| !s.blackhole && !(held && holding(s));
-            if gate.wait_for(open).await.is_err() || to.write_all(&chunk).await.is_err() {
+            let stopped = |s: &Switches| s.blackhole || (held && holding(s));
+            if gate.wait_for(|s| !stopped(s)).await.is_err() || to.write_all(&chunk).await.is_err()
+            {
                 break;
             }
         }
