@@ -107,7 +107,11 @@ struct Phase {
 async fn produce(url: &str, prefix: &str, phase: Phase) -> u64 {
     let (url, prefix) = (url.to_owned(), prefix.to_owned());
     tokio::task::spawn_blocking(move || {
-        std::thread::spawn(move || produce_here(&url, &prefix, phase))
+        // Named, so that a profile tells it from the runtime's workers.
+        std::thread::Builder::new()
+            .name("bench-producer".into())
+            .spawn(move || produce_here(&url, &prefix, phase))
+            .expect("spawn the producer thread")
             .join()
             .expect("producer thread")
     })
