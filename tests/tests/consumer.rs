@@ -2252,6 +2252,15 @@ on_every_target!(
     entries_a_zombie_left_pending_are_reclaimed_by_the_owner,
 );
 
+/// Every fence key on the server (`KEYS`: test servers only).
+async fn fence_keys(conn: &mut impl ConnectionLike) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("sl:fence:*")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 /// `INFO errorstats`: how many errors of `code` (`NOGROUP`, `READONLY`, ...) the server has replied so far.
 async fn errors(conn: &mut impl ConnectionLike, code: &str) -> u64 {
     let stats = info(conn, "errorstats").await;
@@ -2337,11 +2346,7 @@ async fn a_read_that_reaches_redis_after_a_takeover_is_refused() {
     .await;
     let old_fence =
         stream_listener::names::shard_fence("late:0", GROUP, old_token.parse().unwrap());
-    let fences: Vec<String> = redis::cmd("KEYS")
-        .arg("sl:fence:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let fences = fence_keys(&mut conn).await;
     assert_eq!(fences.len(), 1, "one fence, the new owner's: {fences:?}");
     assert_ne!(fences[0], old_fence, "the old fence was deleted");
     new.pause.pause();
@@ -2580,11 +2585,7 @@ async fn an_entry_waiting_for_its_retry_outlives_a_refused_fence_install_in_orde
     .await;
     produce(&mut conn, prefix, 0, 1, 1).await;
     let refused = errors(&mut conn, "READONLY").await;
-    let fences: Vec<String> = redis::cmd("KEYS")
-        .arg("sl:fence:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let fences = fence_keys(&mut conn).await;
     assert_eq!(fences.len(), 1, "{fences:?}");
     let _: () = redis::cmd("DEL")
         .arg(&fences)
